@@ -33,10 +33,21 @@ impl Checker {
 }
 
 const THREADS: usize = 4;
+/// Operations per thread in the default (fast) run.
 const STRESS_OPS_PER_THREAD: usize = 20_000;
+
+/// Operations per thread: `BUDDY_STRESS_OPS` overrides the default for long
+/// runs (`BUDDY_STRESS_OPS=5000000 cargo test --release -p buddy --test stress`).
+fn stress_ops() -> usize {
+    std::env::var("BUDDY_STRESS_OPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(STRESS_OPS_PER_THREAD)
+}
 
 fn stress(kind: AllocatorKind) {
     let frames = 4096u64;
+    let ops = stress_ops();
     let a: Arc<dyn FrameAllocator> = Arc::from(build(kind, frames, &config(THREADS, Some(6))));
     let checker = Arc::new(Checker(
         (0..frames).map(|_| AtomicBool::new(false)).collect(),
@@ -52,7 +63,7 @@ fn stress(kind: AllocatorKind) {
             thread::spawn(move || {
                 let mut rng = StdRng::seed_from_u64(t as u64);
                 let mut mine: Vec<(u64, u32)> = Vec::new();
-                for _ in 0..STRESS_OPS_PER_THREAD {
+                for _ in 0..ops {
                     while let Ok((f, k)) = rx.try_recv() {
                         checker.give(f, k);
                         a.free_on(t, f, k).unwrap();
