@@ -558,7 +558,7 @@ impl FrameAllocator for DistributedBuddy {
                 max_order: self.max_order,
             });
         }
-        let h = heap % self.heaps.len();
+        let h = crate::heap_index(heap, self.heaps.len());
         let hp = &self.heaps[h];
         let mut st = hp.state.lock();
         st.ops += 1;
@@ -596,7 +596,7 @@ impl FrameAllocator for DistributedBuddy {
         if let Some(t) = &self.check {
             t.on_free(frame, order)?;
         }
-        let h = heap % self.heaps.len();
+        let h = crate::heap_index(heap, self.heaps.len());
         let owner = self.owner_of(frame);
         let hp = &self.heaps[h];
         let mut st = hp.state.lock();

@@ -215,6 +215,18 @@ pub fn default_max_order(frames: u64, heaps: usize) -> u32 {
     fit.min(DEFAULT_MAX_ORDER_CAP)
 }
 
+/// `heap % heaps`, without a division in the common case `heap < heaps`
+/// (a 64-bit divide costs more than the rest of a local allocation's
+/// bookkeeping).
+#[inline(always)]
+pub fn heap_index(heap: usize, heaps: usize) -> usize {
+    if heap < heaps {
+        heap
+    } else {
+        heap % heaps
+    }
+}
+
 /// The interface all three allocators share.
 ///
 /// `heap` arguments name the CPU-local heap to use (for the global-lock
@@ -244,7 +256,7 @@ pub trait FrameAllocator: Send + Sync {
     /// The heap of the calling thread's current CPU.
     #[cfg(feature = "std")]
     fn local_heap(&self) -> usize {
-        topology::current_cpu() % self.num_heaps()
+        heap_index(topology::current_cpu(), self.num_heaps())
     }
     /// Allocate on the calling thread's local heap.
     #[cfg(feature = "std")]

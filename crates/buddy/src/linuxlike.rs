@@ -93,7 +93,7 @@ impl FrameAllocator for PcpBuddy {
             }
             return self.record_alloc(f.ok_or(AllocError::OutOfMemory { order })?, order);
         }
-        let mut list = self.pcp[heap % self.pcp.len()].lock();
+        let mut list = self.pcp[crate::heap_index(heap, self.pcp.len())].lock();
         if list.is_empty() {
             let mut zone = self.zone.lock();
             for _ in 0..self.batch {
@@ -124,7 +124,7 @@ impl FrameAllocator for PcpBuddy {
             self.zone.lock().free(frame, order);
             return Ok(());
         }
-        let mut list = self.pcp[heap % self.pcp.len()].lock();
+        let mut list = self.pcp[crate::heap_index(heap, self.pcp.len())].lock();
         list.push(frame);
         if list.len() > self.high {
             let mut zone = self.zone.lock();
