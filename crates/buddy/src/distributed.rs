@@ -14,7 +14,9 @@
 //! * **free(f, k)** also goes to the caller's heap. Owned frames coalesce in
 //!   the dense buddy. A foreign block is kept locally, *unless the heap is at
 //!   or above its high watermark*, in which case the free is forwarded to the
-//!   owner asynchronously (§4.1.3): it is pushed on the owner's inbox and the
+//!   owner asynchronously (§4.1.3): it joins a per-owner batch that goes to
+//!   the owner's inbox as one message once it holds `FORWARD_BATCH_BLOCKS`
+//!   (128, as §5.1 batches frees) or at the next maintenance point, and the
 //!   caller returns at once.
 //! * **Rebalancing (§4.1.2).** When an allocation leaves a heap below its low
 //!   watermark, the heap posts a *borrow request* to the peer that advertises
@@ -63,13 +65,12 @@
 //!                                       next op: drain → lend()
 //!   inbox ◀──────────────Grant{blocks}──
 //!   next op: drain → blocks join heap 0
-//!   free(foreign f) at/above high ──Free{f}──▶ inbox (owner coalesces)
+//!   free(foreign f) at/above high → outbox[owner] ──Free{128 blocks}──▶ inbox
 //! ```
 
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use crossbeam_queue::SegQueue;
 use crossbeam_utils::CachePadded;
@@ -94,13 +95,19 @@ const MAX_BACKOFF_OPS: u64 = 1 << 16;
 const MAINTENANCE_INTERVAL_OPS: u64 = 256;
 /// Upper bound on the passes `quiesce` makes over the fleet.
 const QUIESCE_MAX_PASSES: usize = 16;
-/// Sleep before the second synchronous borrow round; doubles each round.
-const OOM_BACKOFF_BASE_US: u64 = 1;
+/// `pause` iterations before the second synchronous borrow round; doubles
+/// each round (a `pause` is 10-140 cycles depending on the core). A spin,
+/// not a sleep or a yield: Linux's 50 µs timer slack would make a 1 µs sleep
+/// cost 50 µs, and a yield can hand the core away for a whole time slice.
+const OOM_BACKOFF_BASE_SPINS: u32 = 16;
+/// Blocks per forwarded-free message (fos thesis §5.1 batches up to 128
+/// ranges per free request; more did not help there).
+const FORWARD_BATCH_BLOCKS: usize = 128;
 
 /// A message between heaps.
 enum Msg {
-    /// A free forwarded to (or a foreign block sent home to) this heap.
-    Free { frame: FrameNo, order: u32 },
+    /// Frees forwarded to (or foreign blocks sent home to) this heap, batched.
+    Free { blocks: Vec<(FrameNo, u32)> },
     /// Heap `from` is below its low watermark and asks for `want` frames.
     BorrowRequest {
         from: usize,
@@ -135,6 +142,10 @@ struct HeapState {
     pending_since: Option<u64>,
     backoff_ops: u64,
     next_borrow_op: u64,
+    /// Per destination heap, blocks waiting to be sent home in one message.
+    outbox: Vec<Vec<(FrameNo, u32)>>,
+    /// Frames in `outbox`.
+    outbox_frames: u64,
     counters: HeapStats,
 }
 
@@ -238,6 +249,8 @@ impl DistributedBuddy {
                     pending_since: None,
                     backoff_ops: INITIAL_BACKOFF_OPS,
                     next_borrow_op: 0,
+                    outbox: (0..n).map(|_| Vec::new()).collect(),
+                    outbox_frames: 0,
                     counters: HeapStats {
                         heap: id,
                         owned_frames: hi - lo,
@@ -285,8 +298,9 @@ impl DistributedBuddy {
 
     fn send(&self, to: usize, msg: Msg) {
         let frames = match &msg {
-            Msg::Free { order, .. } => 1u64 << order,
-            Msg::Grant { blocks, .. } => blocks.iter().map(|&(_, k)| 1u64 << k).sum(),
+            Msg::Free { blocks } | Msg::Grant { blocks, .. } => {
+                blocks.iter().map(|&(_, k)| 1u64 << k).sum()
+            }
             Msg::BorrowRequest { .. } => 0,
         };
         let heap = &self.heaps[to];
@@ -299,10 +313,12 @@ impl DistributedBuddy {
         let heap = &self.heaps[st.id];
         while let Some(msg) = heap.inbox.pop() {
             match msg {
-                Msg::Free { frame, order } => {
-                    heap.in_flight_frames
-                        .fetch_sub(1u64 << order, Ordering::Relaxed);
-                    st.put(frame, order);
+                Msg::Free { blocks } => {
+                    let frames: u64 = blocks.iter().map(|&(_, k)| 1u64 << k).sum();
+                    heap.in_flight_frames.fetch_sub(frames, Ordering::Relaxed);
+                    for (f, k) in blocks {
+                        st.put(f, k);
+                    }
                 }
                 Msg::BorrowRequest {
                     from,
@@ -373,6 +389,10 @@ impl DistributedBuddy {
         } else {
             Vec::new()
         };
+        // Frees waiting to be forwarded to `to` go with the grant.
+        let waiting = core::mem::take(&mut st.outbox[to]);
+        st.outbox_frames -= waiting.iter().map(|&(_, k)| 1u64 << k).sum::<u64>();
+        out.extend(waiting);
         // An urgent request gets its block first, before budget-sized
         // lending could split the only block large enough.
         if urgent && !out.iter().any(|&(_, k)| k >= min_order) {
@@ -412,7 +432,40 @@ impl DistributedBuddy {
                 break;
             };
             st.counters.frames_returned += 1u64 << k;
-            self.send(self.owner_of(f), Msg::Free { frame: f, order: k });
+            self.queue_home(st, f, k);
+        }
+        self.flush_outbox(st);
+    }
+
+    /// Queue a block for its owner; send the batch once it is full.
+    #[inline]
+    fn queue_home(&self, st: &mut HeapState, frame: FrameNo, order: u32) {
+        let owner = self.owner_of(frame);
+        st.outbox[owner].push((frame, order));
+        st.outbox_frames += 1u64 << order;
+        if st.outbox[owner].len() >= FORWARD_BATCH_BLOCKS {
+            self.flush_to(st, owner);
+        }
+    }
+
+    fn flush_to(&self, st: &mut HeapState, owner: usize) {
+        let blocks = core::mem::replace(
+            &mut st.outbox[owner],
+            Vec::with_capacity(FORWARD_BATCH_BLOCKS),
+        );
+        st.outbox_frames -= blocks.iter().map(|&(_, k)| 1u64 << k).sum::<u64>();
+        self.send(owner, Msg::Free { blocks });
+    }
+
+    /// Send every non-empty outbox batch.
+    fn flush_outbox(&self, st: &mut HeapState) {
+        if st.outbox_frames == 0 {
+            return;
+        }
+        for owner in 0..self.heaps.len() {
+            if !st.outbox[owner].is_empty() {
+                self.flush_to(st, owner);
+            }
         }
     }
 
@@ -467,6 +520,7 @@ impl DistributedBuddy {
             let (want, my_free) = {
                 let mut st = self.heaps[h].state.lock();
                 self.drain(&mut st);
+                self.flush_outbox(&mut st);
                 if let Some(f) = st.take(order) {
                     st.counters.allocs += 1;
                     self.heaps[h]
@@ -512,7 +566,9 @@ impl DistributedBuddy {
                 // Free memory may exist only as pieces split across heaps:
                 // send every foreign block home so owners can coalesce it.
                 self.send_all_home();
-                std::thread::sleep(Duration::from_micros(OOM_BACKOFF_BASE_US << round));
+                for _ in 0..OOM_BACKOFF_BASE_SPINS << round {
+                    core::hint::spin_loop();
+                }
             }
         }
         let mut st = self.heaps[h].state.lock();
@@ -527,7 +583,7 @@ impl DistributedBuddy {
         for heap in self.heaps.iter() {
             let mut st = heap.state.lock();
             self.drain(&mut st);
-            if st.foreign.free_frames() != 0 {
+            if st.foreign.free_frames() != 0 || st.outbox_frames != 0 {
                 moved = true;
                 self.return_foreign(&mut st, 0);
             }
@@ -608,9 +664,9 @@ impl FrameAllocator for DistributedBuddy {
         if owner == h {
             st.owned.free(frame, order);
         } else if st.free_frames() >= st.high {
+            // Forward to the owner, batched: the caller does not wait.
             st.counters.forwarded_frees += 1;
-            drop(st);
-            self.send(owner, Msg::Free { frame, order });
+            self.queue_home(&mut st, frame, order);
             return Ok(());
         } else {
             st.foreign.free(frame, order);
@@ -623,6 +679,9 @@ impl FrameAllocator for DistributedBuddy {
                 let mid = (st.low + st.high) / 2;
                 self.return_foreign(&mut st, mid);
             }
+        }
+        if st.outbox_frames != 0 && st.ops.is_multiple_of(MAINTENANCE_INTERVAL_OPS) {
+            self.flush_outbox(&mut st);
         }
         hp.free_hint.store(st.free_frames(), Ordering::Relaxed);
         Ok(())
@@ -645,6 +704,7 @@ impl FrameAllocator for DistributedBuddy {
             hs.free_foreign_frames = st.foreign.free_frames();
             hs.largest_free_order = st.largest_free_order();
             s.free_frames += st.free_frames();
+            s.in_flight_frames += st.outbox_frames;
             s.metadata_bytes += st.owned.metadata_bytes() + st.foreign.metadata_bytes();
             holders.push(
                 st.owned

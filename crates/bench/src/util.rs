@@ -1,0 +1,177 @@
+//! Small helpers every workload needs: which CPUs to use and how to pin to
+//! them, process RSS, median-and-spread of repeated runs, progress bars, a
+//! cheap PRNG for jitter, and a watchdog that turns a hang into a clear
+//! error instead of a frozen terminal.
+
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// Exit status when the watchdog fires (a workload hung).
+pub const EXIT_HANG: i32 = 3;
+
+/// The online CPUs, never empty (falls back to CPU 0).
+pub fn online_cpus() -> Vec<usize> {
+    let cpus = topology::online_cpus();
+    if cpus.is_empty() {
+        vec![0]
+    } else {
+        cpus
+    }
+}
+
+/// The default thread counts: 1, 2, then powers of two up to the number of
+/// online CPUs, and that number itself.
+pub fn default_threads(ncpu: usize) -> Vec<usize> {
+    let mut v = vec![1, 2];
+    let mut t = 4;
+    while t <= ncpu {
+        v.push(t);
+        t *= 2;
+    }
+    if ncpu > 2 && !v.contains(&ncpu) {
+        v.push(ncpu);
+    }
+    v
+}
+
+/// Pin the calling thread to `cpu`, with a message that says which.
+pub fn pin_to(cpu: usize) -> Result<(), String> {
+    topology::pin_current_thread(cpu).map_err(|e| format!("cannot pin thread to CPU {cpu}: {e}"))
+}
+
+/// Resident set size of this process (VmRSS of `/proc/self/status`), bytes.
+pub fn rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Median and range of repeated measurements.
+#[derive(Clone, Copy, Debug)]
+pub struct Spread {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    /// Summarize `xs` (must be non-empty; NaNs sort last).
+    pub fn of(xs: &[f64]) -> Spread {
+        let mut v = xs.to_vec();
+        v.sort_by(|a, b| a.total_cmp(b));
+        let n = v.len();
+        let median = if n == 0 {
+            f64::NAN
+        } else if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        Spread {
+            median,
+            min: v.first().copied().unwrap_or(f64::NAN),
+            max: v.last().copied().unwrap_or(f64::NAN),
+        }
+    }
+}
+
+/// A progress bar on stderr (indicatif hides it when stderr is not a terminal).
+pub fn progress_bar(total: u64, prefix: &str) -> ProgressBar {
+    let pb = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    let style = ProgressStyle::with_template(
+        "{prefix:.bold} [{bar:30.cyan/blue}] {pos}/{len} {elapsed_precise} eta {eta} {wide_msg}",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar())
+    .progress_chars("=> ");
+    pb.set_style(style);
+    pb.set_prefix(prefix.to_string());
+    pb
+}
+
+/// xorshift64*: enough randomness to jitter sampling intervals.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in `[lo, hi)` (`hi > lo`).
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next_u64() % (hi - lo)
+    }
+}
+
+/// Kills the process with a clear message if it is still armed after a
+/// deadline: a benchmark that hangs (a deadlock in the code under test)
+/// should say so and exit, not sit there. Disarmed on drop.
+pub struct Watchdog {
+    _disarm: mpsc::Sender<()>,
+}
+
+impl Watchdog {
+    pub fn arm(limit: Duration, what: String) -> Watchdog {
+        let (tx, rx) = mpsc::channel::<()>();
+        let start = Instant::now();
+        std::thread::Builder::new()
+            .name("memlab-watchdog".into())
+            .spawn(move || {
+                if let Err(RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
+                    eprintln!(
+                        "\nmemlab: HANG: {what} did not finish within {:.1} s; aborting (exit {EXIT_HANG})",
+                        start.elapsed().as_secs_f64()
+                    );
+                    std::process::exit(EXIT_HANG);
+                }
+            })
+            .ok();
+        Watchdog { _disarm: tx }
+    }
+}
+
+/// Turn a worker thread's panic payload into a message.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_median_even_and_odd() {
+        let s = Spread::of(&[3.0, 1.0, 2.0]);
+        assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
+        let s = Spread::of(&[4.0, 1.0, 2.0, 3.0]);
+        assert_eq!(s.median, 2.5);
+    }
+
+    #[test]
+    fn default_threads_powers_of_two() {
+        assert_eq!(default_threads(1), vec![1, 2]);
+        assert_eq!(default_threads(2), vec![1, 2]);
+        assert_eq!(default_threads(16), vec![1, 2, 4, 8, 16]);
+        assert_eq!(default_threads(12), vec![1, 2, 4, 8, 12]);
+    }
+
+    #[test]
+    fn rss_is_readable() {
+        assert!(rss_bytes().unwrap_or(0) > 0);
+    }
+}
