@@ -1,0 +1,255 @@
+//! Compaction (dissertation §4.4 "Scalable Asynchronous Compaction", ch. 6).
+//!
+//! Each node has its own workers; a head that rolls hands its segment to one
+//! of them round-robin, so each worker keeps a private candidate set and
+//! sorts it alone. A worker sleeps until free space falls below the trigger
+//! (default 20 % of the client budget, as in the paper) or someone asks it to
+//! run; it wakes every `IDLE_TICK_MS` only to free retired segments.
+//!
+//! One pass:
+//! 1. Candidates are closed segments whose closing stamp the epoch table has
+//!    passed (every append that wrote into the segment has published its
+//!    object or given up), scored by the cost-benefit ratio
+//!    `(1 - u) * age / (1 + u)` with `u = live / used`.
+//! 2. The best candidates are taken while their live bytes fit one
+//!    segment; a destination segment sized to that live data is allocated,
+//!    from the compaction reserve if need be.
+//! 3. Each candidate is scanned object by object. An object is live if the
+//!    index still points at exactly this location; under the bucket lock it
+//!    is copied to the destination and the entry redirected (expired
+//!    objects are dropped instead). Readers that raced retry on the bucket
+//!    version.
+//! 4. Scanned candidates are retired with the epoch clock's stamp and their
+//!    blocks go back to the buddy allocator once no operation that started
+//!    before the stamp is still running. The destination becomes a
+//!    candidate like any closed segment.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use epoch::{EpochScheme, RetireList};
+
+use crate::memory::{loc_of, Memory, SegId, SegState, BLOCK_BYTES};
+use crate::object::{now_ms, HEADER_BYTES};
+use crate::store::Inner;
+
+/// How often an idle worker wakes to free retired segments.
+const IDLE_TICK_MS: u64 = 20;
+/// Segments more utilised than this are not worth compacting.
+const MAX_UTILISATION_PERMILLE: u64 = 980;
+/// Bounce buffer for copying objects.
+const COPY_CHUNK_BYTES: usize = 64 << 10;
+
+/// Result of one pass.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Pass {
+    /// Segments were compacted.
+    Progress,
+    /// Nothing worth compacting (or no room for a destination).
+    Nothing,
+}
+
+struct Candidate {
+    seg: SegId,
+    expiring: bool,
+    cap_blocks: usize,
+    used: u64,
+    live: u64,
+    score: f64,
+}
+
+/// The worker loop; runs until the store shuts down.
+pub fn run(inner: Arc<Inner>, node: usize, worker: usize) {
+    let mut cands: Vec<SegId> = Vec::new();
+    let mut retired: RetireList<SegId> = RetireList::new();
+    loop {
+        while let Some(s) = inner.logs[node].closed[worker].pop() {
+            cands.push(s);
+        }
+        let freed = retired.collect(&inner.epochs);
+        if !freed.is_empty() {
+            for s in freed {
+                inner.mem.free_segment(s);
+            }
+            inner.notify_space();
+        }
+        if inner.shutdown.load(Ordering::Acquire) {
+            break;
+        }
+        if inner.should_compact() {
+            let pass = inner.stats.passes.fetch_add(1, Ordering::AcqRel) + 1;
+            if compact_once(&inner, &mut cands, &mut retired) == Pass::Progress {
+                inner.nothing_to_compact.store(false, Ordering::Release);
+                inner.last_progress_pass.fetch_max(pass, Ordering::AcqRel);
+                continue;
+            }
+            // Retired segments still waiting for the epoch are progress to come.
+            if retired.is_empty() {
+                inner.nothing_to_compact.store(true, Ordering::Release);
+                inner.last_nothing_pass.fetch_max(pass, Ordering::AcqRel);
+            }
+            inner.notify_space();
+        }
+        let wait = if retired.is_empty() { IDLE_TICK_MS } else { 1 };
+        inner.sleep_worker(Duration::from_millis(wait));
+    }
+    // Shutdown: no operation is running any more (the store is being
+    // dropped), so every retired segment is safe; the pool goes away anyway.
+    drop(retired.into_items());
+}
+
+/// One compaction pass over `cands`.
+pub fn compact_once(
+    inner: &Inner,
+    cands: &mut Vec<SegId>,
+    retired: &mut RetireList<SegId>,
+) -> Pass {
+    let mem = &inner.mem;
+    let now_tsc = topology::rdtsc();
+    let now = now_ms();
+    let mut scored: Vec<Candidate> = Vec::new();
+    for &seg in cands.iter() {
+        let m = mem.seg(seg).meta.lock();
+        if m.state != SegState::Closed || !inner.epochs.safe_to_reclaim(m.closed_at) {
+            continue;
+        }
+        let used = m.used as u64;
+        let live = mem.seg(seg).live.load(Ordering::Acquire);
+        let cap = (m.blocks.len() * BLOCK_BYTES) as u64;
+        let expiring = mem.seg(seg).min_expiry_ms.load(Ordering::Acquire) <= now;
+        // The unused tail of a segment is reclaimable too.
+        if !expiring && live * 1000 > cap * MAX_UTILISATION_PERMILLE {
+            continue;
+        }
+        // An expiring segment's live bytes overstate it: score it as empty.
+        let u = if cap == 0 || expiring {
+            0.0
+        } else {
+            live as f64 / cap as f64
+        };
+        let age = now_tsc.saturating_sub(m.created_tsc) as f64;
+        scored.push(Candidate {
+            seg,
+            expiring,
+            cap_blocks: m.blocks.len(),
+            used,
+            live,
+            score: (1.0 - u) * age / (1.0 + u),
+        });
+    }
+    if scored.is_empty() {
+        return Pass::Nothing;
+    }
+    scored.sort_by(|a, b| b.score.total_cmp(&a.score));
+    let budget = (inner.segment_blocks * BLOCK_BYTES) as u64;
+    let mut picked = Vec::new();
+    let mut sum_live = 0u64;
+    for c in scored {
+        if !picked.is_empty() && sum_live + c.live > budget {
+            continue;
+        }
+        sum_live += c.live;
+        picked.push(c);
+    }
+    // Worth it only if the pass frees at least one block; otherwise a
+    // freshly compacted segment would be compacted again and again.
+    let cap_blocks: usize = picked.iter().map(|c| c.cap_blocks).sum();
+    let expiring = picked.iter().any(|c| c.expiring);
+    if !expiring && cap_blocks <= (sum_live as usize).div_ceil(BLOCK_BYTES) {
+        return Pass::Nothing;
+    }
+    let mut dest = None;
+    if sum_live > 0 {
+        let blocks = (sum_live as usize).div_ceil(BLOCK_BYTES);
+        match mem.new_segment(blocks, true) {
+            Ok(d) => dest = Some((d, mem.seg(d).meta.lock().blocks.clone(), 0usize)),
+            Err(_) => return Pass::Nothing,
+        }
+    }
+    let mut progress = false;
+    let mut key = Vec::new();
+    let mut chunk = vec![0u8; COPY_CHUNK_BYTES];
+    for c in &picked {
+        let blocks = mem.seg(c.seg).meta.lock().blocks.clone();
+        let mut at = 0usize;
+        let mut complete = true;
+        while at < c.used as usize {
+            let off = Memory::seg_offset(&blocks, at);
+            let Some(h) = mem.header(off) else {
+                complete = false;
+                break;
+            };
+            let size = h.object_bytes();
+            key.resize(h.key_len as usize, 0);
+            if !mem.read_part(off, HEADER_BYTES, &mut key) {
+                complete = false;
+                break;
+            }
+            let hash = crate::store::hash_key(&key);
+            let mut g = inner.index.lock(hash);
+            if let Some(slot) = g.find(|l| l == loc_of(off)) {
+                let h = mem.header(off).unwrap_or(h);
+                if h.expired_at(now) {
+                    g.remove(slot);
+                    mem.seg(c.seg).live.fetch_sub(size as u64, Ordering::AcqRel);
+                    inner
+                        .stats
+                        .expired_reclaimed
+                        .fetch_add(1, Ordering::Relaxed);
+                } else {
+                    let Some((d, dblocks, dused)) = dest.as_mut() else {
+                        complete = false;
+                        break;
+                    };
+                    if *dused + size > dblocks.len() * BLOCK_BYTES {
+                        complete = false;
+                        break;
+                    }
+                    let new_off = Memory::seg_offset(dblocks, *dused);
+                    let mut done = 0;
+                    while done < size {
+                        let n = (size - done).min(COPY_CHUNK_BYTES);
+                        mem.read_part(off, done, &mut chunk[..n]);
+                        mem.write_part(new_off, done, &chunk[..n]);
+                        done += n;
+                    }
+                    g.replace(slot, loc_of(new_off));
+                    crate::store::note_expiry(mem, new_off, h.expiry_ms);
+                    mem.seg(*d).live.fetch_add(size as u64, Ordering::AcqRel);
+                    mem.seg(c.seg).live.fetch_sub(size as u64, Ordering::AcqRel);
+                    *dused += size;
+                    inner
+                        .stats
+                        .bytes_relocated
+                        .fetch_add(size as u64, Ordering::Relaxed);
+                }
+            }
+            drop(g);
+            at += size;
+        }
+        if complete {
+            mem.seg(c.seg).meta.lock().state = SegState::Retired;
+            retired.push(&inner.epochs, c.seg);
+            cands.retain(|&s| s != c.seg);
+            inner
+                .stats
+                .segments_compacted
+                .fetch_add(1, Ordering::Relaxed);
+            progress = true;
+        }
+    }
+    if let Some((d, _, dused)) = dest {
+        let mut m = mem.seg(d).meta.lock();
+        m.state = SegState::Closed;
+        m.used = dused;
+        m.closed_at = inner.epochs.now();
+        drop(m);
+        cands.push(d);
+    }
+    if progress {
+        Pass::Progress
+    } else {
+        Pass::Nothing
+    }
+}

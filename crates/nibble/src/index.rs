@@ -1,0 +1,873 @@
+//! The index (dissertation §4.3): a key hash -> object location map that
+//! every GET and PUT consults, built for many cores. It is an open-addressing
+//! hash table split into independent subtables (spread over NUMA nodes);
+//! the hash picks the subtable (bits 47.., just below the tag) and the home
+//! bucket in it (the low bits). A bucket is 128 bytes, two cache lines: a
+//! version word and 15 entries, each a 16-bit tag (the hash's top bits) and
+//! a 48-bit [`Loc`]. Keys live in the log, not here: a lookup offers every
+//! tag-matching location to the caller, who checks the key in the object.
+//!
+//! Concurrency is optimistic (module [`bucket`]): writers lock a bucket by
+//! making its version odd; readers take no lock, read the version, the
+//! entries, the version again, and retry if it moved (Boehm's seqlock, with
+//! relaxed entry loads and an acquire fence; the argument is in `bucket`).
+//!
+//! Overflow: an entry may sit in its home bucket or in one second bucket,
+//! `(home + (tag | 1)) mod n` (a two-bucket neighbourhood, [`Neighbour`]).
+//! Writers lock both, lower index first (one global order, shared with the
+//! resizer, so no deadlock); readers validate both. Insert picks the
+//! emptier, so a full bucket spills instead of forcing a doubling; only
+//! when both are full must the subtable grow. Why not unbounded linear
+//! probing: a lookup stays 2 buckets, 4 cache lines, 2 versions to check,
+//! and a miss costs what a hit costs, whatever the load. Why not the
+//! adjacent bucket: adjacent neighbourhoods overlap, and at 4096 buckets
+//! the first overflow comes at a load of ~0.65 (one bucket alone: ~0.35);
+//! an independent second choice pushes it to ~0.87 (`tests/index.rs`).
+//!
+//! Growth, per subtable and in place: the subtable maps its largest bucket
+//! array once (`MAP_NORESERVE`, module `reservation`) and uses the first `n`.
+//! Doubling locks all `n` buckets in ascending order (the global order
+//! writers use, so no deadlock), moves each entry that belongs to the upper
+//! half from bucket `c` to `c + n` (same slot: an entry keeps its role,
+//! home or second, and both map to `c` or `c + n`, so the split cannot
+//! overflow), publishes `2n` with a release store and unlocks. Everyone
+//! reads `n` (acquire) before touching buckets and re-checks it after
+//! locking or validating: a resize that finished in between is seen there
+//! (its unlock happened after the store of `n`) and the operation retries.
+//! The entry holds only 16 hash bits, so the resizer asks the store for the
+//! hash of each moved object ([`Index::new`]'s `rehash`). Growth fails with
+//! [`IndexError::Full`] beyond the reservation or the byte budget; it also
+//! starts early once a subtable's load passes `grow_load_factor`.
+
+pub mod bucket;
+mod reservation;
+mod sync;
+
+use core::fmt;
+
+use crossbeam_utils::CachePadded;
+
+use self::reservation::{IndexBucket, Reservation};
+use self::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+/// A location: an opaque non-zero value below 2^[`LOC_BITS`] (the store's
+/// byte offset of the object in its pool).
+pub type Loc = u64;
+
+/// Width of a [`Loc`] in bits; the entry's other 16 bits are the tag.
+pub const LOC_BITS: u32 = 48;
+
+/// Mask of the location bits of an entry.
+const LOC_MASK: u64 = (1 << LOC_BITS) - 1;
+
+/// Entries per bucket: 15 × 8 bytes + the 8-byte version = 128 bytes.
+pub const ENTRIES_PER_BUCKET: usize = 15;
+
+/// Size and alignment of a bucket: two 64-byte cache lines.
+pub const BUCKET_BYTES: usize = 128;
+
+/// Buckets in a neighbourhood: home and the second bucket. Every lookup
+/// reads exactly this many buckets (the maximum probe length).
+pub const NEIGHBOURHOOD_BUCKETS: usize = 2;
+
+/// Subtables per NUMA node in the default configuration (the paper's
+/// figure: enough that concurrent resizes rarely meet).
+pub const DEFAULT_SUBTABLES_PER_NODE: usize = 64;
+
+/// Default initial buckets per subtable: 32 × 128 bytes = one 4 KiB page.
+pub const DEFAULT_INITIAL_BUCKETS_PER_SUBTABLE: usize = 32;
+
+/// Default reservation per subtable: 2^22 buckets = 512 MiB of address
+/// space (63 M entries); only touched pages cost memory.
+pub const DEFAULT_MAX_BUCKETS_PER_SUBTABLE: usize = 1 << 22;
+
+/// Default load (entries / slots) past which a subtable grows proactively.
+pub const DEFAULT_GROW_LOAD_FACTOR: f64 = 0.85;
+
+/// A scan call stops after visiting this many buckets per requested
+/// location, so that a mostly empty table does not make one call long.
+const SCAN_VISITS_PER_COUNT: usize = 10;
+
+#[cfg(not(loom))]
+const _: () = {
+    assert!(core::mem::size_of::<IndexBucket>() == BUCKET_BYTES);
+    assert!(core::mem::align_of::<IndexBucket>() == BUCKET_BYTES);
+};
+
+/// Configuration of an [`Index`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct IndexConfig {
+    /// Number of subtables; a power of two.
+    pub subtables: usize,
+    /// Buckets each subtable starts with; a power of two, at least 2.
+    pub initial_buckets_per_subtable: usize,
+    /// Buckets each subtable may grow to (its address-space reservation,
+    /// × 128 bytes); a power of two, at least the initial size.
+    pub max_buckets_per_subtable: usize,
+    /// Budget for [`Index::memory_bytes`]: a growth that would exceed it
+    /// fails with [`IndexError::Full`]. The store sets it from its capacity;
+    /// `usize::MAX` means "only the reservations limit growth".
+    pub max_bytes: usize,
+    /// Load factor (entries / slots of a subtable) past which the next
+    /// writer to lock in that subtable doubles it first; `>= 1.0` disables
+    /// proactive growth (subtables then grow only when a neighbourhood is
+    /// full).
+    pub grow_load_factor: f64,
+    /// Prefer subtable `i`'s memory on NUMA node `i mod nodes` (no effect on
+    /// a single-node machine).
+    pub numa_bind: bool,
+    /// Where a key's second bucket is (an ablation; see [`Neighbour`]).
+    pub neighbour: Neighbour,
+}
+
+/// Which bucket is the second of a key's two-bucket neighbourhood.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Neighbour {
+    /// `(home + (tag | 1)) mod n`: an odd distance taken from the tag, so
+    /// the two choices are nearly independent (the "power of two choices");
+    /// the first overflow comes at a load of ~0.87.
+    #[default]
+    TagOffset,
+    /// `(home + 1) mod n`, the adjacent bucket (linear probing cut at two
+    /// buckets); neighbourhoods overlap, and the first overflow comes at a
+    /// load of ~0.65 with 4096 buckets.
+    Adjacent,
+}
+
+impl Default for IndexConfig {
+    fn default() -> Self {
+        let nodes = topology::topology().num_nodes().max(1);
+        IndexConfig {
+            subtables: (DEFAULT_SUBTABLES_PER_NODE * nodes).next_power_of_two(),
+            initial_buckets_per_subtable: DEFAULT_INITIAL_BUCKETS_PER_SUBTABLE,
+            max_buckets_per_subtable: DEFAULT_MAX_BUCKETS_PER_SUBTABLE,
+            max_bytes: usize::MAX,
+            grow_load_factor: DEFAULT_GROW_LOAD_FACTOR,
+            numa_bind: true,
+            neighbour: Neighbour::default(),
+        }
+    }
+}
+
+/// Why an index operation failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IndexError {
+    /// No room: a neighbourhood is full and its subtable cannot grow (the
+    /// reservation or the byte budget is exhausted). The store reports
+    /// out-of-memory for the insert; existing entries are unaffected.
+    Full,
+    /// The configuration is invalid, or its reservation cannot be mapped.
+    Config(String),
+}
+
+impl fmt::Display for IndexError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IndexError::Full => f.write_str("index full"),
+            IndexError::Config(why) => write!(f, "invalid index configuration: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for IndexError {}
+
+/// A snapshot of an index's shape and counters (see [`Index::stats`]).
+/// Counters are cumulative since creation.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct IndexStats {
+    /// Number of subtables.
+    pub subtables: usize,
+    /// Buckets in use, all subtables.
+    pub buckets: u64,
+    /// Smallest subtable, in buckets.
+    pub min_subtable_buckets: usize,
+    /// Largest subtable, in buckets.
+    pub max_subtable_buckets: usize,
+    /// Live entries.
+    pub entries: u64,
+    /// Entry slots in use buckets (`buckets × 15`).
+    pub slots: u64,
+    /// `entries / slots`.
+    pub load_factor: f64,
+    /// Buckets read by every lookup (the probe length; constant).
+    pub max_probe_buckets: usize,
+    /// [`Index::memory_bytes`].
+    pub memory_bytes: u64,
+    /// Address space reserved for buckets, all subtables.
+    pub reserved_bytes: u64,
+    /// Completed doublings.
+    pub resizes: u64,
+    /// Doublings refused for lack of reservation or budget.
+    pub failed_resizes: u64,
+    /// Inserts that went to the neighbour bucket rather than home.
+    pub neighbour_inserts: u64,
+    /// Inserts refused because both buckets were full.
+    pub full_inserts: u64,
+    /// Entries a resize left in place because `rehash` gave a hash that
+    /// does not match their tag or position (a store bug; 0 expected).
+    pub rehash_mismatches: u64,
+}
+
+/// Per-subtable counters, written by writers under their bucket locks
+/// (relaxed: they are statistics and a growth heuristic, not protocol).
+#[derive(Default)]
+struct Counters {
+    entries: AtomicU64,
+    neighbour_inserts: AtomicU64,
+    full_inserts: AtomicU64,
+    resizes: AtomicU64,
+    failed_resizes: AtomicU64,
+    rehash_mismatches: AtomicU64,
+}
+
+/// One subtable: a reservation of which the first `n` buckets are in use.
+struct Subtable {
+    buckets: Reservation,
+    /// Buckets in use, a power of two. Stored (release) only by a resizer
+    /// holding every bucket lock; read (acquire) before every access.
+    n: AtomicUsize,
+    /// Entry count past which the next `lock` grows the subtable first.
+    grow_at: AtomicU64,
+    /// Buckets `[n, 2n)` may hold copies from a resize that was abandoned
+    /// (its `rehash` panicked) and must be zeroed before reuse. Accessed
+    /// only with every bucket of the subtable locked.
+    dirty_above_n: AtomicBool,
+    counters: CachePadded<Counters>,
+}
+
+impl Subtable {
+    #[inline]
+    fn bucket(&self, i: usize) -> &IndexBucket {
+        self.buckets.bucket(i)
+    }
+}
+
+/// Why a resize was requested; re-checked once every bucket is locked, so
+/// that a resize that lost the race to another does not double again.
+#[derive(Clone, Copy)]
+enum Trigger {
+    /// The neighbourhood of this hash was full.
+    Full(u64),
+    /// The subtable's load passed `grow_load_factor`.
+    Load,
+}
+
+/// The function the resizer uses to learn the full hash of an entry's key:
+/// given a location, hash the key stored there (see [`Index::new`]).
+pub type RehashFn = Box<dyn Fn(Loc) -> u64 + Send + Sync>;
+
+/// The concurrent hash index of §4.3. See the module documentation.
+pub struct Index {
+    subtables: Box<[CachePadded<Subtable>]>,
+    /// `log2(subtables)`.
+    subtable_bits: u32,
+    /// `log2(max_buckets_per_subtable)`: the per-subtable part of a scan
+    /// cursor.
+    cursor_bucket_bits: u32,
+    max_buckets: usize,
+    grow_load_factor: f64,
+    neighbour: Neighbour,
+    max_bytes: u64,
+    /// Fixed bytes (this struct and the subtable descriptors).
+    metadata_bytes: u64,
+    /// Bytes of buckets in use, all subtables; a growth reserves its share
+    /// here (compare-and-swap against `max_bytes`) before touching memory.
+    bucket_bytes: CachePadded<AtomicU64>,
+    rehash: RehashFn,
+}
+
+impl fmt::Debug for Index {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Index")
+            .field("subtables", &self.subtables.len())
+            .field("len", &self.len())
+            .field("memory_bytes", &self.memory_bytes())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The tag of a hash (its top 16 bits), in entry position.
+#[inline]
+fn tag_bits(hash: u64) -> u64 {
+    hash & !LOC_MASK
+}
+
+/// Entry count past which a subtable of `n` buckets grows proactively.
+fn grow_threshold(load_factor: f64, n: usize) -> u64 {
+    if load_factor >= 1.0 {
+        u64::MAX
+    } else {
+        (load_factor * (n * ENTRIES_PER_BUCKET) as f64) as u64
+    }
+}
+
+/// Redis's reverse-binary cursor increment: the next bucket index after
+/// `v` among `mask + 1` buckets, counting with the bits reversed, so that
+/// the buckets not yet visited stay unvisited when the table doubles.
+#[inline]
+fn next_cursor(v: u64, mask: u64) -> u64 {
+    (v | !mask).reverse_bits().wrapping_add(1).reverse_bits()
+}
+
+impl Index {
+    /// Creates an index, reserving every subtable's address space.
+    ///
+    /// `rehash(loc)` must return the full 64-bit hash of the key of the
+    /// object at `loc` (the same hash the store passes to [`Index::read`]
+    /// and [`Index::lock`]): entries keep only 16 hash bits, so a resize
+    /// asks for the rest. It is called only by a resize, with the entry's
+    /// bucket locked, so the object is the live copy; it must not call back
+    /// into the index.
+    pub fn new(
+        cfg: &IndexConfig,
+        rehash: impl Fn(Loc) -> u64 + Send + Sync + 'static,
+    ) -> Result<Index, IndexError> {
+        let bad = |why: String| Err(IndexError::Config(why));
+        if cfg.subtables == 0 || !cfg.subtables.is_power_of_two() {
+            return bad(format!(
+                "subtables = {} is not a power of two",
+                cfg.subtables
+            ));
+        }
+        let initial = cfg.initial_buckets_per_subtable;
+        if initial < 2 || !initial.is_power_of_two() {
+            return bad(format!(
+                "initial_buckets_per_subtable = {initial} is not a power of two >= 2"
+            ));
+        }
+        let max = cfg.max_buckets_per_subtable;
+        if max < initial || !max.is_power_of_two() {
+            return bad(format!(
+                "max_buckets_per_subtable = {max} is not a power of two >= {initial}"
+            ));
+        }
+        let subtable_bits = cfg.subtables.trailing_zeros();
+        let cursor_bucket_bits = max.trailing_zeros();
+        // Subtable bits sit just below the tag, bucket bits at the bottom:
+        // they must not overlap each other or the tag.
+        if subtable_bits + cursor_bucket_bits > LOC_BITS {
+            return bad(format!(
+                "{} subtables × {max} buckets needs more than {LOC_BITS} hash bits",
+                cfg.subtables
+            ));
+        }
+        if cfg.grow_load_factor.is_nan() || cfg.grow_load_factor <= 0.0 {
+            return bad(format!("grow_load_factor = {}", cfg.grow_load_factor));
+        }
+
+        let metadata_bytes = (core::mem::size_of::<Index>()
+            + cfg.subtables * core::mem::size_of::<CachePadded<Subtable>>())
+            as u64;
+        let initial_bytes = (cfg.subtables * initial * BUCKET_BYTES) as u64;
+        let max_bytes = cfg.max_bytes as u64;
+        if metadata_bytes + initial_bytes > max_bytes {
+            return bad(format!(
+                "the initial index needs {} bytes, over max_bytes = {max_bytes}",
+                metadata_bytes + initial_bytes
+            ));
+        }
+
+        let nodes = topology::topology().nodes();
+        let bind = cfg.numa_bind && nodes.len() > 1;
+        let mut subtables = Vec::with_capacity(cfg.subtables);
+        for i in 0..cfg.subtables {
+            let node = bind.then(|| nodes[i % nodes.len()].id);
+            subtables.push(CachePadded::new(Subtable {
+                buckets: Reservation::new(max, node)?,
+                n: AtomicUsize::new(initial),
+                grow_at: AtomicU64::new(grow_threshold(cfg.grow_load_factor, initial)),
+                dirty_above_n: AtomicBool::new(false),
+                counters: CachePadded::new(Counters::default()),
+            }));
+        }
+        Ok(Index {
+            subtables: subtables.into_boxed_slice(),
+            subtable_bits,
+            cursor_bucket_bits,
+            max_buckets: max,
+            grow_load_factor: cfg.grow_load_factor,
+            neighbour: cfg.neighbour,
+            max_bytes,
+            metadata_bytes,
+            bucket_bytes: CachePadded::new(AtomicU64::new(initial_bytes)),
+            rehash: Box::new(rehash),
+        })
+    }
+
+    /// Home and second bucket of `hash` in a subtable of `n` buckets. The
+    /// two differ (the distance is odd and `n >= 2`), and for `2n` buckets
+    /// each is the same or `n` higher, which is what makes the split of a
+    /// doubling overflow-free and the scan cursor sound.
+    #[inline]
+    fn neighbourhood(&self, hash: u64, n: usize) -> (usize, usize) {
+        let home = hash as usize & (n - 1);
+        let distance = match self.neighbour {
+            Neighbour::TagOffset => (hash >> LOC_BITS) as usize | 1,
+            Neighbour::Adjacent => 1,
+        };
+        (home, home.wrapping_add(distance) & (n - 1))
+    }
+
+    /// The subtable of `hash`: the bits just below the tag.
+    #[inline]
+    fn subtable(&self, hash: u64) -> &Subtable {
+        let i = if self.subtable_bits == 0 {
+            0
+        } else {
+            ((hash >> (LOC_BITS - self.subtable_bits)) as usize) & (self.subtables.len() - 1)
+        };
+        &self.subtables[i]
+    }
+
+    /// Optimistic read: calls `f` on every entry of `hash`'s neighbourhood
+    /// whose tag matches; `f` returns `Some(r)` if this is the key. Takes no
+    /// lock and retries transparently when a writer or a resize changed the
+    /// buckets meanwhile, so `f` may run several times and see locations
+    /// that are being replaced: it must be idempotent and must tolerate
+    /// reading an object that is no longer live (the store keeps such
+    /// memory mapped through its epochs). Returns the validated result.
+    pub fn read<R>(&self, hash: u64, mut f: impl FnMut(Loc) -> Option<R>) -> Option<R> {
+        let st = self.subtable(hash);
+        let tag = tag_bits(hash);
+        loop {
+            let n = st.n.load(Ordering::Acquire);
+            let (home, second) = self.neighbourhood(hash, n);
+            let (a, b) = (st.bucket(home), st.bucket(second));
+            let (va, vb) = (a.read_begin(), b.read_begin());
+            let mut found = None;
+            'search: for bucket in [a, b] {
+                for i in 0..ENTRIES_PER_BUCKET {
+                    let e = bucket.load(i);
+                    if e != 0 && tag_bits(e) == tag {
+                        if let Some(r) = f(e & LOC_MASK) {
+                            found = Some(r);
+                            break 'search;
+                        }
+                    }
+                }
+            }
+            // Validate both buckets, then `n`: a resize that completed
+            // before our `read_begin` stored `n` before its unlocking
+            // release store, which our acquire load read, so the re-check
+            // sees the new size and we retry in the right buckets.
+            let valid = a.read_validate(va) & b.read_validate(vb);
+            if valid && st.n.load(Ordering::Relaxed) == n {
+                return found;
+            }
+        }
+    }
+
+    /// Locks the neighbourhood of `hash` for writing and returns the guard;
+    /// readers of these two buckets retry until it is dropped.
+    ///
+    /// If the subtable's load has passed `grow_load_factor`, doubles it
+    /// first (a failure to grow is ignored here: the insert will report
+    /// [`IndexError::Full`] if it matters). Hence, and because of the lock
+    /// order, a thread must hold at most one guard at a time.
+    pub fn lock(&self, hash: u64) -> WriteGuard<'_> {
+        let st = self.subtable(hash);
+        if st.counters.entries.load(Ordering::Relaxed) > st.grow_at.load(Ordering::Relaxed) {
+            let _ = self.grow_subtable(st, Trigger::Load);
+        }
+        loop {
+            let n = st.n.load(Ordering::Acquire);
+            let (home, second) = self.neighbourhood(hash, n);
+            // Ascending index order, the order every writer and the resizer
+            // lock in: for the wrap-around pair (n-1, 0), 0 comes first.
+            let (low, high) = (
+                st.bucket(home.min(second)).lock(),
+                st.bucket(home.max(second)).lock(),
+            );
+            // While we hold `home`, no resize can publish (it needs every
+            // lock); one that published before our locking CAS released
+            // `n` to it, so this load sees it and we retry.
+            if st.n.load(Ordering::Relaxed) == n {
+                let buckets = if home < second {
+                    [low, high]
+                } else {
+                    [high, low]
+                };
+                return WriteGuard {
+                    st,
+                    buckets,
+                    tag: tag_bits(hash),
+                };
+            }
+        }
+    }
+
+    /// Doubles the subtable of `hash` unless its neighbourhood has room
+    /// again (another thread grew it, or an entry was removed). Call it
+    /// after [`WriteGuard::insert`] returned [`IndexError::Full`], with the
+    /// guard dropped, then retry the insert. Fails with
+    /// [`IndexError::Full`] if the subtable is at its reservation or the
+    /// index at its byte budget; existing entries are unaffected.
+    pub fn grow(&self, hash: u64) -> Result<(), IndexError> {
+        self.grow_subtable(self.subtable(hash), Trigger::Full(hash))
+    }
+
+    /// The resize of §4.3: lock every bucket, split, publish, unlock.
+    fn grow_subtable(&self, st: &Subtable, trigger: Trigger) -> Result<(), IndexError> {
+        // Bucket 0 first: this also serialises concurrent resizers, and
+        // once we hold it `n` cannot change (publishing needs it).
+        let first = st.bucket(0).lock();
+        let n = st.n.load(Ordering::Acquire);
+        let mut guards = Vec::with_capacity(2 * n);
+        guards.push(first);
+        guards.extend((1..n).map(|c| st.bucket(c).lock()));
+
+        let still_needed = match trigger {
+            Trigger::Full(hash) => {
+                let (home, second) = self.neighbourhood(hash, n);
+                free_slots(&guards[home]) + free_slots(&guards[second]) == 0
+            }
+            Trigger::Load => {
+                st.counters.entries.load(Ordering::Relaxed) > st.grow_at.load(Ordering::Relaxed)
+            }
+        };
+        if !still_needed {
+            return Ok(());
+        }
+
+        let m = 2 * n;
+        let added_bytes = (n * BUCKET_BYTES) as u64;
+        let budget_ok = m <= self.max_buckets
+            && self
+                .bucket_bytes
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                    (self.metadata_bytes + b + added_bytes <= self.max_bytes)
+                        .then_some(b + added_bytes)
+                })
+                .is_ok();
+        if !budget_ok {
+            st.counters.failed_resizes.fetch_add(1, Ordering::Relaxed);
+            // Neither the reservation nor the budget ever grows back, so
+            // stop the proactive check from locking the subtable again.
+            st.grow_at.store(u64::MAX, Ordering::Relaxed);
+            return Err(IndexError::Full);
+        }
+        // Gives the bytes back if `rehash` panics below.
+        let mut reserved = BudgetReservation {
+            counter: &self.bucket_bytes,
+            bytes: added_bytes,
+        };
+
+        // The new half is unpublished (no reader or writer can reach it
+        // before `n` changes); locking it only lets us write through guards.
+        guards.extend((n..m).map(|c| st.bucket(c).lock()));
+        if st.dirty_above_n.load(Ordering::Relaxed) {
+            for guard in &mut guards[n..] {
+                for i in 0..ENTRIES_PER_BUCKET {
+                    guard.store(i, 0);
+                }
+            }
+        }
+        st.dirty_above_n.store(true, Ordering::Relaxed);
+
+        // Pass 1: copy every entry whose bucket changes from c to c + n.
+        // An entry keeps its role (home or second bucket), and each of
+        // those is, for 2n buckets, the same index or that plus n: the
+        // split moves entries only from c to c + n, slot for slot, so it
+        // can never overflow. Only user code (`rehash`) can panic here;
+        // until pass 2 the old half is intact and the copies invisible.
+        let mut mismatches = 0u64;
+        for c in 0..n {
+            for i in 0..ENTRIES_PER_BUCKET {
+                let e = guards[c].load(i);
+                if e == 0 {
+                    continue;
+                }
+                let hash = (self.rehash)(e & LOC_MASK);
+                let (home, second) = self.neighbourhood(hash, n);
+                let (home2, second2) = self.neighbourhood(hash, m);
+                let c2 = if c == home {
+                    home2
+                } else if c == second {
+                    second2
+                } else {
+                    usize::MAX
+                };
+                if tag_bits(hash) != tag_bits(e) || (c2 != c && c2 != c + n) {
+                    mismatches += 1;
+                    continue;
+                }
+                if c2 != c {
+                    guards[c2].store(i, e);
+                }
+            }
+        }
+        // Pass 2: remove the originals of what was copied.
+        for c in 0..n {
+            for i in 0..ENTRIES_PER_BUCKET {
+                if guards[c + n].load(i) != 0 {
+                    guards[c].store(i, 0);
+                }
+            }
+        }
+        st.dirty_above_n.store(false, Ordering::Relaxed);
+        reserved.bytes = 0;
+        if mismatches > 0 {
+            st.counters
+                .rehash_mismatches
+                .fetch_add(mismatches, Ordering::Relaxed);
+        }
+        st.grow_at
+            .store(grow_threshold(self.grow_load_factor, m), Ordering::Relaxed);
+        // Release: whoever learns the new size also sees the moved entries
+        // (and the bucket unlocks below come after it, which is what the
+        // re-checks of `n` in `read` and `lock` rely on).
+        st.n.store(m, Ordering::Release);
+        st.counters.resizes.fetch_add(1, Ordering::Relaxed);
+        drop(guards);
+        Ok(())
+    }
+
+    /// Live entries (a sum of per-subtable counters; exact when quiescent).
+    pub fn len(&self) -> u64 {
+        self.subtables
+            .iter()
+            .map(|st| st.counters.entries.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// True if the index holds no entries.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Memory the index accounts for: the buckets in use (`n × 128` per
+    /// subtable, all touched or about to be) plus fixed metadata. The store
+    /// charges this against its capacity; it never exceeds `max_bytes`.
+    pub fn memory_bytes(&self) -> u64 {
+        self.metadata_bytes + self.bucket_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Shape and counters (a racy but cheap snapshot).
+    pub fn stats(&self) -> IndexStats {
+        let mut s = IndexStats {
+            subtables: self.subtables.len(),
+            min_subtable_buckets: usize::MAX,
+            max_probe_buckets: NEIGHBOURHOOD_BUCKETS,
+            memory_bytes: self.memory_bytes(),
+            ..IndexStats::default()
+        };
+        for st in self.subtables.iter() {
+            let n = st.n.load(Ordering::Relaxed);
+            let c = &st.counters;
+            s.buckets += n as u64;
+            s.min_subtable_buckets = s.min_subtable_buckets.min(n);
+            s.max_subtable_buckets = s.max_subtable_buckets.max(n);
+            s.entries += c.entries.load(Ordering::Relaxed);
+            s.reserved_bytes += st.buckets.bytes() as u64;
+            s.resizes += c.resizes.load(Ordering::Relaxed);
+            s.failed_resizes += c.failed_resizes.load(Ordering::Relaxed);
+            s.neighbour_inserts += c.neighbour_inserts.load(Ordering::Relaxed);
+            s.full_inserts += c.full_inserts.load(Ordering::Relaxed);
+            s.rehash_mismatches += c.rehash_mismatches.load(Ordering::Relaxed);
+        }
+        s.slots = s.buckets * ENTRIES_PER_BUCKET as u64;
+        s.load_factor = s.entries as f64 / s.slots as f64;
+        s
+    }
+
+    /// Redis-style SCAN: starting at `cursor` (0 to begin), appends the
+    /// locations of some buckets to `out` and returns the cursor to pass
+    /// next, or 0 when the scan is complete.
+    ///
+    /// Subtables are walked in order; within one, buckets are visited in
+    /// reverse-binary order of their index. A doubling splits bucket `c`
+    /// into `c` and `c + n` only, so an entry present for the whole scan is
+    /// returned at least once even if subtables grow in between (it may be
+    /// returned more than once; entries added or removed meanwhile may or
+    /// may not be). Each bucket is read with the seqlock protocol. One call
+    /// stops once it has appended at least `count` locations, or visited
+    /// `10 × count` buckets.
+    pub fn scan(&self, cursor: u64, count: usize, out: &mut Vec<Loc>) -> u64 {
+        let bucket_mask = (1u64 << self.cursor_bucket_bits) - 1;
+        let mut sti = (cursor >> self.cursor_bucket_bits) as usize;
+        let mut v = cursor & bucket_mask;
+        if sti >= self.subtables.len() {
+            return 0;
+        }
+        let count = count.max(1);
+        let start = out.len();
+        let mut visited = 0;
+        loop {
+            let mask = self.scan_bucket(&self.subtables[sti], v, out);
+            v = next_cursor(v, mask);
+            visited += 1;
+            if v == 0 {
+                sti += 1;
+                if sti == self.subtables.len() {
+                    return 0;
+                }
+            }
+            if out.len() - start >= count || visited >= count * SCAN_VISITS_PER_COUNT {
+                return ((sti as u64) << self.cursor_bucket_bits) | v;
+            }
+        }
+    }
+
+    /// Appends the entries of bucket `v mod n` (one consistent read, for
+    /// the current `n`) and returns the mask `n - 1` it used.
+    fn scan_bucket(&self, st: &Subtable, v: u64, out: &mut Vec<Loc>) -> u64 {
+        loop {
+            let n = st.n.load(Ordering::Acquire);
+            let mask = n as u64 - 1;
+            let bucket = st.bucket((v & mask) as usize);
+            let version = bucket.read_begin();
+            let entries: [u64; ENTRIES_PER_BUCKET] = core::array::from_fn(|i| bucket.load(i));
+            if bucket.read_validate(version) && st.n.load(Ordering::Relaxed) == n {
+                out.extend(entries.iter().filter(|&&e| e != 0).map(|e| e & LOC_MASK));
+                return mask;
+            }
+        }
+    }
+}
+
+/// Gives reserved budget bytes back unless the resize completed (a
+/// panicking `rehash` must not leak budget).
+struct BudgetReservation<'a> {
+    counter: &'a AtomicU64,
+    bytes: u64,
+}
+
+impl Drop for BudgetReservation<'_> {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            self.counter.fetch_sub(self.bytes, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Free entry slots of a locked bucket.
+fn free_slots(bucket: &bucket::BucketGuard<'_, ENTRIES_PER_BUCKET>) -> usize {
+    (0..ENTRIES_PER_BUCKET)
+        .filter(|&i| bucket.load(i) == 0)
+        .count()
+}
+
+/// A position in a locked neighbourhood, from [`WriteGuard::find`] or
+/// [`WriteGuard::insert`]; meaningful only to the guard that returned it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slot {
+    /// 0: home bucket, 1: neighbour.
+    bucket: u8,
+    entry: u8,
+}
+
+/// The write lock on one key hash's neighbourhood (home bucket and its
+/// neighbour). Dropping it unlocks both and publishes the changes.
+pub struct WriteGuard<'a> {
+    st: &'a Subtable,
+    /// `[home, neighbour]`.
+    buckets: [bucket::BucketGuard<'a, ENTRIES_PER_BUCKET>; NEIGHBOURHOOD_BUCKETS],
+    tag: u64,
+}
+
+impl fmt::Debug for WriteGuard<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WriteGuard")
+            .field("tag", &(self.tag >> LOC_BITS))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Panics unless `loc` is a valid [`Loc`].
+fn check_loc(loc: Loc) {
+    assert!(
+        loc != 0 && loc <= LOC_MASK,
+        "location {loc:#x} is not in 1..2^48"
+    );
+}
+
+impl WriteGuard<'_> {
+    /// The first entry whose tag matches and for which `is_key` says yes
+    /// (home bucket first). Only tag-matching entries are offered.
+    pub fn find(&self, mut is_key: impl FnMut(Loc) -> bool) -> Option<Slot> {
+        for (b, guard) in self.buckets.iter().enumerate() {
+            for i in 0..ENTRIES_PER_BUCKET {
+                let e = guard.load(i);
+                if e != 0 && tag_bits(e) == self.tag && is_key(e & LOC_MASK) {
+                    return Some(Slot {
+                        bucket: b as u8,
+                        entry: i as u8,
+                    });
+                }
+            }
+        }
+        None
+    }
+
+    fn entry(&self, slot: Slot) -> u64 {
+        self.buckets[slot.bucket as usize].load(slot.entry as usize)
+    }
+
+    /// The location held in `slot`.
+    ///
+    /// # Panics
+    /// If the slot is empty (it was removed).
+    pub fn loc(&self, slot: Slot) -> Loc {
+        let e = self.entry(slot);
+        assert!(e != 0, "loc of an empty slot");
+        e & LOC_MASK
+    }
+
+    /// Points `slot` at a new location (the key's new object version, or
+    /// its relocated copy). Readers see the old or the new location.
+    ///
+    /// # Panics
+    /// If the slot is empty, or `loc` is 0 or not below 2^48.
+    pub fn replace(&mut self, slot: Slot, loc: Loc) {
+        check_loc(loc);
+        assert!(self.entry(slot) != 0, "replace of an empty slot");
+        self.buckets[slot.bucket as usize].store(slot.entry as usize, self.tag | loc);
+    }
+
+    /// Empties `slot` and returns the location it held.
+    ///
+    /// # Panics
+    /// If the slot is already empty.
+    pub fn remove(&mut self, slot: Slot) -> Loc {
+        let loc = self.loc(slot);
+        self.buckets[slot.bucket as usize].store(slot.entry as usize, 0);
+        self.st.counters.entries.fetch_sub(1, Ordering::Relaxed);
+        loc
+    }
+
+    /// Inserts a new entry (the caller has checked with [`find`] that the
+    /// key is absent) into the emptier of the two buckets, home on a tie.
+    /// `Err(IndexError::Full)` if both are full: drop the guard, call
+    /// [`Index::grow`] with the same hash, and retry.
+    ///
+    /// # Panics
+    /// If `loc` is 0 or not below 2^48.
+    ///
+    /// [`find`]: WriteGuard::find
+    pub fn insert(&mut self, loc: Loc) -> Result<Slot, IndexError> {
+        check_loc(loc);
+        let free = [free_slots(&self.buckets[0]), free_slots(&self.buckets[1])];
+        if free == [0, 0] {
+            self.st
+                .counters
+                .full_inserts
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(IndexError::Full);
+        }
+        let b = usize::from(free[1] > free[0]);
+        let guard = &mut self.buckets[b];
+        let i = (0..ENTRIES_PER_BUCKET)
+            .find(|&i| guard.load(i) == 0)
+            .ok_or(IndexError::Full)?;
+        guard.store(i, self.tag | loc);
+        let counters = &self.st.counters;
+        counters.entries.fetch_add(1, Ordering::Relaxed);
+        if b == 1 {
+            counters.neighbour_inserts.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Slot {
+            bucket: b as u8,
+            entry: i as u8,
+        })
+    }
+}

@@ -1,0 +1,151 @@
+//! The address-space reservation behind one subtable (§4.3): the largest
+//! bucket array the subtable may ever need, mapped once, up front, with
+//! `MAP_NORESERVE`, so that growing never calls `mmap` (serialised in the
+//! kernel) and only the buckets actually written become resident.
+//!
+//! Transparent huge pages are switched off for the reservation
+//! (`MADV_NOHUGEPAGE`): otherwise touching the first bucket would fault in
+//! 2 MiB and resident memory would no longer follow
+//! [`Index::memory_bytes`](super::Index::memory_bytes), which the store
+//! charges against its capacity. With more than one NUMA node the range is
+//! bound (`MPOL_PREFERRED`) to its node before anything touches it, the
+//! paper's answer to first-touch placement.
+//!
+//! Under `cfg(loom)` the "reservation" is a boxed slice of constructed
+//! buckets, because loom's atomics are not plain words that zero pages can
+//! stand in for.
+
+use super::bucket::Bucket;
+use super::{IndexError, ENTRIES_PER_BUCKET};
+
+/// The bucket type the index stores.
+pub(crate) type IndexBucket = Bucket<ENTRIES_PER_BUCKET>;
+
+/// A fixed-size, never-moving array of `buckets` buckets, all initially
+/// free (zero).
+pub(crate) struct Reservation {
+    #[cfg(not(loom))]
+    base: core::ptr::NonNull<IndexBucket>,
+    #[cfg(loom)]
+    slice: Box<[IndexBucket]>,
+    buckets: usize,
+}
+
+// SAFETY: the reservation is an owned mapping (or boxed slice) that is only
+// ever accessed through shared references to `Bucket`s, whose fields are
+// all atomics; nothing about it is tied to the creating thread.
+unsafe impl Send for Reservation {}
+// SAFETY: as above: `&Reservation` only hands out `&Bucket`, which is Sync.
+unsafe impl Sync for Reservation {}
+
+impl Reservation {
+    /// Length of the reservation in bytes.
+    pub(crate) fn bytes(&self) -> usize {
+        self.buckets * core::mem::size_of::<IndexBucket>()
+    }
+
+    /// The `i`-th bucket.
+    ///
+    /// # Panics
+    /// If `i` is beyond the reservation (the index never asks for that:
+    /// it only uses buckets below its published size, which is at most the
+    /// reservation; the check keeps a logic error from becoming UB).
+    #[inline]
+    pub(crate) fn bucket(&self, i: usize) -> &IndexBucket {
+        assert!(i < self.buckets, "bucket {i} beyond the reservation");
+        #[cfg(not(loom))]
+        {
+            // SAFETY: `i < buckets`, so the address lies inside the live
+            // mapping, which outlives `&self`. mmap returns page-aligned
+            // memory, so every bucket is 128-byte aligned. Untouched
+            // anonymous memory reads as zero and an all-zero `Bucket` is
+            // valid (`AtomicU64` has `u64`'s representation). All accesses
+            // go through atomics, so handing out shared references is sound.
+            unsafe { &*self.base.as_ptr().add(i) }
+        }
+        #[cfg(loom)]
+        {
+            &self.slice[i]
+        }
+    }
+
+    /// Reserves `buckets` buckets of address space; `node` is a NUMA node
+    /// id to prefer for the pages, or `None` for the default policy.
+    #[cfg(not(loom))]
+    pub(crate) fn new(buckets: usize, node: Option<usize>) -> Result<Reservation, IndexError> {
+        let bytes = buckets
+            .checked_mul(core::mem::size_of::<IndexBucket>())
+            .ok_or_else(|| IndexError::Config(format!("{buckets} buckets overflow usize")))?;
+        // SAFETY: a fresh private anonymous mapping with no address hint
+        // and no file: it cannot alias any existing Rust object. The result
+        // is checked against MAP_FAILED before use.
+        let p = unsafe {
+            libc::mmap(
+                core::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(IndexError::Config(format!(
+                "cannot reserve {bytes} bytes for a subtable: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        // SAFETY: advice on the range we just mapped; failure (e.g. a
+        // kernel without THP) only leaves the default policy in place.
+        unsafe { libc::madvise(p, bytes, libc::MADV_NOHUGEPAGE) };
+        if let Some(node) = node {
+            bind_to_node(p, bytes, node);
+        }
+        let base = core::ptr::NonNull::new(p.cast::<IndexBucket>())
+            .ok_or_else(|| IndexError::Config("mmap returned null".into()))?;
+        Ok(Reservation { base, buckets })
+    }
+
+    /// Loom build: constructs every bucket (the node is ignored).
+    #[cfg(loom)]
+    pub(crate) fn new(buckets: usize, _node: Option<usize>) -> Result<Reservation, IndexError> {
+        Ok(Reservation {
+            slice: (0..buckets).map(|_| IndexBucket::new()).collect(),
+            buckets,
+        })
+    }
+}
+
+#[cfg(not(loom))]
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the range `new` mapped; `&mut self` means
+        // no bucket reference derived from it is still alive.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.bytes()) };
+    }
+}
+
+/// Prefers `node` for the pages of `[p, p + bytes)`. Best effort: a kernel
+/// without NUMA support, or a node that disappeared, keeps the default
+/// first-touch policy, which is correct, only slower.
+#[cfg(not(loom))]
+fn bind_to_node(p: *mut libc::c_void, bytes: usize, node: usize) {
+    const BITS_PER_WORD: usize = u64::BITS as usize;
+    let mut mask = vec![0u64; node / BITS_PER_WORD + 1];
+    mask[node / BITS_PER_WORD] |= 1 << (node % BITS_PER_WORD);
+    // The kernel reads `maxnode - 1` bits of the mask.
+    let max_node = mask.len() * BITS_PER_WORD + 1;
+    // SAFETY: mbind only changes the memory policy of a range we own; the
+    // mask pointer is valid for `mask.len()` words for the whole call.
+    unsafe {
+        libc::syscall(
+            libc::SYS_mbind,
+            p,
+            bytes,
+            libc::MPOL_PREFERRED,
+            mask.as_ptr(),
+            max_node,
+            0u32,
+        )
+    };
+}

@@ -1,0 +1,44 @@
+//! # nibble — a concurrent log-structured key-value store
+//!
+//! Nibble (dissertation ch. 3-5) keeps objects in per-NUMA-node logs with
+//! one head per CPU, finds them through a partitioned hash table read under
+//! optimistic concurrency, coordinates readers and compaction with a
+//! TSC-stamped epoch table, and reclaims space by compacting segments
+//! chosen by a cost-benefit score. Nibble-2 (ch. 6.2) overwrites an
+//! existing object in place when the new value fits, which removes most of
+//! compaction's work under update-heavy workloads; it is `Mode::Nibble2`.
+//!
+//! | module | paper | concern |
+//! |---|---|---|
+//! | [`index`] | §4.3 | subtables of 128-byte seqlocked buckets, neighbour overflow, in-place growth |
+//! | [`memory`] | §4.2, §4.5 | 64 KiB blocks from the buddy allocator, segments, SegmentInfo live bytes |
+//! | [`log`] | §4.4 | multi-head logs, head choice by CPU id, rolling |
+//! | [`compaction`] | §4.4, ch. 6 | per-node workers, cost-benefit selection, relocation, epoch retirement |
+//! | [`store`] | §4.1 | the API and its error type |
+//! | [`object`] | §4.2 | the object header |
+//!
+//! Capacity: a store is created with a capacity in bytes. The index gets a
+//! budget (6.2 % by default), per-block metadata is set aside, and the rest
+//! is the block pool, of which a share (3 %) is reserved for compaction.
+//! RSS stays within the capacity plus the threads' stacks and a few
+//! fixed-size tables.
+//!
+//! ```
+//! use nibble::{Config, Store};
+//! let store = Store::new(Config::new(64 << 20)).unwrap();
+//! store.put(b"hello", b"world").unwrap();
+//! assert_eq!(store.get(b"hello").unwrap().as_deref(), Some(&b"world"[..]));
+//! assert!(store.delete(b"hello").unwrap());
+//! ```
+
+pub mod compaction;
+pub mod index;
+pub mod log;
+pub mod memory;
+pub mod object;
+pub mod store;
+
+pub use store::{
+    hash_key, Condition, Config, Error, Expiry, ItemMeta, Mode, PutOptions, Stats, Store,
+    MAX_KEY_BYTES, MIN_CAPACITY_BYTES,
+};

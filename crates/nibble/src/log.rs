@@ -1,0 +1,158 @@
+//! The multi-head log (dissertation §4.4).
+//!
+//! One log per NUMA node; each log has one *head* per CPU of its node. An
+//! append picks the head of the CPU the thread runs on (`rdpid`, about a
+//! nanosecond), bumps the head's offset, and copies the object in. The head
+//! is a mutex taken with `try_lock`: a thread that finds its head busy (two
+//! threads on one CPU, or a migration) moves on to the next head of the node
+//! instead of spinning, and only blocks after every head of the node was
+//! busy once — appends are short, so it waits for one copy at most.
+//!
+//! "Write local, read global": appends go to the local node's log; reads go
+//! wherever the index points.
+//!
+//! When an object does not fit, the head *rolls*: the segment is closed
+//! (stamped with the epoch clock, so compaction waits until every append
+//! that might still be publishing into it has finished) and handed
+//! round-robin to one of the node's compaction workers; a new segment is
+//! allocated. An object larger than a segment gets a segment of its own size.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crossbeam_queue::SegQueue;
+use crossbeam_utils::CachePadded;
+use epoch::EpochScheme;
+use parking_lot::Mutex;
+
+use crate::memory::{Memory, NoBlocks, SegId, SegState, BLOCK_BYTES};
+
+/// A head's current segment.
+pub struct HeadSeg {
+    /// Segment id.
+    pub seg: SegId,
+    /// Its blocks (a private copy: no lock needed to compute offsets).
+    pub blocks: Vec<u32>,
+    /// Next free byte.
+    pub used: usize,
+}
+
+impl HeadSeg {
+    fn capacity(&self) -> usize {
+        self.blocks.len() * BLOCK_BYTES
+    }
+}
+
+/// One node's log.
+pub struct Log {
+    /// The node index.
+    pub node: usize,
+    heads: Box<[CachePadded<Mutex<Option<HeadSeg>>>]>,
+    /// Closed segments, one queue per compaction worker.
+    pub closed: Box<[SegQueue<SegId>]>,
+    next_worker: AtomicUsize,
+    segment_blocks: usize,
+}
+
+/// Where an append put an object.
+#[derive(Clone, Copy, Debug)]
+pub struct Appended {
+    /// Pool offset of the object.
+    pub off: u64,
+    /// Its segment.
+    pub seg: SegId,
+}
+
+impl Log {
+    /// A log with `heads` heads, `workers` compaction queues and segments of
+    /// `segment_blocks` blocks.
+    pub fn new(node: usize, heads: usize, workers: usize, segment_blocks: usize) -> Log {
+        Log {
+            node,
+            heads: (0..heads.max(1))
+                .map(|_| CachePadded::new(Mutex::new(None)))
+                .collect(),
+            closed: (0..workers.max(1)).map(|_| SegQueue::new()).collect(),
+            next_worker: AtomicUsize::new(0),
+            segment_blocks,
+        }
+    }
+
+    /// Number of heads.
+    pub fn heads(&self) -> usize {
+        self.heads.len()
+    }
+
+    /// Append an object of `len` bytes written by `fill(mem, pool_offset)`.
+    /// `hint` picks the first head to try (the CPU's index within its node).
+    pub fn append(
+        &self,
+        mem: &Memory,
+        epochs: &dyn EpochScheme,
+        hint: usize,
+        len: usize,
+        fill: impl FnOnce(u64),
+    ) -> Result<Appended, NoBlocks> {
+        let n = self.heads.len();
+        let first = hint % n;
+        let mut guard = None;
+        for i in 0..n {
+            if let Some(g) = self.heads[(first + i) % n].try_lock() {
+                guard = Some(g);
+                break;
+            }
+        }
+        let mut head = guard.unwrap_or_else(|| self.heads[first].lock());
+        let fits = head.as_ref().is_some_and(|h| h.used + len <= h.capacity());
+        if !fits {
+            let blocks = self.segment_blocks.max(len.div_ceil(BLOCK_BYTES));
+            let seg = mem.new_segment(blocks, false)?;
+            let fresh = HeadSeg {
+                seg,
+                blocks: mem.seg(seg).meta.lock().blocks.clone(),
+                used: 0,
+            };
+            if let Some(old) = head.replace(fresh) {
+                self.close(mem, epochs, old);
+            }
+        }
+        let h = head.as_mut().expect("a head segment was just installed");
+        let off = Memory::seg_offset(&h.blocks, h.used);
+        h.used += len;
+        let seg = h.seg;
+        fill(off);
+        Ok(Appended { off, seg })
+    }
+
+    /// Close a head segment and queue it for compaction.
+    pub fn close(&self, mem: &Memory, epochs: &dyn EpochScheme, h: HeadSeg) {
+        {
+            let mut m = mem.seg(h.seg).meta.lock();
+            m.state = SegState::Closed;
+            m.used = h.used;
+            m.closed_at = epochs.now();
+        }
+        let w = self.next_worker.fetch_add(1, Ordering::Relaxed) % self.closed.len();
+        self.closed[w].push(h.seg);
+    }
+
+    /// Close every head (for tests and shutdown-time statistics).
+    pub fn close_all(&self, mem: &Memory, epochs: &dyn EpochScheme) {
+        for head in self.heads.iter() {
+            if let Some(h) = head.lock().take() {
+                self.close(mem, epochs, h);
+            }
+        }
+    }
+
+    /// Bytes of free space left in the heads.
+    pub fn head_free_bytes(&self) -> u64 {
+        self.heads
+            .iter()
+            .map(|h| {
+                h.lock()
+                    .as_ref()
+                    .map_or(0, |h| (h.capacity() - h.used) as u64)
+            })
+            .sum()
+    }
+}

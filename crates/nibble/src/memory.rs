@@ -1,0 +1,448 @@
+//! Blocks, segments and the SegmentInfo table (dissertation §4.2, §4.5).
+//!
+//! The store's memory is one [`FramePool`] handed out by the distributed
+//! buddy allocator in *blocks* of [`BLOCK_BYTES`] (64 KiB, order 4). A
+//! *segment* is an ordered list of blocks that need not be contiguous;
+//! objects are appended to a segment's byte space and may cross block
+//! boundaries, never segment boundaries.
+//!
+//! Readers follow an object across blocks through two per-block tables: the
+//! next block of the same segment, and the segment a block belongs to. Both
+//! are written when a segment is created, before any object in it is
+//! published through the index, and read without locks under an epoch guard
+//! (a segment's blocks are not reused while any operation that might have
+//! seen it is still running).
+//!
+//! The SegmentInfo table keeps, per segment, its live bytes in a
+//! cache-line-sized atomic (updated by PUT and DEL, §4.5), and, behind a
+//! small mutex only compaction and head rolling touch, its state, length and
+//! block list.
+//!
+//! Capacity. Blocks are counted against a budget: clients may use all but
+//! the compaction reserve, compaction may use everything. A location (`Loc`,
+//! what the index stores) is the pool byte offset plus one, so that 0 can
+//! mean "empty".
+//!
+//! Reads of object bytes race, by design, with Nibble-2's in-place
+//! overwrites (the bucket seqlock detects it and the reader retries); they
+//! go through raw pointers with `copy_nonoverlapping`, never through Rust
+//! references to pool memory, and every length read from memory is bounded
+//! before use.
+
+use std::io;
+use std::ptr;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use buddy::pool::{FramePool, PoolConfig};
+use buddy::{new_allocator, AllocatorKind, BuddyConfig, FrameAllocator, FRAME_SHIFT};
+use crossbeam_queue::SegQueue;
+use crossbeam_utils::CachePadded;
+use parking_lot::Mutex;
+
+use crate::index::Loc;
+use crate::object::{Header, HEADER_BYTES};
+
+/// Bytes per block (the paper's default).
+pub const BLOCK_BYTES: usize = 64 << 10;
+const BLOCK_SHIFT: u32 = 16;
+/// Buddy order of one block (16 frames of 4 KiB).
+const BLOCK_ORDER: u32 = BLOCK_SHIFT - FRAME_SHIFT;
+/// "No block" in the next-block table.
+const NO_BLOCK: u32 = u32::MAX;
+
+/// Segment id.
+pub type SegId = u32;
+
+/// Life cycle of a segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SegState {
+    /// Slot unused.
+    Free,
+    /// A log head (or a compaction destination being filled).
+    Head,
+    /// Closed, immutable except for Nibble-2 overwrites; a compaction candidate.
+    Closed,
+    /// Compacted away, waiting for the epoch to pass before its blocks are freed.
+    Retired,
+}
+
+/// Mutable segment metadata.
+#[derive(Debug)]
+pub struct SegMeta {
+    /// State.
+    pub state: SegState,
+    /// Blocks, in order.
+    pub blocks: Vec<u32>,
+    /// Bytes written (the end of the last object).
+    pub used: usize,
+    /// TSC when created (age for the cost-benefit score).
+    pub created_tsc: u64,
+    /// Epoch stamp when closed.
+    pub closed_at: u64,
+    /// Built with reserve blocks by compaction.
+    pub for_compaction: bool,
+}
+
+/// One SegmentInfo slot.
+pub struct SegInfo {
+    /// Live bytes (sum of live object sizes).
+    pub live: CachePadded<AtomicU64>,
+    /// Earliest expiry (Unix ms) of any object written here; `u64::MAX` if
+    /// none. Live bytes cannot see expiry, so compaction uses this to find
+    /// segments whose objects have expired.
+    pub min_expiry_ms: AtomicU64,
+    /// Everything else.
+    pub meta: Mutex<SegMeta>,
+}
+
+/// Blocks of memory and the segments built from them.
+pub struct Memory {
+    pool: FramePool,
+    base: *mut u8,
+    alloc: Box<dyn FrameAllocator>,
+    blocks_total: u64,
+    reserve_blocks: u64,
+    blocks_in_use: CachePadded<AtomicU64>,
+    next_block: Box<[AtomicU32]>,
+    block_seg: Box<[AtomicU32]>,
+    segs: Box<[SegInfo]>,
+    free_segs: SegQueue<SegId>,
+}
+
+// SAFETY: `base` points into `pool`, which lives as long as `Memory`; all
+// access to pool bytes goes through raw pointers whose synchronisation is
+// the index's bucket protocol and the epoch table.
+unsafe impl Send for Memory {}
+// SAFETY: as above; the shared tables are atomics or behind mutexes.
+unsafe impl Sync for Memory {}
+
+/// Error from block allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NoBlocks;
+
+impl Memory {
+    /// Map `pool_bytes` of memory (rounded down to blocks), with
+    /// `reserve_blocks` kept for compaction, over `heaps` buddy heaps.
+    pub fn new(pool_bytes: usize, reserve_blocks: u64, heaps: usize) -> io::Result<Memory> {
+        let blocks_total = (pool_bytes / BLOCK_BYTES) as u64;
+        let pool = FramePool::new(&PoolConfig {
+            bytes: blocks_total as usize * BLOCK_BYTES,
+            ..Default::default()
+        })?;
+        let alloc = new_allocator(
+            AllocatorKind::Distributed,
+            pool.frames(),
+            &BuddyConfig {
+                heaps: Some(heaps.max(1)),
+                check_frees: cfg!(debug_assertions),
+                ..Default::default()
+            },
+        )
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        let base = pool.frame_ptr(0).as_ptr();
+        let n = blocks_total as usize;
+        let segs = (0..n)
+            .map(|_| SegInfo {
+                live: CachePadded::new(AtomicU64::new(0)),
+                min_expiry_ms: AtomicU64::new(u64::MAX),
+                meta: Mutex::new(SegMeta {
+                    state: SegState::Free,
+                    blocks: Vec::new(),
+                    used: 0,
+                    created_tsc: 0,
+                    closed_at: 0,
+                    for_compaction: false,
+                }),
+            })
+            .collect();
+        let free_segs = SegQueue::new();
+        for i in 0..n as u32 {
+            free_segs.push(i);
+        }
+        Ok(Memory {
+            pool,
+            base,
+            alloc,
+            blocks_total,
+            reserve_blocks: reserve_blocks.min(blocks_total / 2),
+            blocks_in_use: CachePadded::new(AtomicU64::new(0)),
+            next_block: (0..n).map(|_| AtomicU32::new(NO_BLOCK)).collect(),
+            block_seg: (0..n).map(|_| AtomicU32::new(u32::MAX)).collect(),
+            segs,
+            free_segs,
+        })
+    }
+
+    /// Bytes of metadata held outside the pool (tables, SegmentInfo).
+    pub fn metadata_bytes(&self) -> u64 {
+        let n = self.blocks_total;
+        n * 8 + n * core::mem::size_of::<SegInfo>() as u64 + self.alloc.stats().metadata_bytes
+    }
+
+    /// Blocks in the pool.
+    pub fn blocks_total(&self) -> u64 {
+        self.blocks_total
+    }
+
+    /// Blocks held back for compaction.
+    pub fn reserve_blocks(&self) -> u64 {
+        self.reserve_blocks
+    }
+
+    /// Blocks allocated to segments.
+    pub fn blocks_in_use(&self) -> u64 {
+        self.blocks_in_use.load(Ordering::Relaxed)
+    }
+
+    /// Blocks clients may still take before hitting the reserve.
+    pub fn client_blocks_free(&self) -> u64 {
+        (self.blocks_total - self.reserve_blocks).saturating_sub(self.blocks_in_use())
+    }
+
+    /// Segment info.
+    pub fn seg(&self, id: SegId) -> &SegInfo {
+        &self.segs[id as usize]
+    }
+
+    /// Number of segment slots.
+    pub fn seg_slots(&self) -> usize {
+        self.segs.len()
+    }
+
+    /// Create a segment of `blocks` blocks in state `Head`.
+    pub fn new_segment(&self, blocks: usize, for_compaction: bool) -> Result<SegId, NoBlocks> {
+        let limit = if for_compaction {
+            self.blocks_total
+        } else {
+            self.blocks_total - self.reserve_blocks
+        };
+        let n = blocks as u64;
+        let mut cur = self.blocks_in_use.load(Ordering::Relaxed);
+        loop {
+            if cur + n > limit {
+                return Err(NoBlocks);
+            }
+            match self.blocks_in_use.compare_exchange_weak(
+                cur,
+                cur + n,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(v) => cur = v,
+            }
+        }
+        let mut list = Vec::with_capacity(blocks);
+        for _ in 0..blocks {
+            match self.alloc.alloc(BLOCK_ORDER) {
+                Ok(f) => list.push((f >> BLOCK_ORDER) as u32),
+                Err(_) => {
+                    // The budget says the blocks exist; they may be in flight
+                    // between buddy heaps. Give back what we took.
+                    self.release_blocks(&list);
+                    self.blocks_in_use
+                        .fetch_sub(n - list.len() as u64, Ordering::AcqRel);
+                    return Err(NoBlocks);
+                }
+            }
+        }
+        let Some(id) = self.free_segs.pop() else {
+            self.release_blocks(&list);
+            self.blocks_in_use.fetch_sub(n, Ordering::AcqRel);
+            return Err(NoBlocks);
+        };
+        for (i, &b) in list.iter().enumerate() {
+            let next = list.get(i + 1).copied().unwrap_or(NO_BLOCK);
+            self.next_block[b as usize].store(next, Ordering::Relaxed);
+            self.block_seg[b as usize].store(id, Ordering::Relaxed);
+        }
+        let info = &self.segs[id as usize];
+        info.live.store(0, Ordering::Relaxed);
+        info.min_expiry_ms.store(u64::MAX, Ordering::Relaxed);
+        let mut m = info.meta.lock();
+        *m = SegMeta {
+            state: SegState::Head,
+            blocks: list,
+            used: 0,
+            created_tsc: topology::rdtsc(),
+            closed_at: 0,
+            for_compaction,
+        };
+        Ok(id)
+    }
+
+    fn release_blocks(&self, blocks: &[u32]) {
+        for &b in blocks {
+            self.alloc
+                .free((b as u64) << BLOCK_ORDER, BLOCK_ORDER)
+                .expect("freeing a block this store allocated");
+        }
+    }
+
+    /// Free a retired segment's blocks and slot. The caller guarantees the
+    /// epoch has passed.
+    pub fn free_segment(&self, id: SegId) {
+        let blocks = {
+            let mut m = self.segs[id as usize].meta.lock();
+            m.state = SegState::Free;
+            m.used = 0;
+            std::mem::take(&mut m.blocks)
+        };
+        self.release_blocks(&blocks);
+        self.blocks_in_use
+            .fetch_sub(blocks.len() as u64, Ordering::AcqRel);
+        self.free_segs.push(id);
+    }
+
+    /// Pool offset of byte `off` of a segment with these blocks.
+    #[inline]
+    pub fn seg_offset(blocks: &[u32], off: usize) -> u64 {
+        ((blocks[off >> BLOCK_SHIFT] as u64) << BLOCK_SHIFT) | (off & (BLOCK_BYTES - 1)) as u64
+    }
+
+    /// The segment holding pool offset `pool_off`.
+    #[inline]
+    pub fn seg_of(&self, pool_off: u64) -> SegId {
+        self.block_seg[(pool_off >> BLOCK_SHIFT) as usize].load(Ordering::Relaxed)
+    }
+
+    /// Copy `dst.len()` bytes starting at pool offset `off`, following the
+    /// segment's blocks. Returns false if the walk left the segment (only
+    /// possible on a torn read; the caller retries).
+    #[inline]
+    pub fn read(&self, mut off: u64, dst: &mut [u8]) -> bool {
+        let mut done = 0;
+        while done < dst.len() {
+            let in_block = BLOCK_BYTES - (off as usize & (BLOCK_BYTES - 1));
+            let n = in_block.min(dst.len() - done);
+            // SAFETY: `off .. off + n` lies inside one block of the pool
+            // (offsets come from the index or a segment's block list and are
+            // bounded to the block); the block stays mapped for the pool's
+            // lifetime and its segment is not reused while the caller holds
+            // an epoch guard. Racing writes are detected by the seqlock.
+            unsafe {
+                ptr::copy_nonoverlapping(
+                    self.base.add(off as usize),
+                    dst.as_mut_ptr().add(done),
+                    n,
+                );
+            }
+            done += n;
+            if done < dst.len() {
+                let b = self.next_block[(off >> BLOCK_SHIFT) as usize].load(Ordering::Relaxed);
+                if b == NO_BLOCK {
+                    return false;
+                }
+                off = (b as u64) << BLOCK_SHIFT;
+            } else {
+                off += n as u64;
+            }
+        }
+        true
+    }
+
+    /// Write `src` at pool offset `off`, following the segment's blocks.
+    /// The caller owns the bytes (a head it holds, or an object under its
+    /// bucket lock).
+    #[inline]
+    pub fn write(&self, mut off: u64, src: &[u8]) {
+        let mut done = 0;
+        while done < src.len() {
+            let in_block = BLOCK_BYTES - (off as usize & (BLOCK_BYTES - 1));
+            let n = in_block.min(src.len() - done);
+            // SAFETY: as in `read`; the caller has exclusive write access to
+            // these bytes (see the doc comment), and the segment's blocks
+            // were set up before its first write.
+            unsafe {
+                ptr::copy_nonoverlapping(src.as_ptr().add(done), self.base.add(off as usize), n);
+            }
+            done += n;
+            if done < src.len() {
+                let b = self.next_block[(off >> BLOCK_SHIFT) as usize].load(Ordering::Relaxed);
+                debug_assert_ne!(b, NO_BLOCK, "write past the end of a segment");
+                off = (b as u64) << BLOCK_SHIFT;
+            }
+        }
+    }
+
+    /// Read the header at pool offset `off`.
+    #[inline]
+    pub fn header(&self, off: u64) -> Option<Header> {
+        let mut b = [0u8; HEADER_BYTES];
+        self.read(off, &mut b).then(|| Header::decode(&b))
+    }
+
+    /// Pool offset `n` bytes past `off` within the segment; `None` if that
+    /// is at or past the segment's end.
+    #[inline]
+    pub fn advance(&self, mut off: u64, mut n: usize) -> Option<u64> {
+        loop {
+            let in_block = BLOCK_BYTES - (off as usize & (BLOCK_BYTES - 1));
+            if n < in_block {
+                return Some(off + n as u64);
+            }
+            n -= in_block;
+            let b = self.next_block[(off >> BLOCK_SHIFT) as usize].load(Ordering::Relaxed);
+            if b == NO_BLOCK {
+                return None;
+            }
+            off = (b as u64) << BLOCK_SHIFT;
+        }
+    }
+
+    /// Copy `dst.len()` bytes starting `skip` bytes into the object at `off`.
+    #[inline]
+    pub fn read_part(&self, off: u64, skip: usize, dst: &mut [u8]) -> bool {
+        if dst.is_empty() {
+            return true;
+        }
+        match self.advance(off, skip) {
+            Some(o) => self.read(o, dst),
+            None => false,
+        }
+    }
+
+    /// Write `src` starting `skip` bytes into the object at `off`.
+    #[inline]
+    pub fn write_part(&self, off: u64, skip: usize, src: &[u8]) {
+        if src.is_empty() {
+            return;
+        }
+        if let Some(o) = self.advance(off, skip) {
+            self.write(o, src);
+        }
+    }
+
+    /// Compare the key of the object at `off` with `key`.
+    #[inline]
+    pub fn key_equals(&self, off: u64, key: &[u8]) -> bool {
+        const CHUNK_BYTES: usize = 256;
+        let mut buf = [0u8; CHUNK_BYTES];
+        let mut skip = HEADER_BYTES;
+        for chunk in key.chunks(CHUNK_BYTES) {
+            let dst = &mut buf[..chunk.len()];
+            if !self.read_part(off, skip, dst) || dst != chunk {
+                return false;
+            }
+            skip += chunk.len();
+        }
+        true
+    }
+
+    /// The pool itself (for RSS checks and tests).
+    pub fn pool(&self) -> &FramePool {
+        &self.pool
+    }
+}
+
+/// `Loc` of a pool offset.
+#[inline]
+pub fn loc_of(pool_off: u64) -> Loc {
+    pool_off + 1
+}
+
+/// Pool offset of a `Loc`.
+#[inline]
+pub fn off_of(loc: Loc) -> u64 {
+    loc - 1
+}

@@ -1,0 +1,220 @@
+//! Single-thread model tests: the store against a `HashMap`, in both modes,
+//! with small segments so heads roll and compaction runs.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use nibble::{Condition, Config, Error, Expiry, Mode, PutOptions, Store};
+use proptest::prelude::*;
+
+fn small_store(mode: Mode) -> Store {
+    let mut cfg = Config::new(16 << 20);
+    cfg.mode = mode;
+    cfg.segment_bytes = Some(128 << 10);
+    Store::new(cfg).unwrap()
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Put(u8, usize),
+    Del(u8),
+    Get(u8),
+    Add(u8, usize),
+    Replace(u8, usize),
+    Compact,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (any::<u8>(), 0..3000usize).prop_map(|(k, n)| Op::Put(k, n)),
+        2 => any::<u8>().prop_map(Op::Del),
+        4 => any::<u8>().prop_map(Op::Get),
+        1 => (any::<u8>(), 0..300usize).prop_map(|(k, n)| Op::Add(k, n)),
+        1 => (any::<u8>(), 0..300usize).prop_map(|(k, n)| Op::Replace(k, n)),
+        1 => Just(Op::Compact),
+    ]
+}
+
+fn key(k: u8) -> Vec<u8> {
+    // Keys of varied lengths, some long enough to cross blocks.
+    let mut v = format!("key-{k}").into_bytes();
+    v.resize(5 + (k as usize % 7) * 40, b'k');
+    v
+}
+
+fn value(k: u8, n: usize, salt: usize) -> Vec<u8> {
+    (0..n).map(|i| (i + k as usize * 31 + salt) as u8).collect()
+}
+
+fn run(mode: Mode, ops: &[Op]) {
+    let s = small_store(mode);
+    let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+    for (i, op) in ops.iter().enumerate() {
+        match *op {
+            Op::Put(k, n) => {
+                let v = value(k, n, i);
+                s.put(&key(k), &v).unwrap();
+                model.insert(key(k), v);
+            }
+            Op::Del(k) => {
+                assert_eq!(s.delete(&key(k)).unwrap(), model.remove(&key(k)).is_some());
+            }
+            Op::Get(k) => {
+                assert_eq!(s.get(&key(k)).unwrap(), model.get(&key(k)).cloned());
+            }
+            Op::Add(k, n) => {
+                let v = value(k, n, i);
+                match s.put_if_absent(&key(k), &v) {
+                    Ok(_) => assert!(model.insert(key(k), v).is_none()),
+                    Err(Error::Exists) => assert!(model.contains_key(&key(k))),
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            Op::Replace(k, n) => {
+                let v = value(k, n, i);
+                match s.replace(&key(k), &v) {
+                    Ok(_) => assert!(model.insert(key(k), v).is_some()),
+                    Err(Error::NotFound) => assert!(!model.contains_key(&key(k))),
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            Op::Compact => s.compact_now(Duration::from_secs(2)),
+        }
+    }
+    for (k, v) in &model {
+        assert_eq!(s.get(k).unwrap().as_ref(), Some(v));
+    }
+    let st = s.stats();
+    assert_eq!(st.items, model.len() as u64);
+    let expect_live: u64 = model
+        .iter()
+        .map(|(k, v)| (32 + k.len() + v.len()) as u64)
+        .sum();
+    if mode == Mode::Nibble {
+        assert_eq!(st.live_bytes, expect_live, "live bytes drifted");
+    } else {
+        assert!(st.live_bytes >= expect_live, "live bytes below model");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #[test]
+    fn nibble_matches_hashmap(ops in prop::collection::vec(op(), 1..400)) {
+        run(Mode::Nibble, &ops);
+    }
+    #[test]
+    fn nibble2_matches_hashmap(ops in prop::collection::vec(op(), 1..400)) {
+        run(Mode::Nibble2, &ops);
+    }
+}
+
+#[test]
+fn rejects_bad_sizes_and_small_capacity() {
+    let s = small_store(Mode::Nibble);
+    assert!(matches!(s.put(b"", b"x"), Err(Error::BadKey { len: 0 })));
+    assert!(matches!(
+        s.put(&vec![1u8; 64 * 1024 + 1], b"x"),
+        Err(Error::BadKey { .. })
+    ));
+    let mut cfg = Config::new(16 << 20);
+    cfg.max_value_bytes = 1000;
+    let s2 = Store::new(cfg).unwrap();
+    assert!(matches!(
+        s2.put(b"k", &[0; 1001]),
+        Err(Error::ValueTooLarge {
+            len: 1001,
+            max: 1000
+        })
+    ));
+    let e = Store::new(Config::new(1 << 20)).err().unwrap();
+    assert!(e.to_string().contains("below the minimum"), "{e}");
+}
+
+#[test]
+fn large_values_span_blocks_and_segments_of_their_own() {
+    let s = small_store(Mode::Nibble);
+    let big: Vec<u8> = (0..(3 << 20)).map(|i| (i * 7) as u8).collect();
+    s.put(b"big", &big).unwrap();
+    s.put(b"small", b"x").unwrap();
+    assert_eq!(s.get(b"big").unwrap().unwrap(), big);
+    let key = vec![9u8; 65536];
+    s.put(&key, b"long key").unwrap();
+    assert_eq!(s.get(&key).unwrap().unwrap(), b"long key");
+}
+
+#[test]
+fn versions_and_cas() {
+    for mode in [Mode::Nibble, Mode::Nibble2] {
+        let s = small_store(mode);
+        let v1 = s.put(b"k", b"one").unwrap();
+        let v2 = s.put(b"k", b"two").unwrap();
+        assert!(v2 > v1);
+        assert!(matches!(
+            s.compare_and_swap(b"k", b"x", v1),
+            Err(Error::VersionMismatch { current }) if current == v2
+        ));
+        let v3 = s.compare_and_swap(b"k", b"three", v2).unwrap();
+        assert!(v3 > v2);
+        assert_eq!(s.meta(b"k").unwrap().unwrap().version, v3);
+        assert!(matches!(
+            s.compare_and_swap(b"nope", b"x", 1),
+            Err(Error::NotFound)
+        ));
+        let flagged = PutOptions {
+            flags: 42,
+            ..Default::default()
+        };
+        s.put_with(b"f", b"v", flagged).unwrap();
+        assert_eq!(s.meta(b"f").unwrap().unwrap().flags, 42);
+    }
+}
+
+#[test]
+fn expiry_hides_at_once_and_compaction_reclaims() {
+    for mode in [Mode::Nibble, Mode::Nibble2] {
+        let s = small_store(mode);
+        let past = nibble::object::now_ms() - 1;
+        let opts = PutOptions {
+            expiry: Expiry::At(past),
+            ..Default::default()
+        };
+        for i in 0..200u32 {
+            s.put_with(format!("e{i}").as_bytes(), &[1; 500], opts)
+                .unwrap();
+        }
+        assert_eq!(s.get(b"e7").unwrap(), None);
+        assert!(!s.contains(b"e7").unwrap());
+        // An expired key counts as absent for add.
+        s.put_if_absent(b"e8", b"fresh").unwrap();
+        assert_eq!(s.get(b"e8").unwrap().as_deref(), Some(&b"fresh"[..]));
+        s.put(b"keep", b"v").unwrap();
+        let later = nibble::object::now_ms() + 3_600_000;
+        assert!(s.set_expiry(b"keep", Some(later)).unwrap());
+        assert_eq!(s.meta(b"keep").unwrap().unwrap().expiry_ms, Some(later));
+        s.compact_now(Duration::from_secs(5));
+        let st = s.stats();
+        assert!(st.expired_reclaimed >= 150, "{st:?}");
+        assert_eq!(st.items, 2, "only e8 and keep remain");
+        let _ = Condition::Always;
+    }
+}
+
+#[test]
+fn scan_returns_every_key() {
+    let s = small_store(Mode::Nibble);
+    for i in 0..1000u32 {
+        s.put(format!("scan-{i}").as_bytes(), b"v").unwrap();
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut cursor = 0;
+    loop {
+        let (next, keys) = s.scan(cursor, 64).unwrap();
+        seen.extend(keys);
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    assert_eq!(seen.len(), 1000);
+}
