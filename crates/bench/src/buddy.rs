@@ -41,7 +41,7 @@ use indicatif::ProgressBar;
 use topology::{rdtsc, tsc_to_ns};
 
 use crate::report::{Reporter, Row};
-use crate::util::{self, panic_message, Rng, Spread, Watchdog};
+use crate::util::{self, join_all, new_hist, Rng, Spread, Watchdog};
 
 /// Blocks allocated, then freed, per round of the local workload.
 pub const LOCAL_BATCH: usize = 64;
@@ -180,26 +180,6 @@ fn order_of(frames: u64) -> u32 {
     frames.trailing_zeros()
 }
 
-/// Join every worker, turning panics into errors; all errors joined in one message.
-fn join_all<T>(
-    handles: Vec<thread::ScopedJoinHandle<'_, Result<T, String>>>,
-) -> Result<Vec<T>, String> {
-    let mut ok = Vec::new();
-    let mut errs = Vec::new();
-    for (i, h) in handles.into_iter().enumerate() {
-        match h.join() {
-            Ok(Ok(v)) => ok.push(v),
-            Ok(Err(e)) => errs.push(format!("thread {i}: {e}")),
-            Err(p) => errs.push(format!("thread {i} panicked: {}", panic_message(&*p))),
-        }
-    }
-    if errs.is_empty() {
-        Ok(ok)
-    } else {
-        Err(errs.join("; "))
-    }
-}
-
 // ---------------------------------------------------------------------------
 // (a) local
 
@@ -237,10 +217,6 @@ impl Sampler {
         self.hist.saturating_record(t1.wrapping_sub(t0).max(1));
         r
     }
-}
-
-fn new_hist() -> Result<Histogram<u64>, String> {
-    Histogram::new_with_bounds(1, 1 << 40, 2).map_err(|e| format!("histogram: {e}"))
 }
 
 struct LocalThread {

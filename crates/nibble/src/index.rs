@@ -70,8 +70,8 @@ pub const BUCKET_BYTES: usize = 128;
 /// reads exactly this many buckets (the maximum probe length).
 pub const NEIGHBOURHOOD_BUCKETS: usize = 2;
 
-/// Subtables per NUMA node in the default configuration (the paper's
-/// figure: enough that concurrent resizes rarely meet).
+/// Subtables per NUMA node in the default configuration: enough that
+/// concurrent resizes (each locks a whole subtable) rarely meet.
 pub const DEFAULT_SUBTABLES_PER_NODE: usize = 64;
 
 /// Default initial buckets per subtable: 32 × 128 bytes = one 4 KiB page.
@@ -358,7 +358,17 @@ impl Index {
         let metadata_bytes = (core::mem::size_of::<Index>()
             + cfg.subtables * core::mem::size_of::<CachePadded<Subtable>>())
             as u64;
-        let initial_bytes = (cfg.subtables * initial * BUCKET_BYTES) as u64;
+        let Some(initial_bytes) = cfg
+            .subtables
+            .checked_mul(initial)
+            .and_then(|b| b.checked_mul(BUCKET_BYTES))
+        else {
+            return bad(format!(
+                "{} subtables × {initial} buckets overflow",
+                cfg.subtables
+            ));
+        };
+        let initial_bytes = initial_bytes as u64;
         let max_bytes = cfg.max_bytes as u64;
         if metadata_bytes + initial_bytes > max_bytes {
             return bad(format!(
@@ -367,8 +377,12 @@ impl Index {
             ));
         }
 
-        let nodes = topology::topology().nodes();
-        let bind = cfg.numa_bind && nodes.len() > 1;
+        let nodes = if cfg.numa_bind {
+            topology::topology().nodes()
+        } else {
+            &[]
+        };
+        let bind = nodes.len() > 1;
         let mut subtables = Vec::with_capacity(cfg.subtables);
         for i in 0..cfg.subtables {
             let node = bind.then(|| nodes[i % nodes.len()].id);
@@ -473,14 +487,15 @@ impl Index {
             let n = st.n.load(Ordering::Acquire);
             let (home, second) = self.neighbourhood(hash, n);
             // Ascending index order, the order every writer and the resizer
-            // lock in: for the wrap-around pair (n-1, 0), 0 comes first.
+            // lock in (the second bucket has the lower index when the
+            // distance wraps around the end of the table).
             let (low, high) = (
                 st.bucket(home.min(second)).lock(),
                 st.bucket(home.max(second)).lock(),
             );
-            // While we hold `home`, no resize can publish (it needs every
-            // lock); one that published before our locking CAS released
-            // `n` to it, so this load sees it and we retry.
+            // While we hold these buckets no resize can publish (it needs
+            // every lock); one that published before our locking CAS
+            // released `n` to it, so this load sees it and we retry.
             if st.n.load(Ordering::Relaxed) == n {
                 let buckets = if home < second {
                     [low, high]

@@ -242,6 +242,12 @@ fn config_is_validated() {
 }
 
 #[test]
+fn index_is_shareable() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Index>();
+}
+
+#[test]
 #[should_panic(expected = "not in 1..2^48")]
 fn location_must_fit_48_bits() {
     let t = Table::new(&cfg(1, 2, 2), splitmix64);

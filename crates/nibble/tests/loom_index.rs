@@ -7,12 +7,13 @@
 //! * the bucket seqlock: a reader never accepts a torn pair of words that
 //!   one writer changes together, and two writers exclude each other;
 //! * the whole index (one subtable of 2 buckets): a lookup racing with a
-//!   replace sees the old or the new location, and a lookup racing with a
-//!   doubling that moves its entry still finds it (the re-check of `n`);
-//!   an insert racing with a doubling is not lost.
+//!   replace (and the doubling that writer's `lock` does first) sees the
+//!   old or the new location; lookups racing with a doubling that moves
+//!   their entries still find them (the re-check of `n`); an insert racing
+//!   with a doubling is not lost.
 //!
 //! The index models are large (a resize touches ~130 atomics), so they
-//! run with a preemption bound (default 2, or `LOOM_MAX_PREEMPTIONS`).
+//! run with a preemption bound (default below, or `LOOM_MAX_PREEMPTIONS`).
 #![cfg(loom)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,7 +22,7 @@ use loom::sync::Arc;
 use loom::thread;
 
 use nibble::index::bucket::Bucket;
-use nibble::index::{Index, IndexConfig, Loc, Neighbour, ENTRIES_PER_BUCKET};
+use nibble::index::{Index, IndexConfig, Loc, Neighbour};
 
 /// Preemption bound for the index-level models when the environment sets
 /// none.
@@ -103,50 +104,55 @@ fn get(index: &Index, key: u64) -> Option<Loc> {
     index.read(splitmix64(key), |l| (key_of(l) == key).then_some(l))
 }
 
-/// One subtable of 2 buckets that may double once, holding `keys`.
-fn small_index(keys: impl Iterator<Item = u64>) -> Arc<Index> {
+/// Keys in the index models' setup. With `grow_load_factor` 0.1, a
+/// 2-bucket subtable (30 slots) holding 4 entries is past its threshold
+/// (3), so the next `lock` doubles it first; at 4 buckets the threshold is 6.
+const SETUP_KEYS: u64 = 4;
+
+/// One subtable of 2 buckets that may double once, holding keys
+/// `0..keys`; with `SETUP_KEYS` keys the next `lock` doubles it.
+fn small_index(keys: u64) -> Arc<Index> {
     let cfg = IndexConfig {
         subtables: 1,
         initial_buckets_per_subtable: 2,
         max_buckets_per_subtable: 4,
         max_bytes: usize::MAX,
-        grow_load_factor: 1.0,
+        grow_load_factor: 0.1,
         numa_bind: false,
         neighbour: Neighbour::TagOffset,
     };
     let index = Index::new(&cfg, |loc| splitmix64(key_of(loc))).unwrap();
-    for k in keys {
+    for k in 0..keys {
         index.lock(splitmix64(k)).insert(loc_for(k, 0)).unwrap();
     }
+    assert_eq!(index.stats().buckets, 2);
     Arc::new(index)
 }
 
 /// Runs `f` under loom and prints how many executions were explored.
 fn index_model(name: &str, f: impl Fn() + Sync + Send + 'static) {
-    static EXECUTIONS: AtomicUsize = AtomicUsize::new(0);
-    let before = EXECUTIONS.load(Ordering::Relaxed);
+    let executions = std::sync::Arc::new(AtomicUsize::new(0));
     let mut builder = loom::model::Builder::new();
     if builder.preemption_bound.is_none() {
         builder.preemption_bound = Some(INDEX_PREEMPTION_BOUND);
     }
     builder.max_branches = builder.max_branches.max(INDEX_MAX_BRANCHES);
+    let counter = executions.clone();
     builder.check(move || {
-        EXECUTIONS.fetch_add(1, Ordering::Relaxed);
+        counter.fetch_add(1, Ordering::Relaxed);
         f()
     });
-    println!(
-        "{name}: {} executions",
-        EXECUTIONS.load(Ordering::Relaxed) - before
-    );
+    println!("{name}: {} executions", executions.load(Ordering::Relaxed));
 }
 
 #[test]
 fn index_read_races_replace() {
     index_model("index_read_races_replace", || {
-        let index = small_index(0..4);
+        let index = small_index(SETUP_KEYS);
         let writer = {
             let index = index.clone();
             thread::spawn(move || {
+                // (This lock doubles the table first; the read races both.)
                 let mut g = index.lock(splitmix64(1));
                 let slot = g.find(|l| key_of(l) == 1).unwrap();
                 g.replace(slot, loc_for(1, 1));
@@ -162,51 +168,68 @@ fn index_read_races_replace() {
     });
 }
 
-/// A key whose entry moves from bucket c to c + 2 when 2 buckets double.
-fn moving_key() -> u64 {
-    (0..).find(|&k| splitmix64(k) & 2 != 0).unwrap()
+/// True if `key`'s entry must move when 2 buckets become 4: both its home
+/// and its second bucket are in the new upper half.
+fn surely_moves(key: u64) -> bool {
+    let h = splitmix64(key);
+    let home = h & 3;
+    let second = (home + ((h >> 48) | 1)) & 3;
+    home >= 2 && second >= 2
 }
 
 #[test]
 fn index_read_races_doubling() {
     index_model("index_read_races_doubling", || {
-        // Both buckets full, so `grow` really doubles.
-        let keys = 0..2 * ENTRIES_PER_BUCKET as u64;
-        let index = small_index(keys);
-        let k = moving_key();
-        assert!(k < 2 * ENTRIES_PER_BUCKET as u64);
+        let index = small_index(SETUP_KEYS);
         let resizer = {
             let index = index.clone();
-            thread::spawn(move || index.grow(splitmix64(k)).unwrap())
+            thread::spawn(move || drop(index.lock(splitmix64(0))))
         };
-        assert_eq!(get(&index, k), Some(loc_for(k, 0)), "lost during resize");
+        // A key that must move and one that may stay.
+        let mover = (0..SETUP_KEYS).find(|&k| surely_moves(k)).unwrap();
+        let other = (mover + 1) % SETUP_KEYS;
+        for k in [mover, other] {
+            assert_eq!(
+                get(&index, k),
+                Some(loc_for(k, 0)),
+                "key {k} lost during resize"
+            );
+        }
         resizer.join().unwrap();
         assert_eq!(index.stats().buckets, 4);
-        assert_eq!(get(&index, k), Some(loc_for(k, 0)));
     });
 }
 
+/// An insert racing with a doubling. The other thread first inserts the
+/// entry that puts the subtable over its threshold and then locks again,
+/// which doubles it, so the insert here may run entirely on the old size,
+/// or lock with a stale size (and must retry: the re-check of `n`), or
+/// find the subtable over its threshold and double it itself.
 #[test]
 fn index_insert_races_doubling() {
     index_model("index_insert_races_doubling", || {
-        let full = 2 * ENTRIES_PER_BUCKET as u64;
-        let index = small_index(0..full - 1);
+        let last = SETUP_KEYS - 1;
+        let index = small_index(last);
         let resizer = {
             let index = index.clone();
-            // Forces a doubling whether or not the insert got there first.
             thread::spawn(move || {
-                let _ = index.grow(splitmix64(0));
+                let _ = index.lock(splitmix64(last)).insert(loc_for(last, 0));
+                drop(index.lock(splitmix64(0)));
             })
         };
-        let new_key = full;
+        // A key whose neighbourhood is in the upper half after the
+        // doubling: an insert into the stale lower half would be lost.
+        let new_key = (SETUP_KEYS..).find(|&k| surely_moves(k)).unwrap();
         {
             let mut g = index.lock(splitmix64(new_key));
             assert!(g.find(|l| key_of(l) == new_key).is_none());
             g.insert(loc_for(new_key, 0)).unwrap();
         }
         resizer.join().unwrap();
-        assert_eq!(index.len(), full);
-        assert_eq!(get(&index, new_key), Some(loc_for(new_key, 0)));
-        assert_eq!(get(&index, 0), Some(loc_for(0, 0)));
+        assert_eq!(index.stats().buckets, 4);
+        assert_eq!(index.len(), SETUP_KEYS + 1);
+        for k in (0..SETUP_KEYS).chain([new_key]) {
+            assert_eq!(get(&index, k), Some(loc_for(k, 0)), "key {k}");
+        }
     });
 }

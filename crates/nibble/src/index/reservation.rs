@@ -18,6 +18,11 @@
 use super::bucket::Bucket;
 use super::{IndexError, ENTRIES_PER_BUCKET};
 
+/// `MAP_NORESERVE`, except under Miri, whose `mmap` knows only plain
+/// private anonymous mappings (and tests there use tiny reservations).
+#[cfg(not(loom))]
+const NORESERVE: libc::c_int = if cfg!(miri) { 0 } else { libc::MAP_NORESERVE };
+
 /// The bucket type the index stores.
 pub(crate) type IndexBucket = Bucket<ENTRIES_PER_BUCKET>;
 
@@ -84,7 +89,7 @@ impl Reservation {
                 core::ptr::null_mut(),
                 bytes,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | NORESERVE,
                 -1,
                 0,
             )
@@ -97,7 +102,10 @@ impl Reservation {
         }
         // SAFETY: advice on the range we just mapped; failure (e.g. a
         // kernel without THP) only leaves the default policy in place.
-        unsafe { libc::madvise(p, bytes, libc::MADV_NOHUGEPAGE) };
+        #[cfg(not(miri))]
+        unsafe {
+            libc::madvise(p, bytes, libc::MADV_NOHUGEPAGE)
+        };
         if let Some(node) = node {
             bind_to_node(p, bytes, node);
         }
