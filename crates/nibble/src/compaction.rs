@@ -38,6 +38,8 @@ use crate::store::Inner;
 const IDLE_TICK_MS: u64 = 20;
 /// Segments more utilised than this are not worth compacting.
 const MAX_UTILISATION_PERMILLE: u64 = 980;
+/// Objects whose index buckets are prefetched together during compaction.
+const PREFETCH_BATCH: usize = 16;
 /// Bounce buffer for copying objects.
 const COPY_CHUNK_BYTES: usize = 64 << 10;
 
@@ -174,19 +176,52 @@ pub fn compact_once(
         let blocks = mem.seg(c.seg).meta.lock().blocks.clone();
         let mut at = 0usize;
         let mut complete = true;
-        while at < c.used as usize {
-            let off = Memory::seg_offset(&blocks, at);
+        // Objects are visited in batches: first every header and key of
+        // the batch is read and its index buckets prefetched, then each
+        // object is checked. The bucket misses of a batch overlap instead
+        // of being paid one after another.
+        let mut batch: Vec<(u64, usize, u64)> = Vec::with_capacity(PREFETCH_BATCH);
+        let mut scan = 0usize;
+        'objects: while at < c.used as usize {
+            if batch.is_empty() {
+                while batch.len() < PREFETCH_BATCH && scan < c.used as usize {
+                    let off = Memory::seg_offset(&blocks, scan);
+                    let Some(h) = mem.header(off) else { break };
+                    key.resize(h.key_len as usize, 0);
+                    if !mem.read_part(off, HEADER_BYTES, &mut key) {
+                        break;
+                    }
+                    let hash = crate::store::hash_key(&key);
+                    inner.index.prefetch(hash);
+                    batch.push((off, h.object_bytes(), hash));
+                    scan += h.object_bytes();
+                }
+                if batch.is_empty() {
+                    // A header that cannot be read: the segment's tail is
+                    // not intact; keep the segment.
+                    complete = false;
+                    break 'objects;
+                }
+                batch.reverse();
+            }
+            let (off, size, hash) = batch.pop().expect("a non-empty batch");
             let Some(h) = mem.header(off) else {
                 complete = false;
                 break;
             };
-            let size = h.object_bytes();
-            key.resize(h.key_len as usize, 0);
-            if !mem.read_part(off, HEADER_BYTES, &mut key) {
-                complete = false;
-                break;
+            // Dead objects (most of a segment worth compacting) are skipped
+            // with a lock-free seqlock read: once the index stops pointing
+            // at an offset it never points there again, so "not found" is
+            // final and needs no bucket lock.
+            let here = loc_of(off);
+            if inner
+                .index
+                .read(hash, |l| (l == here).then_some(()))
+                .is_none()
+            {
+                at += size;
+                continue;
             }
-            let hash = crate::store::hash_key(&key);
             let mut g = inner.index.lock(hash);
             if let Some(slot) = g.find(|l| l == loc_of(off)) {
                 let h = mem.header(off).unwrap_or(h);

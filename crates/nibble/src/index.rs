@@ -471,6 +471,25 @@ impl Index {
         }
     }
 
+    /// Hint the CPU to start loading `hash`'s two buckets (a lock or a
+    /// read of them follows soon). Racy by design: a resize in between only
+    /// makes the hint useless.
+    #[inline]
+    pub fn prefetch(&self, hash: u64) {
+        #[cfg(not(loom))]
+        {
+            let st = self.subtable(hash);
+            let (home, second) = self.neighbourhood(hash, st.n.load(Ordering::Relaxed));
+            for b in [home, second] {
+                let p = st.bucket(b) as *const IndexBucket as *const u8;
+                crate::prefetch::line(p);
+                crate::prefetch::line(p.wrapping_add(64));
+            }
+        }
+        #[cfg(loom)]
+        let _ = hash;
+    }
+
     /// Locks the neighbourhood of `hash` for writing and returns the guard;
     /// readers of these two buckets retry until it is dropped.
     ///

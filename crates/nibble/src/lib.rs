@@ -36,6 +36,7 @@ pub mod index;
 pub mod log;
 pub mod memory;
 pub mod object;
+mod prefetch;
 pub mod store;
 
 pub use store::{

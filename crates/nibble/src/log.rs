@@ -17,7 +17,7 @@
 //! round-robin to one of the node's compaction workers; a new segment is
 //! allocated. An object larger than a segment gets a segment of its own size.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crossbeam_queue::SegQueue;
 use crossbeam_utils::CachePadded;
@@ -25,6 +25,9 @@ use epoch::EpochScheme;
 use parking_lot::Mutex;
 
 use crate::memory::{Memory, NoBlocks, SegId, SegState, BLOCK_BYTES};
+
+/// `Log::next` of a head without a segment (or a full one).
+const NO_HINT: u64 = u64::MAX;
 
 /// A head's current segment.
 pub struct HeadSeg {
@@ -47,6 +50,9 @@ pub struct Log {
     /// The node index.
     pub node: usize,
     heads: Box<[CachePadded<Mutex<Option<HeadSeg>>>]>,
+    /// Per head: the pool offset of its next free byte, or `NO_HINT`. A
+    /// hint only (read without the head's lock), for [`Log::prefetch`].
+    next: Box<[CachePadded<AtomicU64>]>,
     /// Closed segments, one queue per compaction worker.
     pub closed: Box<[SegQueue<SegId>]>,
     next_worker: AtomicUsize,
@@ -70,6 +76,9 @@ impl Log {
             node,
             heads: (0..heads.max(1))
                 .map(|_| CachePadded::new(Mutex::new(None)))
+                .collect(),
+            next: (0..heads.max(1))
+                .map(|_| CachePadded::new(AtomicU64::new(NO_HINT)))
                 .collect(),
             closed: (0..workers.max(1)).map(|_| SegQueue::new()).collect(),
             next_worker: AtomicUsize::new(0),
@@ -97,11 +106,11 @@ impl Log {
         let mut guard = None;
         for i in 0..n {
             if let Some(g) = self.heads[(first + i) % n].try_lock() {
-                guard = Some(g);
+                guard = Some((g, (first + i) % n));
                 break;
             }
         }
-        let mut head = guard.unwrap_or_else(|| self.heads[first].lock());
+        let (mut head, idx) = guard.unwrap_or_else(|| (self.heads[first].lock(), first));
         let fits = head.as_ref().is_some_and(|h| h.used + len <= h.capacity());
         if !fits {
             let blocks = self.segment_blocks.max(len.div_ceil(BLOCK_BYTES));
@@ -118,9 +127,32 @@ impl Log {
         let h = head.as_mut().expect("a head segment was just installed");
         let off = Memory::seg_offset(&h.blocks, h.used);
         h.used += len;
+        let next = if h.used < h.capacity() {
+            Memory::seg_offset(&h.blocks, h.used)
+        } else {
+            NO_HINT
+        };
+        self.next[idx].store(next, Ordering::Relaxed);
         let seg = h.seg;
         fill(off);
         Ok(Appended { off, seg })
+    }
+
+    /// Start loading the cache lines the next append of `len` bytes to
+    /// head `hint` will probably write (up to the end of its block).
+    ///
+    /// An append writes into memory nobody touched since the segment was
+    /// last compacted: every line is a miss, and the copy's stores must
+    /// drain before the head's lock is released. Issuing those misses
+    /// before the hash and index work overlaps them with it. Only a hint:
+    /// another thread may take the space first.
+    #[inline]
+    pub fn prefetch(&self, mem: &Memory, hint: usize, len: usize) {
+        let next = self.next[hint % self.heads.len()].load(Ordering::Relaxed);
+        if next != NO_HINT {
+            let in_block = BLOCK_BYTES - (next as usize & (BLOCK_BYTES - 1));
+            mem.prefetch(next, len.min(in_block));
+        }
     }
 
     /// Close a head segment and queue it for compaction.

@@ -365,6 +365,20 @@ impl Memory {
         }
     }
 
+    /// Hint the CPU to load the cache lines of `off .. off + len` (which
+    /// must lie inside one block) for an upcoming write.
+    #[inline]
+    pub fn prefetch(&self, off: u64, len: usize) {
+        const LINE_BYTES: usize = 64;
+        debug_assert!((off as usize & (BLOCK_BYTES - 1)) + len <= BLOCK_BYTES);
+        let mut at = off as usize & !(LINE_BYTES - 1);
+        let end = off as usize + len;
+        while at < end {
+            crate::prefetch::line(self.base.wrapping_add(at));
+            at += LINE_BYTES;
+        }
+    }
+
     /// Read the header at pool offset `off`.
     #[inline]
     pub fn header(&self, off: u64) -> Option<Header> {

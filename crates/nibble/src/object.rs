@@ -84,6 +84,12 @@ impl Header {
     pub fn expired_at(&self, now_ms: u64) -> bool {
         self.expiry_ms != 0 && self.expiry_ms <= now_ms
     }
+
+    /// Whether the object has expired by now. Reads the clock only for
+    /// objects that have an expiry (a `clock_gettime` is ~2% of a GET).
+    pub fn expired(&self) -> bool {
+        self.expiry_ms != 0 && self.expiry_ms <= now_ms()
+    }
 }
 
 /// Unix time now, in milliseconds.

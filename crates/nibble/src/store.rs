@@ -392,6 +392,14 @@ impl Inner {
     }
 
     /// Append an object to the local node's log (one attempt).
+    /// Prefetch where this CPU's next append of `len` bytes will go.
+    #[inline]
+    fn prefetch_append(&self, len: usize) {
+        let cpu = topology::current_cpu();
+        let (node, head) = self.cpu_slot.get(cpu).copied().unwrap_or((0, cpu));
+        self.logs[node].prefetch(&self.mem, head, len);
+    }
+
     fn try_append(
         &self,
         len: usize,
@@ -619,13 +627,17 @@ impl Store {
         self.check(key, value.len())?;
         let inner = &*self.inner;
         let mem = &inner.mem;
-        let mut guard = inner.epochs.try_pin()?;
         let hash = hash_key(key);
-        let now = now_ms();
+        inner.index.prefetch(hash);
+        let len = HEADER_BYTES + key.len() + value.len();
+        if inner.cfg.mode == Mode::Nibble {
+            inner.prefetch_append(len);
+        }
+        let mut guard = inner.epochs.try_pin()?;
         if opts.condition != Condition::Always {
             // Cheap optimistic check first, so a failing condition does not
             // leave a dead object in the log.
-            let cur = self.read_header(hash, key, now);
+            let cur = self.read_header(hash, key);
             Self::check_condition(opts.condition, cur.as_ref())?;
         }
         if inner.cfg.mode == Mode::Nibble2 {
@@ -633,7 +645,7 @@ impl Store {
             if let Some(slot) = g.find(|l| mem.key_equals(off_of(l), key)) {
                 let off = off_of(g.loc(slot));
                 if let Some(old) = mem.header(off) {
-                    let live = !old.expired_at(now);
+                    let live = !old.expired();
                     Self::check_condition(opts.condition, live.then_some(&old))?;
                     if old.value_cap as usize >= value.len() {
                         let h = Header {
@@ -651,7 +663,6 @@ impl Store {
                 }
             }
         }
-        let len = HEADER_BYTES + key.len() + value.len();
         let mut h = Header {
             key_len: key.len() as u32,
             value_len: value.len() as u32,
@@ -689,7 +700,7 @@ impl Store {
                 Some(slot) => {
                     let old_off = off_of(g.loc(slot));
                     let old = mem.header(old_off).unwrap_or_default();
-                    let live = !old.expired_at(now);
+                    let live = !old.expired();
                     Self::check_condition(opts.condition, live.then_some(&old))?;
                     let version = h.version.max(old.version + 1);
                     let expiry = expiry_for(opts.expiry, live.then_some(&old));
@@ -731,7 +742,7 @@ impl Store {
     }
 
     /// The header of the live item `key`, read optimistically.
-    fn read_header(&self, hash: u64, key: &[u8], now: u64) -> Option<Header> {
+    fn read_header(&self, hash: u64, key: &[u8]) -> Option<Header> {
         let mem = &self.inner.mem;
         self.inner
             .index
@@ -740,7 +751,7 @@ impl Store {
                 let h = mem.header(off)?;
                 (h.key_len as usize == key.len() && mem.key_equals(off, key)).then_some(h)
             })
-            .filter(|h| !h.expired_at(now))
+            .filter(|h| !h.expired())
     }
 
     /// Copy the value of `key` into `buf` (replacing its contents).
@@ -762,9 +773,7 @@ impl Store {
             mem.read_part(off, HEADER_BYTES + key.len(), buf)
                 .then_some(h)
         });
-        Ok(found
-            .filter(|h| !h.expired_at(now_ms()))
-            .map(|h| ItemMeta::of(&h)))
+        Ok(found.filter(|h| !h.expired()).map(|h| ItemMeta::of(&h)))
     }
 
     /// The value of `key`, if present.
@@ -777,7 +786,7 @@ impl Store {
     pub fn meta(&self, key: &[u8]) -> Result<Option<ItemMeta>, Error> {
         let _guard = self.inner.epochs.try_pin()?;
         Ok(self
-            .read_header(hash_key(key), key, now_ms())
+            .read_header(hash_key(key), key)
             .map(|h| ItemMeta::of(&h)))
     }
 
@@ -801,7 +810,7 @@ impl Store {
         mem.seg(mem.seg_of(off))
             .live
             .fetch_sub(h.object_bytes() as u64, Ordering::AcqRel);
-        Ok(!h.expired_at(now_ms()))
+        Ok(!h.expired())
     }
 
     /// Set (or clear, with `None`) the expiry of `key`. Returns whether the
@@ -820,7 +829,7 @@ impl Store {
         let Some(h) = mem.header(off) else {
             return Ok(false);
         };
-        if h.expired_at(now_ms()) {
+        if h.expired() {
             return Ok(false);
         }
         let h = Header {
