@@ -1,0 +1,333 @@
+//! Key commands: DEL, EXISTS, the EXPIRE family, TTL, TYPE, RENAME, KEYS,
+//! SCAN, RANDOMKEY.
+//!
+//! Expiry is the engine's: an item carries a Unix-ms deadline, reads treat
+//! it as absent after that, and compaction reclaims it. EXPIRE with a
+//! deadline in the past deletes the key, as in Redis. SCAN is the engine's
+//! cursor over index buckets (every key present for the whole iteration is
+//! returned at least once), with MATCH and TYPE applied to each batch, so a
+//! step may return no keys with a non-zero cursor, as in Redis. KEYS walks
+//! the whole cursor.
+
+use nibble::{Condition, Expiry, PutOptions};
+
+use super::{eq, int_arg, CmdError, CmdResult, Ctx, SYNTAX};
+use crate::glob;
+use crate::resp::Reply;
+use crate::state::unix_ms;
+use crate::types::is_hash;
+
+/// DEL/UNLINK key...
+pub fn del(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    let mut n = 0;
+    for k in &a[1..] {
+        if ctx.shared.store.delete(k)? {
+            n += 1;
+        }
+    }
+    r.int(n);
+    Ok(())
+}
+
+/// EXISTS key...
+pub fn exists(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    let mut n = 0;
+    for k in &a[1..] {
+        if ctx.shared.store.contains(k)? {
+            n += 1;
+        }
+    }
+    r.int(n);
+    Ok(())
+}
+
+fn expire_generic(
+    ctx: &mut Ctx,
+    a: &[&[u8]],
+    r: &mut Reply,
+    unit_ms: i64,
+    absolute: bool,
+    cmd: &str,
+) -> CmdResult {
+    let v = int_arg(a[2])?;
+    let invalid = || CmdError::from(format!("ERR invalid expire time in '{cmd}' command"));
+    let ms = v.checked_mul(unit_ms).ok_or_else(invalid)?;
+    let at = if absolute {
+        ms
+    } else {
+        ms.checked_add(unix_ms() as i64).ok_or_else(invalid)?
+    };
+    let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
+    for o in &a[3..] {
+        if eq(o, "nx") {
+            nx = true;
+        } else if eq(o, "xx") {
+            xx = true;
+        } else if eq(o, "gt") {
+            gt = true;
+        } else if eq(o, "lt") {
+            lt = true;
+        } else {
+            return Err(format!("ERR Unsupported option {}", super::shown(o)).into());
+        }
+    }
+    if nx && (xx || gt || lt) {
+        return Err("ERR NX and XX, GT or LT options at the same time are not compatible".into());
+    }
+    if gt && lt {
+        return Err("ERR GT and LT options at the same time are not compatible".into());
+    }
+    let store = &ctx.shared.store;
+    let Some(m) = store.meta(a[1])? else {
+        r.int(0);
+        return Ok(());
+    };
+    // Options, against the TTL read just now (see the module notes).
+    let cur = m.expiry_ms.map(|e| e as i64);
+    let allowed = match cur {
+        None => !xx && !gt,
+        Some(c) => !nx && (!gt || at > c) && (!lt || at < c),
+    };
+    if !allowed {
+        r.int(0);
+        return Ok(());
+    }
+    let done = if at <= unix_ms() as i64 {
+        store.delete(a[1])?
+    } else {
+        store.set_expiry(a[1], Some(at as u64))?
+    };
+    r.int(i64::from(done));
+    Ok(())
+}
+
+/// EXPIRE key seconds [NX|XX|GT|LT].
+pub fn expire(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    expire_generic(ctx, a, r, 1000, false, "expire")
+}
+
+/// PEXPIRE key ms.
+pub fn pexpire(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    expire_generic(ctx, a, r, 1, false, "pexpire")
+}
+
+/// EXPIREAT key unix-seconds.
+pub fn expireat(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    expire_generic(ctx, a, r, 1000, true, "expireat")
+}
+
+/// PEXPIREAT key unix-ms.
+pub fn pexpireat(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    expire_generic(ctx, a, r, 1, true, "pexpireat")
+}
+
+fn ttl_generic(ctx: &mut Ctx, key: &[u8], r: &mut Reply, ms: bool, absolute: bool) -> CmdResult {
+    let m = ctx.shared.store.meta(key)?;
+    let v = match m {
+        None => -2,
+        Some(m) => match m.expiry_ms {
+            None => -1,
+            Some(at) if absolute => {
+                if ms {
+                    at as i64
+                } else {
+                    (at / 1000) as i64
+                }
+            }
+            Some(at) => {
+                let left = at.saturating_sub(unix_ms()) as i64;
+                if ms {
+                    left
+                } else {
+                    (left + 500) / 1000
+                }
+            }
+        },
+    };
+    r.int(v);
+    Ok(())
+}
+
+/// TTL key.
+pub fn ttl(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    ttl_generic(ctx, a[1], r, false, false)
+}
+
+/// PTTL key.
+pub fn pttl(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    ttl_generic(ctx, a[1], r, true, false)
+}
+
+/// EXPIRETIME key.
+pub fn expiretime(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    ttl_generic(ctx, a[1], r, false, true)
+}
+
+/// PEXPIRETIME key.
+pub fn pexpiretime(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    ttl_generic(ctx, a[1], r, true, true)
+}
+
+/// PERSIST key.
+pub fn persist(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    let store = &ctx.shared.store;
+    let done = match store.meta(a[1])? {
+        Some(m) if m.expiry_ms.is_some() => store.set_expiry(a[1], None)?,
+        _ => false,
+    };
+    r.int(i64::from(done));
+    Ok(())
+}
+
+/// TYPE key.
+pub fn type_(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    let t = match ctx.shared.store.meta(a[1])? {
+        None => "none",
+        Some(m) if is_hash(&m) => "hash",
+        Some(_) => "string",
+    };
+    r.simple(t);
+    Ok(())
+}
+
+fn rename_generic(ctx: &mut Ctx, a: &[&[u8]], nx: bool) -> Result<bool, CmdError> {
+    let (src, dst) = (a[1], a[2]);
+    let store = &ctx.shared.store;
+    let Some(m) = store.get_into(src, ctx.buf)? else {
+        return Err("ERR no such key".into());
+    };
+    if src == dst {
+        return Ok(!nx);
+    }
+    let opts = PutOptions {
+        condition: if nx {
+            Condition::IfAbsent
+        } else {
+            Condition::Always
+        },
+        expiry: m.expiry_ms.map_or(Expiry::Never, Expiry::At),
+        flags: m.flags,
+    };
+    match store.put_with(dst, ctx.buf, opts) {
+        Ok(_) => {}
+        Err(nibble::Error::Exists) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    }
+    // Delete the source only if it is still the item we copied.
+    if store.meta(src)?.is_some_and(|now| now.version == m.version) {
+        store.delete(src)?;
+    }
+    Ok(true)
+}
+
+/// RENAME src dst.
+pub fn rename(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    rename_generic(ctx, a, false)?;
+    r.ok();
+    Ok(())
+}
+
+/// RENAMENX src dst.
+pub fn renamenx(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    let done = rename_generic(ctx, a, true)?;
+    r.int(i64::from(done));
+    Ok(())
+}
+
+/// Every key matching `pattern` (a full cursor walk).
+pub fn all_keys(store: &nibble::Store, pattern: Option<&[u8]>) -> Result<Vec<Vec<u8>>, CmdError> {
+    let mut out = Vec::new();
+    let mut cursor = 0;
+    loop {
+        let (next, keys) = store.scan(cursor, 1024)?;
+        out.extend(
+            keys.into_iter()
+                .filter(|k| pattern.is_none_or(|p| glob::matches(p, k))),
+        );
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    // The cursor may return a key twice if the index grew mid-walk.
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+/// KEYS pattern.
+pub fn keys(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    let pat = (a[1] != b"*").then_some(a[1]);
+    let ks = all_keys(&ctx.shared.store, pat)?;
+    r.bulks(ks.iter());
+    Ok(())
+}
+
+/// SCAN cursor [MATCH pattern] [COUNT n] [TYPE t].
+pub fn scan(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    let cursor: u64 = std::str::from_utf8(a[1])
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or(CmdError::from("ERR invalid cursor"))?;
+    let (mut pat, mut count, mut ty): (Option<&[u8]>, usize, Option<&[u8]>) = (None, 10, None);
+    let mut i = 2;
+    while i < a.len() {
+        if i + 1 >= a.len() {
+            return Err(SYNTAX.into());
+        }
+        if eq(a[i], "match") {
+            pat = Some(a[i + 1]);
+        } else if eq(a[i], "count") {
+            let c = int_arg(a[i + 1])?;
+            if c < 1 {
+                return Err(SYNTAX.into());
+            }
+            count = c as usize;
+        } else if eq(a[i], "type") {
+            ty = Some(a[i + 1]);
+        } else {
+            return Err(SYNTAX.into());
+        }
+        i += 2;
+    }
+    let store = &ctx.shared.store;
+    let (next, keys) = store.scan(cursor, count)?;
+    let mut out = Vec::with_capacity(keys.len());
+    for k in keys {
+        if pat.is_some_and(|p| p != b"*" && !glob::matches(p, &k)) {
+            continue;
+        }
+        if let Some(t) = ty {
+            let Some(m) = store.meta(&k)? else { continue };
+            let kt = if is_hash(&m) { "hash" } else { "string" };
+            if !eq(t, kt) {
+                continue;
+            }
+        }
+        out.push(k);
+    }
+    r.array(2);
+    r.bulk(next.to_string().as_bytes());
+    r.bulks(out.iter());
+    Ok(())
+}
+
+/// RANDOMKEY: a key from the first non-empty scan step after a
+/// pseudo-random pick within it (not uniform over the keyspace).
+pub fn randomkey(ctx: &mut Ctx, _a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    let store = &ctx.shared.store;
+    let mut cursor = 0;
+    loop {
+        let (next, keys) = store.scan(cursor, 64)?;
+        if !keys.is_empty() {
+            let i = (topology::rdtsc() as usize) % keys.len();
+            r.bulk(&keys[i]);
+            return Ok(());
+        }
+        if next == 0 {
+            r.null();
+            return Ok(());
+        }
+        cursor = next;
+    }
+}

@@ -1,0 +1,939 @@
+//! Redis commands: the table, dispatch, and what every command shares.
+//!
+//! A request is a list of byte slices. [`execute`] lower-cases the name
+//! into a stack buffer, finds its [`Spec`] in a hash map built once, checks
+//! authentication and arity the way Redis does, and runs the handler. A
+//! handler writes its reply only on success; on failure it returns a
+//! [`CmdError`] holding the complete error line (`ERR ...`, `WRONGTYPE ...`,
+//! `OOM ...`), which dispatch writes. So a failed command never leaves half
+//! a reply in the output.
+//!
+//! Handlers run on the worker thread that read the request, straight
+//! against the engine; there is no command queue and no lock of the
+//! server's own. Commands that read and then write one key (INCR, APPEND,
+//! SETRANGE, SET ... GET, GETSET, HSET and the other hash writes) are
+//! made atomic with a compare-and-swap loop on the item's version:
+//!
+//! ```text
+//!   loop { v = get(key) ; new = f(v) ; put_with(key, new, IfVersion(v.version) or IfAbsent) ;
+//!          if the version moved: retry }
+//! ```
+//!
+//! What is *not* atomic, because the engine has no multi-key transaction
+//! and no conditional delete (see README): MSET (each key is set
+//! atomically, a concurrent reader may see some new and some old), MSETNX
+//! (all-or-nothing is checked key by key; if a key appears concurrently the
+//! keys already written are removed again, which another client may
+//! observe), RENAME (the destination is written before the source is
+//! deleted), GETDEL (the value returned is the one read just before the
+//! delete) and the emptying HDEL (a concurrent HSET between the last HDEL's
+//! read and its delete can be lost). EXPIRE's NX/XX/GT/LT options check
+//! the current TTL before setting it, with the same window.
+//!
+//! Modules: [`strings`], [`keys`], [`hash`], [`admin`] (connection and
+//! server commands).
+
+pub mod admin;
+pub mod hash;
+pub mod keys;
+pub mod strings;
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+
+use nibble::Error as StoreError;
+
+use crate::resp::{Proto, Reply};
+use crate::state::{ClientInfo, Shared, WorkerStats};
+
+/// Redis's OOM error line.
+pub const OOM: &str = "OOM command not allowed when used memory > 'maxmemory'.";
+/// Redis's WRONGTYPE error line.
+pub const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+/// Not an integer.
+pub const NOT_INT: &str = "ERR value is not an integer or out of range";
+/// Syntax error.
+pub const SYNTAX: &str = "ERR syntax error";
+/// Too large.
+pub const TOO_BIG: &str = "ERR string exceeds maximum allowed size (proto-max-bulk-len)";
+
+/// A command's error reply (without the leading `-`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CmdError(pub Cow<'static, str>);
+
+impl From<&'static str> for CmdError {
+    fn from(s: &'static str) -> Self {
+        CmdError(Cow::Borrowed(s))
+    }
+}
+
+impl From<String> for CmdError {
+    fn from(s: String) -> Self {
+        CmdError(Cow::Owned(s))
+    }
+}
+
+impl From<StoreError> for CmdError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::OutOfMemory { .. } => OOM.into(),
+            StoreError::ValueTooLarge { .. } => TOO_BIG.into(),
+            StoreError::BadKey { len: 0 } => {
+                "ERR empty keys are not supported by this server".into()
+            }
+            StoreError::BadKey { len } => format!(
+                "ERR key of {len} bytes is longer than the limit of {} bytes",
+                nibble::MAX_KEY_BYTES
+            )
+            .into(),
+            e => format!("ERR {e}").into(),
+        }
+    }
+}
+
+/// Result of a handler.
+pub type CmdResult = Result<(), CmdError>;
+
+/// Per-connection RESP state.
+pub struct Session {
+    /// Protocol version.
+    pub proto: Proto,
+    /// Authenticated (or no password required).
+    pub authed: bool,
+    /// CLIENT LIST entry.
+    pub info: Arc<ClientInfo>,
+    /// Close after flushing (QUIT).
+    pub close: bool,
+}
+
+/// What a handler sees.
+pub struct Ctx<'a> {
+    /// Shared state.
+    pub shared: &'a Shared,
+    /// This worker's counters.
+    pub stats: &'a WorkerStats,
+    /// This connection.
+    pub sess: &'a mut Session,
+    /// Scratch buffer for values.
+    pub buf: &'a mut Vec<u8>,
+}
+
+impl Ctx<'_> {
+    /// The engine.
+    pub fn store(&self) -> &nibble::Store {
+        &self.shared.store
+    }
+
+    /// Count a read hit or miss.
+    pub fn hit(&self, found: bool) {
+        let c = if found {
+            &self.stats.hits
+        } else {
+            &self.stats.misses
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A handler.
+pub type Handler = fn(&mut Ctx, &[&[u8]], &mut Reply) -> CmdResult;
+
+/// One command of the table.
+pub struct Spec {
+    /// Lower-case name.
+    pub name: &'static str,
+    /// Redis arity: n = exactly n arguments (with the name), -n = at least n.
+    pub arity: i32,
+    /// Redis command flags.
+    pub flags: &'static [&'static str],
+    /// First key, last key, step (COMMAND INFO).
+    pub keys: (i32, i32, i32),
+    /// Group (COMMAND DOCS).
+    pub group: &'static str,
+    /// One-line summary.
+    pub summary: &'static str,
+    /// The handler.
+    pub run: Handler,
+}
+
+const W: &[&str] = &["write", "denyoom", "fast"];
+const WS: &[&str] = &["write", "denyoom"];
+const WD: &[&str] = &["write", "fast"];
+const R: &[&str] = &["readonly", "fast"];
+const RS: &[&str] = &["readonly"];
+const A: &[&str] = &["fast"];
+const N: &[&str] = &["noauth", "fast"];
+
+macro_rules! spec {
+    ($name:literal, $arity:expr, $flags:expr, $keys:expr, $group:literal, $summary:literal, $run:expr) => {
+        Spec {
+            name: $name,
+            arity: $arity,
+            flags: $flags,
+            keys: $keys,
+            group: $group,
+            summary: $summary,
+            run: $run,
+        }
+    };
+}
+
+const K1: (i32, i32, i32) = (1, 1, 1);
+const K0: (i32, i32, i32) = (0, 0, 0);
+const KALL: (i32, i32, i32) = (1, -1, 1);
+
+/// The command table (also the truth for COMMAND COUNT/INFO/DOCS).
+pub static COMMANDS: &[Spec] = &[
+    // Connection and server.
+    spec!(
+        "ping",
+        -1,
+        A,
+        K0,
+        "connection",
+        "Returns the server's liveliness response.",
+        admin::ping
+    ),
+    spec!(
+        "echo",
+        2,
+        A,
+        K0,
+        "connection",
+        "Returns the given string.",
+        admin::echo
+    ),
+    spec!(
+        "quit",
+        -1,
+        N,
+        K0,
+        "connection",
+        "Closes the connection.",
+        admin::quit
+    ),
+    spec!(
+        "hello",
+        -1,
+        N,
+        K0,
+        "connection",
+        "Handshakes with the server.",
+        admin::hello
+    ),
+    spec!(
+        "auth",
+        -2,
+        N,
+        K0,
+        "connection",
+        "Authenticates the connection.",
+        admin::auth
+    ),
+    spec!(
+        "select",
+        2,
+        A,
+        K0,
+        "connection",
+        "Changes the selected database (only 0 exists).",
+        admin::select
+    ),
+    spec!(
+        "client",
+        -2,
+        RS,
+        K0,
+        "connection",
+        "CLIENT SETNAME, GETNAME, SETINFO, ID, INFO, LIST.",
+        admin::client
+    ),
+    spec!(
+        "command",
+        -1,
+        RS,
+        K0,
+        "server",
+        "COMMAND, COUNT, DOCS, INFO, LIST.",
+        admin::command
+    ),
+    spec!(
+        "config",
+        -2,
+        RS,
+        K0,
+        "server",
+        "CONFIG GET, SET, RESETSTAT.",
+        admin::config
+    ),
+    spec!(
+        "info",
+        -1,
+        RS,
+        K0,
+        "server",
+        "Returns information and statistics about the server.",
+        admin::info
+    ),
+    spec!(
+        "dbsize",
+        1,
+        R,
+        K0,
+        "server",
+        "Returns the number of keys.",
+        admin::dbsize
+    ),
+    spec!(
+        "flushall",
+        -1,
+        WD,
+        K0,
+        "server",
+        "Removes all keys.",
+        admin::flushall
+    ),
+    spec!(
+        "flushdb",
+        -1,
+        WD,
+        K0,
+        "server",
+        "Removes all keys.",
+        admin::flushall
+    ),
+    spec!(
+        "shutdown",
+        -1,
+        RS,
+        K0,
+        "server",
+        "Stops the server.",
+        admin::shutdown
+    ),
+    spec!(
+        "debug",
+        -2,
+        RS,
+        K0,
+        "server",
+        "DEBUG POPULATE count [prefix] [size].",
+        admin::debug
+    ),
+    spec!(
+        "time",
+        1,
+        A,
+        K0,
+        "server",
+        "Returns the server time.",
+        admin::time
+    ),
+    // Strings.
+    spec!(
+        "get",
+        2,
+        R,
+        K1,
+        "string",
+        "Returns the string value of a key.",
+        strings::get
+    ),
+    spec!(
+        "set",
+        -3,
+        WS,
+        K1,
+        "string",
+        "Sets the string value of a key, with options.",
+        strings::set
+    ),
+    spec!(
+        "setex",
+        4,
+        WS,
+        K1,
+        "string",
+        "Sets a value and its expiry in seconds.",
+        strings::setex
+    ),
+    spec!(
+        "psetex",
+        4,
+        WS,
+        K1,
+        "string",
+        "Sets a value and its expiry in milliseconds.",
+        strings::psetex
+    ),
+    spec!(
+        "setnx",
+        3,
+        W,
+        K1,
+        "string",
+        "Sets a key only if it does not exist.",
+        strings::setnx
+    ),
+    spec!(
+        "getset",
+        3,
+        W,
+        K1,
+        "string",
+        "Sets a value and returns the old one.",
+        strings::getset
+    ),
+    spec!(
+        "getdel",
+        2,
+        WD,
+        K1,
+        "string",
+        "Returns a value and deletes the key.",
+        strings::getdel
+    ),
+    spec!(
+        "getex",
+        -2,
+        WD,
+        K1,
+        "string",
+        "Returns a value and changes its expiry.",
+        strings::getex
+    ),
+    spec!(
+        "mget",
+        -2,
+        R,
+        KALL,
+        "string",
+        "Returns the values of several keys.",
+        strings::mget
+    ),
+    spec!(
+        "mset",
+        -3,
+        WS,
+        (1, -1, 2),
+        "string",
+        "Sets several keys.",
+        strings::mset
+    ),
+    spec!(
+        "msetnx",
+        -3,
+        WS,
+        (1, -1, 2),
+        "string",
+        "Sets several keys only if none exists.",
+        strings::msetnx
+    ),
+    spec!(
+        "append",
+        3,
+        W,
+        K1,
+        "string",
+        "Appends to a value.",
+        strings::append
+    ),
+    spec!(
+        "strlen",
+        2,
+        R,
+        K1,
+        "string",
+        "Returns the length of a value.",
+        strings::strlen
+    ),
+    spec!(
+        "getrange",
+        4,
+        RS,
+        K1,
+        "string",
+        "Returns a substring of a value.",
+        strings::getrange
+    ),
+    spec!(
+        "substr",
+        4,
+        RS,
+        K1,
+        "string",
+        "Returns a substring of a value.",
+        strings::getrange
+    ),
+    spec!(
+        "setrange",
+        4,
+        WS,
+        K1,
+        "string",
+        "Overwrites part of a value.",
+        strings::setrange
+    ),
+    spec!(
+        "incr",
+        2,
+        W,
+        K1,
+        "string",
+        "Increments an integer value by one.",
+        strings::incr
+    ),
+    spec!(
+        "decr",
+        2,
+        W,
+        K1,
+        "string",
+        "Decrements an integer value by one.",
+        strings::decr
+    ),
+    spec!(
+        "incrby",
+        3,
+        W,
+        K1,
+        "string",
+        "Increments an integer value.",
+        strings::incrby
+    ),
+    spec!(
+        "decrby",
+        3,
+        W,
+        K1,
+        "string",
+        "Decrements an integer value.",
+        strings::decrby
+    ),
+    spec!(
+        "incrbyfloat",
+        3,
+        W,
+        K1,
+        "string",
+        "Increments a floating point value.",
+        strings::incrbyfloat
+    ),
+    // Keys.
+    spec!("del", -2, WD, KALL, "generic", "Deletes keys.", keys::del),
+    spec!(
+        "unlink",
+        -2,
+        WD,
+        KALL,
+        "generic",
+        "Deletes keys.",
+        keys::del
+    ),
+    spec!(
+        "exists",
+        -2,
+        R,
+        KALL,
+        "generic",
+        "Counts the keys that exist.",
+        keys::exists
+    ),
+    spec!(
+        "expire",
+        -3,
+        WD,
+        K1,
+        "generic",
+        "Sets a key's expiry in seconds.",
+        keys::expire
+    ),
+    spec!(
+        "pexpire",
+        -3,
+        WD,
+        K1,
+        "generic",
+        "Sets a key's expiry in milliseconds.",
+        keys::pexpire
+    ),
+    spec!(
+        "expireat",
+        -3,
+        WD,
+        K1,
+        "generic",
+        "Sets a key's expiry as a Unix time in seconds.",
+        keys::expireat
+    ),
+    spec!(
+        "pexpireat",
+        -3,
+        WD,
+        K1,
+        "generic",
+        "Sets a key's expiry as a Unix time in milliseconds.",
+        keys::pexpireat
+    ),
+    spec!(
+        "ttl",
+        2,
+        R,
+        K1,
+        "generic",
+        "Returns a key's time to live in seconds.",
+        keys::ttl
+    ),
+    spec!(
+        "pttl",
+        2,
+        R,
+        K1,
+        "generic",
+        "Returns a key's time to live in milliseconds.",
+        keys::pttl
+    ),
+    spec!(
+        "expiretime",
+        2,
+        R,
+        K1,
+        "generic",
+        "Returns a key's expiry as a Unix time in seconds.",
+        keys::expiretime
+    ),
+    spec!(
+        "pexpiretime",
+        2,
+        R,
+        K1,
+        "generic",
+        "Returns a key's expiry as a Unix time in milliseconds.",
+        keys::pexpiretime
+    ),
+    spec!(
+        "persist",
+        2,
+        WD,
+        K1,
+        "generic",
+        "Removes a key's expiry.",
+        keys::persist
+    ),
+    spec!(
+        "type",
+        2,
+        R,
+        K1,
+        "generic",
+        "Returns the type of a key.",
+        keys::type_
+    ),
+    spec!(
+        "rename",
+        3,
+        WD,
+        (1, 2, 1),
+        "generic",
+        "Renames a key.",
+        keys::rename
+    ),
+    spec!(
+        "renamenx",
+        3,
+        WD,
+        (1, 2, 1),
+        "generic",
+        "Renames a key if the new name is free.",
+        keys::renamenx
+    ),
+    spec!(
+        "keys",
+        2,
+        RS,
+        K0,
+        "generic",
+        "Returns the keys matching a pattern.",
+        keys::keys
+    ),
+    spec!(
+        "scan",
+        -2,
+        RS,
+        K0,
+        "generic",
+        "Iterates over the keys.",
+        keys::scan
+    ),
+    spec!(
+        "randomkey",
+        1,
+        RS,
+        K0,
+        "generic",
+        "Returns a key (not uniformly random).",
+        keys::randomkey
+    ),
+    // Hashes.
+    spec!("hset", -4, W, K1, "hash", "Sets hash fields.", hash::hset),
+    spec!("hmset", -4, W, K1, "hash", "Sets hash fields.", hash::hmset),
+    spec!(
+        "hsetnx",
+        4,
+        W,
+        K1,
+        "hash",
+        "Sets a hash field if absent.",
+        hash::hsetnx
+    ),
+    spec!(
+        "hget",
+        3,
+        R,
+        K1,
+        "hash",
+        "Returns a hash field.",
+        hash::hget
+    ),
+    spec!(
+        "hmget",
+        -3,
+        R,
+        K1,
+        "hash",
+        "Returns hash fields.",
+        hash::hmget
+    ),
+    spec!(
+        "hgetall",
+        2,
+        RS,
+        K1,
+        "hash",
+        "Returns all fields and values.",
+        hash::hgetall
+    ),
+    spec!(
+        "hdel",
+        -3,
+        WD,
+        K1,
+        "hash",
+        "Deletes hash fields.",
+        hash::hdel
+    ),
+    spec!(
+        "hexists",
+        3,
+        R,
+        K1,
+        "hash",
+        "Tells whether a field exists.",
+        hash::hexists
+    ),
+    spec!(
+        "hlen",
+        2,
+        R,
+        K1,
+        "hash",
+        "Returns the number of fields.",
+        hash::hlen
+    ),
+    spec!(
+        "hkeys",
+        2,
+        RS,
+        K1,
+        "hash",
+        "Returns the fields.",
+        hash::hkeys
+    ),
+    spec!(
+        "hvals",
+        2,
+        RS,
+        K1,
+        "hash",
+        "Returns the values.",
+        hash::hvals
+    ),
+    spec!(
+        "hstrlen",
+        3,
+        R,
+        K1,
+        "hash",
+        "Returns the length of a field's value.",
+        hash::hstrlen
+    ),
+    spec!(
+        "hincrby",
+        4,
+        W,
+        K1,
+        "hash",
+        "Increments an integer field.",
+        hash::hincrby
+    ),
+    spec!(
+        "hincrbyfloat",
+        4,
+        W,
+        K1,
+        "hash",
+        "Increments a floating point field.",
+        hash::hincrbyfloat
+    ),
+];
+
+fn table() -> &'static HashMap<&'static str, &'static Spec> {
+    static T: OnceLock<HashMap<&'static str, &'static Spec>> = OnceLock::new();
+    T.get_or_init(|| COMMANDS.iter().map(|s| (s.name, s)).collect())
+}
+
+/// Find a command by (any-case) name.
+pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
+    let mut b = [0u8; 32];
+    if name.len() > b.len() {
+        return None;
+    }
+    for (d, s) in b.iter_mut().zip(name) {
+        *d = s.to_ascii_lowercase();
+    }
+    let s = std::str::from_utf8(&b[..name.len()]).ok()?;
+    table().get(s).copied()
+}
+
+/// Show bytes in an error message: lossy UTF-8, at most 128 bytes.
+pub fn shown(b: &[u8]) -> String {
+    String::from_utf8_lossy(&b[..b.len().min(128)]).into_owned()
+}
+
+/// Run one request and write its reply.
+pub fn execute(ctx: &mut Ctx, args: &[&[u8]], r: &mut Reply) {
+    let Some(&name) = args.first() else { return };
+    WorkerStats::bump(&ctx.stats.commands, 1);
+    let Some(spec) = lookup(name) else {
+        let mut msg = format!(
+            "ERR unknown command '{}', with args beginning with: ",
+            shown(name)
+        );
+        for a in &args[1..] {
+            msg.push('\'');
+            msg.push_str(&shown(a));
+            msg.push_str("' ");
+        }
+        r.error(&msg);
+        return;
+    };
+    if !ctx.sess.authed && !spec.flags.contains(&"noauth") {
+        r.error("NOAUTH Authentication required.");
+        return;
+    }
+    let n = args.len() as i32;
+    if (spec.arity > 0 && n != spec.arity) || (spec.arity < 0 && n < -spec.arity) {
+        r.error(&format!(
+            "ERR wrong number of arguments for '{}' command",
+            spec.name
+        ));
+        return;
+    }
+    if let Err(e) = (spec.run)(ctx, args, r) {
+        r.error(&e.0);
+    }
+}
+
+/// Parse an integer the way Redis's `string2ll` does: optional `-`, no
+/// `+`, no spaces, no leading zeros.
+pub fn parse_i64(b: &[u8]) -> Option<i64> {
+    if b.is_empty() || b.len() > 20 {
+        return None;
+    }
+    if b == b"0" {
+        return Some(0);
+    }
+    let (neg, d) = if b[0] == b'-' {
+        (true, &b[1..])
+    } else {
+        (false, b)
+    };
+    if d.is_empty() || d[0] == b'0' {
+        return None;
+    }
+    let mut v: u64 = 0;
+    for &c in d {
+        if !c.is_ascii_digit() {
+            return None;
+        }
+        v = v.checked_mul(10)?.checked_add(u64::from(c - b'0'))?;
+    }
+    if neg {
+        if v > i64::MAX as u64 + 1 {
+            None
+        } else {
+            Some((v as i64).wrapping_neg())
+        }
+    } else {
+        i64::try_from(v).ok()
+    }
+}
+
+/// An integer argument or `ERR value is not an integer or out of range`.
+pub fn int_arg(b: &[u8]) -> Result<i64, CmdError> {
+    parse_i64(b).ok_or(CmdError::from(NOT_INT))
+}
+
+/// Parse a float like Redis (`strtold` on the whole string, no spaces, no NaN).
+pub fn parse_f64(b: &[u8]) -> Option<f64> {
+    let s = std::str::from_utf8(b).ok()?;
+    if s.is_empty() || s.starts_with(char::is_whitespace) || s.ends_with(char::is_whitespace) {
+        return None;
+    }
+    let v: f64 = match s.to_ascii_lowercase().as_str() {
+        "inf" | "+inf" | "infinity" | "+infinity" => f64::INFINITY,
+        "-inf" | "-infinity" => f64::NEG_INFINITY,
+        _ => s.parse().ok()?,
+    };
+    (!v.is_nan()).then_some(v)
+}
+
+/// True if `a` equals `b` ignoring ASCII case.
+pub fn eq(a: &[u8], b: &str) -> bool {
+    a.eq_ignore_ascii_case(b.as_bytes())
+}
+
+/// Is this error a lost compare-and-swap race (retry)?
+pub fn is_race(e: &StoreError) -> bool {
+    matches!(
+        e,
+        StoreError::VersionMismatch { .. } | StoreError::Exists | StoreError::NotFound
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ints() {
+        assert_eq!(parse_i64(b"0"), Some(0));
+        assert_eq!(parse_i64(b"-12"), Some(-12));
+        assert_eq!(parse_i64(b"9223372036854775807"), Some(i64::MAX));
+        assert_eq!(parse_i64(b"-9223372036854775808"), Some(i64::MIN));
+        assert_eq!(parse_i64(b"9223372036854775808"), None);
+        assert_eq!(parse_i64(b"01"), None);
+        assert_eq!(parse_i64(b"+1"), None);
+        assert_eq!(parse_i64(b" 1"), None);
+        assert_eq!(parse_i64(b"-0"), None);
+    }
+
+    #[test]
+    fn table_is_consistent() {
+        assert_eq!(table().len(), COMMANDS.len());
+        assert!(lookup(b"GeT").is_some());
+        assert!(lookup(b"nope").is_none());
+    }
+}

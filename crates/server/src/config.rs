@@ -1,0 +1,499 @@
+//! Configuration: command-line flags, the config file, and the settings
+//! that `CONFIG SET` may change while the server runs.
+//!
+//! The config file uses redis.conf's syntax, so a Redis user can read it:
+//! one `name value` pair per line, `#` starts a comment, values may be
+//! quoted, sizes take Redis's units (`64mb`, `1gb`, `512k`, also `4GiB`).
+//! The names are the long flag names (`port`, `memcached-port`,
+//! `maxmemory`, ...). Flags given on the command line override the file.
+//!
+//! Settings fall in two groups. Those fixed at start (addresses, threads,
+//! capacity, mode) live in [`ServerConfig`]. Those `CONFIG SET` may change
+//! live in [`Settings`] as atomics: connections read them with relaxed
+//! loads, so the request path takes no lock. `requirepass` is the exception:
+//! it is a string behind an `RwLock`, read only by AUTH/HELLO and when a
+//! connection opens.
+//!
+//! Default capacity: a quarter of the machine's RAM (MemTotal in
+//! /proc/meminfo), at most 4 GiB and at least the engine's 8 MiB minimum.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::RwLock;
+use std::time::Duration;
+
+use clap::Parser;
+use nibble::Mode;
+
+/// Default TCP port for RESP.
+pub const DEFAULT_PORT: u16 = 6379;
+/// Port used by `--memcached` without a number.
+pub const DEFAULT_MEMCACHED_PORT: u16 = 11211;
+/// Default bulk length limit (Redis's `proto-max-bulk-len`); the effective
+/// limit is never above the engine's largest value.
+pub const DEFAULT_PROTO_MAX_BULK_LEN: u64 = 512 << 20;
+/// Default `maxclients`.
+pub const DEFAULT_MAXCLIENTS: usize = 10_000;
+/// Default query buffer limit per client.
+pub const DEFAULT_QUERY_BUFFER_LIMIT: u64 = 256 << 20;
+/// Default most arguments per request.
+pub const DEFAULT_MAX_MULTIBULK: u64 = 1024 * 1024;
+/// Default longest inline request.
+pub const DEFAULT_MAX_INLINE: u64 = 64 << 10;
+/// Largest default capacity.
+pub const DEFAULT_CAPACITY_CAP: u64 = 4 << 30;
+
+/// Command line of `nibble`.
+#[derive(Parser, Debug, Clone, Default)]
+#[command(
+    name = "nibble",
+    version,
+    about = "Redis- and memcached-compatible server over the Nibble engine"
+)]
+pub struct Cli {
+    /// `serve` (the default; accepted for symmetry with other tools).
+    #[arg(value_parser = ["serve"])]
+    pub command: Option<String>,
+    /// Config file (redis.conf syntax: `name value` lines).
+    #[arg(long, short = 'c')]
+    pub config: Option<PathBuf>,
+    /// Addresses to listen on, space- or comma-separated (default 127.0.0.1).
+    #[arg(long)]
+    pub bind: Option<String>,
+    /// RESP TCP port (default 6379; 0 = pick one; -1 disables TCP RESP).
+    #[arg(long, allow_hyphen_values = true)]
+    pub port: Option<i32>,
+    /// memcached text protocol port (off unless given; 0 = pick one).
+    #[arg(long)]
+    pub memcached_port: Option<u16>,
+    /// Unix socket path for RESP.
+    #[arg(long)]
+    pub unixsocket: Option<PathBuf>,
+    /// Engine capacity = maxmemory (e.g. 1gb, 512mb).
+    #[arg(long, alias = "capacity")]
+    pub maxmemory: Option<String>,
+    /// Engine mode: nibble or nibble2.
+    #[arg(long)]
+    pub mode: Option<String>,
+    /// Compaction workers per NUMA node (default: one per 8 CPUs).
+    #[arg(long)]
+    pub compaction_workers: Option<usize>,
+    /// Worker threads (default: one per allowed CPU).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Do not pin worker threads to CPUs.
+    #[arg(long)]
+    pub no_pin: bool,
+    /// Password required before data commands.
+    #[arg(long)]
+    pub requirepass: Option<String>,
+    /// Most simultaneous clients.
+    #[arg(long)]
+    pub maxclients: Option<usize>,
+    /// Close connections idle this many seconds (0 = never).
+    #[arg(long)]
+    pub timeout: Option<u64>,
+    /// Longest bulk string accepted.
+    #[arg(long)]
+    pub proto_max_bulk_len: Option<String>,
+    /// Largest query buffer per client.
+    #[arg(long)]
+    pub client_query_buffer_limit: Option<String>,
+    /// Most arguments in one request.
+    #[arg(long)]
+    pub max_multibulk_len: Option<u64>,
+    /// Longest inline request line.
+    #[arg(long)]
+    pub max_inline_len: Option<String>,
+    /// Log level: error, warn, info (notice), debug (verbose), trace.
+    #[arg(long)]
+    pub loglevel: Option<String>,
+}
+
+/// Everything fixed at start, plus the initial values of [`Settings`].
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Addresses to listen on.
+    pub bind: Vec<String>,
+    /// RESP port (`None` = no TCP RESP listener).
+    pub port: Option<u16>,
+    /// memcached port.
+    pub memcached_port: Option<u16>,
+    /// Unix socket.
+    pub unixsocket: Option<PathBuf>,
+    /// Engine capacity.
+    pub capacity: u64,
+    /// Engine mode.
+    pub mode: Mode,
+    /// Compaction workers per node.
+    pub compaction_workers: Option<usize>,
+    /// Worker threads.
+    pub threads: usize,
+    /// Pin workers.
+    pub pin: bool,
+    /// requirepass.
+    pub requirepass: Option<String>,
+    /// maxclients.
+    pub maxclients: usize,
+    /// Idle timeout in seconds (0 = none).
+    pub timeout: u64,
+    /// proto-max-bulk-len.
+    pub proto_max_bulk_len: u64,
+    /// client-query-buffer-limit.
+    pub query_buffer_limit: u64,
+    /// max-multibulk-len.
+    pub max_multibulk_len: u64,
+    /// max-inline-len.
+    pub max_inline_len: u64,
+    /// Log level name.
+    pub loglevel: String,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            bind: vec!["127.0.0.1".into()],
+            port: Some(DEFAULT_PORT),
+            memcached_port: None,
+            unixsocket: None,
+            capacity: default_capacity(),
+            mode: Mode::Nibble,
+            compaction_workers: None,
+            threads: topology::allowed_cpus().len().max(1),
+            pin: true,
+            requirepass: None,
+            maxclients: DEFAULT_MAXCLIENTS,
+            timeout: 0,
+            proto_max_bulk_len: DEFAULT_PROTO_MAX_BULK_LEN,
+            query_buffer_limit: DEFAULT_QUERY_BUFFER_LIMIT,
+            max_multibulk_len: DEFAULT_MAX_MULTIBULK,
+            max_inline_len: DEFAULT_MAX_INLINE,
+            loglevel: "info".into(),
+        }
+    }
+}
+
+/// min(RAM / 4, 4 GiB), at least the engine minimum.
+pub fn default_capacity() -> u64 {
+    let ram = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map(|kb| kb * 1024)
+        .unwrap_or(4 << 30);
+    (ram / 4)
+        .min(DEFAULT_CAPACITY_CAP)
+        .max(nibble::MIN_CAPACITY_BYTES as u64)
+}
+
+/// Parse a size: plain bytes, or with k/kb/m/mb/g/gb (powers of 1024, as
+/// Redis's `kb`/`mb`/`gb`; Redis's `k`/`m`/`g` are powers of 1000 and so
+/// are ours), or KiB/MiB/GiB.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim().to_ascii_lowercase();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("invalid size {s:?}"))?;
+    let mult: u64 = match unit {
+        "" | "b" => 1,
+        "k" => 1000,
+        "kb" | "kib" => 1 << 10,
+        "m" => 1_000_000,
+        "mb" | "mib" => 1 << 20,
+        "g" => 1_000_000_000,
+        "gb" | "gib" => 1 << 30,
+        _ => return Err(format!("invalid size unit in {s:?}")),
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} overflows"))
+}
+
+fn parse_bool_ok<T: std::str::FromStr>(name: &str, v: &str) -> Result<T, String> {
+    v.parse()
+        .map_err(|_| format!("invalid value {v:?} for {name}"))
+}
+
+impl ServerConfig {
+    /// Apply one `name value` setting (config file syntax).
+    pub fn apply(&mut self, name: &str, value: &str) -> Result<(), String> {
+        let name = name.to_ascii_lowercase().replace('_', "-");
+        match name.as_str() {
+            "bind" => {
+                self.bind = value
+                    .split([' ', ','])
+                    .filter(|s| !s.is_empty())
+                    .map(String::from)
+                    .collect();
+            }
+            "port" => {
+                let p: i32 = parse_bool_ok(&name, value)?;
+                self.port = if p < 0 {
+                    None
+                } else {
+                    Some(u16::try_from(p).map_err(|_| format!("invalid port {p}"))?)
+                };
+            }
+            "memcached-port" => self.memcached_port = Some(parse_bool_ok(&name, value)?),
+            "unixsocket" => self.unixsocket = Some(PathBuf::from(value)),
+            "maxmemory" | "capacity" => self.capacity = parse_size(value)?,
+            "mode" => self.mode = value.parse()?,
+            "compaction-workers" => self.compaction_workers = Some(parse_bool_ok(&name, value)?),
+            "threads" | "io-threads" => self.threads = parse_bool_ok::<usize>(&name, value)?.max(1),
+            "requirepass" => self.requirepass = (!value.is_empty()).then(|| value.to_string()),
+            "maxclients" => self.maxclients = parse_bool_ok(&name, value)?,
+            "timeout" => self.timeout = parse_bool_ok(&name, value)?,
+            "proto-max-bulk-len" => self.proto_max_bulk_len = parse_size(value)?,
+            "client-query-buffer-limit" => self.query_buffer_limit = parse_size(value)?,
+            "max-multibulk-len" => self.max_multibulk_len = parse_bool_ok(&name, value)?,
+            "max-inline-len" => self.max_inline_len = parse_size(value)?,
+            "loglevel" => self.loglevel = value.to_string(),
+            "pin" => self.pin = matches!(value, "yes" | "true" | "1"),
+            _ => return Err(format!("unknown setting {name:?}")),
+        }
+        Ok(())
+    }
+
+    /// Parse a config file's text.
+    pub fn apply_file_text(&mut self, text: &str) -> Result<(), String> {
+        for (i, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (name, rest) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
+            let mut value = rest.trim();
+            if value.len() >= 2
+                && ((value.starts_with('"') && value.ends_with('"'))
+                    || (value.starts_with('\'') && value.ends_with('\'')))
+            {
+                value = &value[1..value.len() - 1];
+            }
+            self.apply(name, value)
+                .map_err(|e| format!("config line {}: {e}", i + 1))?;
+        }
+        Ok(())
+    }
+
+    /// Build from the command line (file first, then flags).
+    pub fn from_cli(cli: &Cli) -> Result<ServerConfig, String> {
+        let mut c = ServerConfig::default();
+        if let Some(path) = &cli.config {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("reading {}: {e}", path.display()))?;
+            c.apply_file_text(&text)?;
+        }
+        let mut set = |name: &str, v: Option<String>| -> Result<(), String> {
+            match v {
+                Some(v) => c.apply(name, &v),
+                None => Ok(()),
+            }
+        };
+        set("bind", cli.bind.clone())?;
+        set("port", cli.port.map(|p| p.to_string()))?;
+        set("memcached-port", cli.memcached_port.map(|p| p.to_string()))?;
+        set(
+            "unixsocket",
+            cli.unixsocket.as_ref().map(|p| p.display().to_string()),
+        )?;
+        set("maxmemory", cli.maxmemory.clone())?;
+        set("mode", cli.mode.clone())?;
+        set(
+            "compaction-workers",
+            cli.compaction_workers.map(|v| v.to_string()),
+        )?;
+        set("threads", cli.threads.map(|v| v.to_string()))?;
+        set("requirepass", cli.requirepass.clone())?;
+        set("maxclients", cli.maxclients.map(|v| v.to_string()))?;
+        set("timeout", cli.timeout.map(|v| v.to_string()))?;
+        set("proto-max-bulk-len", cli.proto_max_bulk_len.clone())?;
+        set(
+            "client-query-buffer-limit",
+            cli.client_query_buffer_limit.clone(),
+        )?;
+        set(
+            "max-multibulk-len",
+            cli.max_multibulk_len.map(|v| v.to_string()),
+        )?;
+        set("max-inline-len", cli.max_inline_len.clone())?;
+        set("loglevel", cli.loglevel.clone())?;
+        if cli.no_pin {
+            c.pin = false;
+        }
+        Ok(c)
+    }
+}
+
+/// Settings `CONFIG SET` may change at run time.
+pub struct Settings {
+    /// maxclients.
+    pub maxclients: AtomicUsize,
+    /// Idle timeout, seconds.
+    pub timeout: AtomicU64,
+    /// proto-max-bulk-len as configured (clamped when read).
+    pub proto_max_bulk_len: AtomicU64,
+    /// client-query-buffer-limit.
+    pub query_buffer_limit: AtomicU64,
+    /// max-multibulk-len.
+    pub max_multibulk_len: AtomicU64,
+    /// max-inline-len.
+    pub max_inline_len: AtomicU64,
+    /// requirepass.
+    pub requirepass: RwLock<Option<String>>,
+    /// The engine's largest value (fixed).
+    pub engine_max_value: u64,
+}
+
+impl Settings {
+    /// From the start configuration.
+    pub fn new(c: &ServerConfig, engine_max_value: u64) -> Settings {
+        Settings {
+            maxclients: AtomicUsize::new(c.maxclients),
+            timeout: AtomicU64::new(c.timeout),
+            proto_max_bulk_len: AtomicU64::new(c.proto_max_bulk_len),
+            query_buffer_limit: AtomicU64::new(c.query_buffer_limit),
+            max_multibulk_len: AtomicU64::new(c.max_multibulk_len),
+            max_inline_len: AtomicU64::new(c.max_inline_len),
+            requirepass: RwLock::new(c.requirepass.clone()),
+            engine_max_value,
+        }
+    }
+
+    /// The effective bulk limit: the configured one, never above the
+    /// engine's largest value.
+    pub fn max_bulk(&self) -> usize {
+        self.proto_max_bulk_len
+            .load(Ordering::Relaxed)
+            .min(self.engine_max_value) as usize
+    }
+
+    /// Parser limits now.
+    pub fn limits(&self) -> crate::resp::Limits {
+        crate::resp::Limits {
+            max_multibulk: self.max_multibulk_len.load(Ordering::Relaxed) as usize,
+            max_bulk: self.max_bulk(),
+            max_inline: self.max_inline_len.load(Ordering::Relaxed) as usize,
+        }
+    }
+
+    /// Idle timeout.
+    pub fn idle_timeout(&self) -> Option<Duration> {
+        match self.timeout.load(Ordering::Relaxed) {
+            0 => None,
+            s => Some(Duration::from_secs(s)),
+        }
+    }
+
+    /// The password, if one is required.
+    pub fn password(&self) -> Option<String> {
+        self.requirepass
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// `CONFIG GET` names and current values.
+    pub fn get_all(&self, fixed: &ServerConfig) -> Vec<(&'static str, String)> {
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed).to_string();
+        vec![
+            ("bind", fixed.bind.join(" ")),
+            ("port", fixed.port.map_or("-1".into(), |p| p.to_string())),
+            (
+                "memcached-port",
+                fixed.memcached_port.map_or("0".into(), |p| p.to_string()),
+            ),
+            (
+                "unixsocket",
+                fixed
+                    .unixsocket
+                    .as_ref()
+                    .map_or(String::new(), |p| p.display().to_string()),
+            ),
+            ("maxmemory", fixed.capacity.to_string()),
+            ("maxmemory-policy", "noeviction".into()),
+            ("mode", fixed.mode.name().into()),
+            ("threads", fixed.threads.to_string()),
+            ("io-threads", fixed.threads.to_string()),
+            ("databases", "1".into()),
+            ("appendonly", "no".into()),
+            ("save", String::new()),
+            ("requirepass", self.password().unwrap_or_default()),
+            (
+                "maxclients",
+                self.maxclients.load(Ordering::Relaxed).to_string(),
+            ),
+            ("timeout", r(&self.timeout)),
+            ("proto-max-bulk-len", r(&self.proto_max_bulk_len)),
+            ("client-query-buffer-limit", r(&self.query_buffer_limit)),
+            ("max-multibulk-len", r(&self.max_multibulk_len)),
+            ("max-inline-len", r(&self.max_inline_len)),
+        ]
+    }
+
+    /// `CONFIG SET name value`; `Err` is the reply text.
+    pub fn set(&self, name: &str, value: &str) -> Result<(), String> {
+        let bad = || {
+            format!("ERR CONFIG SET failed (possibly related to argument '{name}') - argument couldn't be parsed into an integer")
+        };
+        let size = |v: &str| parse_size(v).map_err(|_| bad());
+        match name {
+            "maxclients" => self
+                .maxclients
+                .store(value.parse().map_err(|_| bad())?, Ordering::Relaxed),
+            "timeout" => self
+                .timeout
+                .store(value.parse().map_err(|_| bad())?, Ordering::Relaxed),
+            "proto-max-bulk-len" => self
+                .proto_max_bulk_len
+                .store(size(value)?.max(1024 * 1024), Ordering::Relaxed),
+            "client-query-buffer-limit" => self
+                .query_buffer_limit
+                .store(size(value)?.max(1024 * 1024), Ordering::Relaxed),
+            "max-multibulk-len" => self
+                .max_multibulk_len
+                .store(value.parse().map_err(|_| bad())?, Ordering::Relaxed),
+            "max-inline-len" => self.max_inline_len.store(size(value)?, Ordering::Relaxed),
+            "requirepass" => {
+                *self.requirepass.write().unwrap_or_else(|e| e.into_inner()) =
+                    (!value.is_empty()).then(|| value.to_string());
+            }
+            "maxmemory-policy" if value == "noeviction" => {}
+            "save" | "appendonly" if value.is_empty() || value == "no" => {}
+            _ => {
+                return Err(format!(
+                    "ERR Unknown option or number of arguments for CONFIG SET - '{name}'"
+                ))
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("64mb").unwrap(), 64 << 20);
+        assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_size("1000").unwrap(), 1000);
+        assert!(parse_size("x").is_err());
+    }
+
+    #[test]
+    fn file() {
+        let mut c = ServerConfig::default();
+        c.apply_file_text(
+            "# comment\nport 7000\nmaxmemory 64mb\nrequirepass \"s p\"\nmode nibble2\n",
+        )
+        .unwrap();
+        assert_eq!(c.port, Some(7000));
+        assert_eq!(c.capacity, 64 << 20);
+        assert_eq!(c.requirepass.as_deref(), Some("s p"));
+        assert_eq!(c.mode, Mode::Nibble2);
+        assert!(c.apply_file_text("bogus 1").is_err());
+    }
+}

@@ -1,0 +1,285 @@
+//! One client connection: read, parse, execute, write — on one thread.
+//!
+//! A connection is a task on its worker's single-threaded runtime. Its loop
+//! is the classic pipelined server loop:
+//!
+//! ```text
+//!   read ──► parse every complete request in the buffer ──► execute each,
+//!    ▲        appending replies to the output buffer          │
+//!    │                                                        ▼
+//!    └──────────────── write the output buffer ◄──── (or when it passes OUT_SOFT)
+//! ```
+//!
+//! so a client that sends 100 pipelined GETs gets 100 replies in one
+//! write. Requests run in order on the thread that read them, against the
+//! engine directly; nothing is handed to another thread.
+//!
+//! Bounded buffers, and why a slow client cannot stall others: replies are
+//! flushed whenever the output passes [`OUT_SOFT`] bytes, and the
+//! connection does not read or execute anything more until the write
+//! completes. A client that stops reading therefore stops its own task at
+//! its own `write().await` with at most `OUT_SOFT` plus one reply buffered;
+//! the worker's other tasks keep running. The input is bounded by
+//! `client-query-buffer-limit`, and each request by the parser's limits.
+//!
+//! A protocol error (RESP) or an unrecoverable one (memcached) is answered
+//! with one error line, then this connection alone is closed. The idle
+//! `timeout` closes a connection that sent nothing for that long; shutdown
+//! closes every connection after its current batch.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::watch;
+
+use crate::commands::{self, Ctx, Session};
+use crate::memcache::{self, McParsed};
+use crate::resp::{Parsed, Parser, Proto, Reply};
+use crate::state::{ClientInfo, Shared, WorkerStats};
+
+/// Flush the output once it holds this many bytes.
+pub const OUT_SOFT: usize = 64 << 10;
+/// Read at least this much at a time.
+const READ_CHUNK: usize = 16 << 10;
+
+/// Which protocol a listener speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    /// RESP2/RESP3 and inline.
+    Resp,
+    /// memcached text.
+    Memcached,
+}
+
+/// The input buffer: bytes `[start, filled)` are unconsumed.
+struct InBuf {
+    data: Vec<u8>,
+    start: usize,
+    filled: usize,
+}
+
+impl InBuf {
+    fn pending(&self) -> &[u8] {
+        &self.data[self.start..self.filled]
+    }
+
+    /// Make room for at least `want` bytes after `start`, moving the
+    /// pending bytes to the front when that is cheaper than growing.
+    fn reserve(&mut self, want: usize) {
+        if self.start == self.filled {
+            self.start = 0;
+            self.filled = 0;
+        } else if self.start > 0
+            && (self.start >= self.data.len() / 2 || self.start + want > self.data.len())
+        {
+            self.data.copy_within(self.start..self.filled, 0);
+            self.filled -= self.start;
+            self.start = 0;
+        }
+        let need = (self.start + want).max(self.filled + READ_CHUNK);
+        if self.data.len() < need {
+            self.data.resize(need, 0);
+        }
+    }
+}
+
+/// Why a read returned nothing useful.
+enum ReadEnd {
+    Closed,
+    Timeout,
+    Shutdown,
+}
+
+async fn read_more<S: AsyncRead + Unpin>(
+    s: &mut S,
+    inb: &mut InBuf,
+    want: usize,
+    shared: &Shared,
+    stats: &WorkerStats,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<(), ReadEnd> {
+    inb.reserve(want);
+    let timeout = shared.settings.idle_timeout();
+    let buf = &mut inb.data[inb.filled..];
+    let read = async {
+        match timeout {
+            Some(t) => tokio::time::timeout(t, s.read(buf))
+                .await
+                .unwrap_or(Err(std::io::ErrorKind::TimedOut.into())),
+            None => s.read(buf).await,
+        }
+    };
+    let r = tokio::select! {
+        r = read => r,
+        _ = shutdown.wait_for(|v| *v) => return Err(ReadEnd::Shutdown),
+    };
+    match r {
+        Ok(0) => Err(ReadEnd::Closed),
+        Ok(n) => {
+            inb.filled += n;
+            WorkerStats::bump(&stats.net_in, n as u64);
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => Err(ReadEnd::Timeout),
+        Err(_) => Err(ReadEnd::Closed),
+    }
+}
+
+async fn flush<S: AsyncWrite + Unpin>(
+    s: &mut S,
+    out: &mut Vec<u8>,
+    stats: &WorkerStats,
+) -> std::io::Result<()> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    s.write_all(out).await?;
+    WorkerStats::bump(&stats.net_out, out.len() as u64);
+    out.clear();
+    if out.capacity() > 4 * OUT_SOFT {
+        out.shrink_to(OUT_SOFT);
+    }
+    Ok(())
+}
+
+/// Serve one connection until it closes.
+pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
+    mut s: S,
+    protocol: Protocol,
+    shared: Arc<Shared>,
+    worker: usize,
+    info: Arc<ClientInfo>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let stats = &shared.stats[worker];
+    let mut inb = InBuf {
+        data: vec![0; READ_CHUNK],
+        start: 0,
+        filled: 0,
+    };
+    let mut out = Vec::with_capacity(READ_CHUNK);
+    let mut scratch = Vec::new();
+    let mut sess = Session {
+        proto: Proto::Resp2,
+        authed: shared.settings.password().is_none(),
+        info: info.clone(),
+        close: false,
+    };
+    let mut parser = Parser::new();
+    let mut want = 1;
+    loop {
+        if let Err(end) = read_more(&mut s, &mut inb, want, &shared, stats, &mut shutdown).await {
+            if let ReadEnd::Timeout = end {
+                log::debug!("client {} idle timeout", info.id);
+            }
+            let _ = flush(&mut s, &mut out, stats).await;
+            return;
+        }
+        if inb.filled - inb.start
+            > shared.settings.query_buffer_limit.load(Ordering::Relaxed) as usize
+        {
+            log::warn!("client {} closed: query buffer limit exceeded", info.id);
+            WorkerStats::bump(&stats.proto_errors, 1);
+            let msg: &[u8] = match protocol {
+                Protocol::Resp => b"-ERR query buffer limit exceeded\r\n",
+                Protocol::Memcached => b"SERVER_ERROR query buffer limit exceeded\r\n",
+            };
+            out.extend_from_slice(msg);
+            let _ = flush(&mut s, &mut out, stats).await;
+            return;
+        }
+        if inb.filled - inb.start < want {
+            continue;
+        }
+        info.last_ms
+            .store(info.created.elapsed().as_millis() as u64, Ordering::Relaxed);
+        let mut close = false;
+        // Execute every complete request in the buffer.
+        loop {
+            let step = match protocol {
+                Protocol::Resp => {
+                    let limits = shared.settings.limits();
+                    match parser.parse(inb.pending(), &limits) {
+                        Ok(Parsed::Request(req)) => {
+                            let pending = inb.pending();
+                            let args = req.slices(pending);
+                            let mut ctx = Ctx {
+                                shared: &shared,
+                                stats,
+                                sess: &mut sess,
+                                buf: &mut scratch,
+                            };
+                            let mut r = Reply {
+                                out: &mut out,
+                                proto: ctx.sess.proto,
+                            };
+                            commands::execute(&mut ctx, &args, &mut r);
+                            close = sess.close;
+                            Ok(req.consumed)
+                        }
+                        Ok(Parsed::Incomplete(n)) => Err(Some(n)),
+                        Err(e) => {
+                            log::debug!("client {} protocol error: {e}", info.id);
+                            WorkerStats::bump(&stats.proto_errors, 1);
+                            out.extend_from_slice(
+                                format!("-ERR Protocol error: {e}\r\n").as_bytes(),
+                            );
+                            close = true;
+                            Err(None)
+                        }
+                    }
+                }
+                Protocol::Memcached => {
+                    match memcache::parse(inb.pending(), shared.settings.max_bulk()) {
+                        Ok(McParsed::Command(cmd, used)) => {
+                            close = crate::mc_exec::execute(
+                                &shared,
+                                stats,
+                                cmd,
+                                &mut out,
+                                &mut scratch,
+                            );
+                            Ok(used)
+                        }
+                        Ok(McParsed::Incomplete(n)) => Err(Some(n)),
+                        Err(e) => {
+                            WorkerStats::bump(&stats.proto_errors, 1);
+                            out.extend_from_slice(e.0.as_bytes());
+                            out.extend_from_slice(b"\r\n");
+                            close = true;
+                            Err(None)
+                        }
+                    }
+                }
+            };
+            match step {
+                Ok(used) => {
+                    inb.start += used;
+                    want = 1;
+                    if close {
+                        break;
+                    }
+                    if out.len() >= OUT_SOFT && flush(&mut s, &mut out, stats).await.is_err() {
+                        return;
+                    }
+                }
+                Err(Some(n)) => {
+                    want = n;
+                    break;
+                }
+                Err(None) => break,
+            }
+        }
+        if scratch.capacity() > 4 * OUT_SOFT {
+            scratch = Vec::new();
+        }
+        if flush(&mut s, &mut out, stats).await.is_err() || close {
+            let _ = s.shutdown().await;
+            return;
+        }
+        if inb.start == inb.filled {
+            parser.reset();
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! # server — the `nibble` server
+//!
+//! Serves the Nibble engine over the Redis protocol (RESP2, RESP3 and the
+//! inline form) and memcached's text protocol, on TCP and a Unix socket.
+//!
+//! The design in one paragraph: one worker thread per CPU, pinned, each
+//! with its own event loop and its own `SO_REUSEPORT` listener
+//! ([`worker`]); a connection stays on the worker that accepted it, and its
+//! requests are parsed ([`resp`], [`memcache`]) and executed
+//! ([`commands`], [`mc_exec`]) on that thread straight against the engine,
+//! so writes use that CPU's log head and no lock of the server's own is
+//! taken on the request path. Pipelined requests are executed in a batch
+//! and answered with one write ([`conn`]). Redis types map onto engine
+//! items as described in [`types`]; settings come from flags and a
+//! redis.conf-style file ([`config`]); shared counters are per worker
+//! ([`state`]).
+//!
+//! | module | concern |
+//! |---|---|
+//! | [`config`] | flags, config file, run-time settings |
+//! | [`resp`] | RESP request parser (resumable), reply writer |
+//! | [`memcache`] | memcached text parser |
+//! | [`commands`] | Redis command table and handlers |
+//! | [`mc_exec`] | memcached command execution |
+//! | [`conn`] | one connection's read/execute/write loop |
+//! | [`worker`] | threads, pinning, listeners, maxclients |
+//! | [`state`] | shared state, per-worker counters, client registry |
+//! | [`types`] | string/hash typing and the hash encoding |
+//! | [`glob`] | KEYS/SCAN pattern matching |
+//!
+//! ```no_run
+//! let cfg = server::config::ServerConfig { port: Some(0), ..Default::default() };
+//! let srv = server::Server::start(cfg).unwrap();
+//! println!("listening on {}", srv.resp_port().unwrap());
+//! srv.shutdown();
+//! ```
+
+pub mod commands;
+pub mod config;
+pub mod conn;
+pub mod glob;
+pub mod mc_exec;
+pub mod memcache;
+pub mod resp;
+pub mod state;
+pub mod types;
+pub mod worker;
+
+use std::io;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use tokio::sync::watch;
+
+use crate::config::{ServerConfig, Settings};
+use crate::conn::Protocol;
+use crate::state::{Shared, WorkerClients, WorkerStats};
+use crate::worker::{bind_reuseport, WorkerListeners};
+
+/// A running server. Dropping it shuts it down and waits for the workers.
+pub struct Server {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+    resp_port: Option<u16>,
+    memcached_port: Option<u16>,
+    unix: Option<PathBuf>,
+}
+
+fn resolve(host: &str, port: u16) -> io::Result<SocketAddr> {
+    (host, port).to_socket_addrs()?.next().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("cannot resolve {host}"),
+        )
+    })
+}
+
+/// Bind `threads` listeners per bind address on `port` (0 = the port the
+/// first bind picks). Returns them per worker, and the port.
+fn bind_all(
+    cfg: &ServerConfig,
+    port: u16,
+    protocol: Protocol,
+    per_worker: &mut [WorkerListeners],
+) -> io::Result<u16> {
+    let mut port = port;
+    for host in &cfg.bind {
+        for w in per_worker.iter_mut() {
+            let addr = resolve(host, port)?;
+            let l = bind_reuseport(addr)
+                .map_err(|e| io::Error::new(e.kind(), format!("binding {addr}: {e}")))?;
+            port = l.local_addr()?.port();
+            w.tcp.push((l, protocol));
+        }
+    }
+    Ok(port)
+}
+
+impl Server {
+    /// Create the engine, bind every listener, start the workers.
+    pub fn start(cfg: ServerConfig) -> io::Result<Server> {
+        let mut ncfg = nibble::Config::new(cfg.capacity as usize);
+        ncfg.mode = cfg.mode;
+        ncfg.compaction_workers = cfg.compaction_workers;
+        let store = nibble::Store::new(ncfg)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("engine: {e}")))?;
+        let settings = Settings::new(&cfg, store.config().max_value_bytes as u64);
+        let threads = cfg.threads.max(1);
+        let mut per_worker: Vec<WorkerListeners> =
+            (0..threads).map(|_| WorkerListeners::default()).collect();
+        let resp_port = match cfg.port {
+            Some(p) => Some(bind_all(&cfg, p, Protocol::Resp, &mut per_worker)?),
+            None => None,
+        };
+        let memcached_port = match cfg.memcached_port {
+            Some(p) => Some(bind_all(&cfg, p, Protocol::Memcached, &mut per_worker)?),
+            None => None,
+        };
+        if let Some(path) = &cfg.unixsocket {
+            let _ = std::fs::remove_file(path);
+            let l = std::os::unix::net::UnixListener::bind(path).map_err(|e| {
+                io::Error::new(e.kind(), format!("binding {}: {e}", path.display()))
+            })?;
+            l.set_nonblocking(true)?;
+            for w in per_worker.iter_mut() {
+                w.unix = Some(l.try_clone()?);
+            }
+        }
+        let (tx, _) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            store,
+            settings,
+            stats: (0..threads).map(|_| WorkerStats::default()).collect(),
+            clients: (0..threads).map(|_| WorkerClients::default()).collect(),
+            connected: AtomicUsize::new(0),
+            next_id: AtomicU64::new(1),
+            started: Instant::now(),
+            shutdown_tx: tx,
+            stopping: AtomicBool::new(false),
+            ports: Mutex::new((resp_port.unwrap_or(0), memcached_port.unwrap_or(0))),
+            config: cfg.clone(),
+        });
+        let cpus = topology::allowed_cpus();
+        let mut handles = Vec::with_capacity(threads);
+        for (i, l) in per_worker.into_iter().enumerate() {
+            let cpu = (cfg.pin && !cpus.is_empty()).then(|| cpus[i % cpus.len()]);
+            let sh = shared.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("nibble-worker-{i}"))
+                .spawn(move || worker::run(i, cpu, sh, l))?;
+            handles.push(h);
+        }
+        log::info!(
+            "nibble {} ready: resp {:?}, memcached {:?}, unix {:?}, {} workers, capacity {} bytes, mode {}",
+            env!("CARGO_PKG_VERSION"),
+            resp_port,
+            memcached_port,
+            cfg.unixsocket,
+            threads,
+            cfg.capacity,
+            cfg.mode.name()
+        );
+        Ok(Server {
+            shared,
+            threads: handles,
+            resp_port,
+            memcached_port,
+            unix: cfg.unixsocket.clone(),
+        })
+    }
+
+    /// The RESP TCP port.
+    pub fn resp_port(&self) -> Option<u16> {
+        self.resp_port
+    }
+
+    /// The memcached port.
+    pub fn memcached_port(&self) -> Option<u16> {
+        self.memcached_port
+    }
+
+    /// The shared state (engine, settings, counters).
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// A receiver that turns true when shutdown begins (SHUTDOWN command
+    /// or [`Server::shutdown`]).
+    pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.shared.shutdown_tx.subscribe()
+    }
+
+    /// Begin shutdown (returns at once).
+    pub fn shutdown(&self) {
+        self.shared.shutdown();
+    }
+
+    /// Shut down and wait for the workers.
+    pub fn join(self) {
+        drop(self);
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.shared.shutdown();
+        for h in self.threads.drain(..) {
+            let _ = h.join();
+        }
+        if let Some(p) = &self.unix {
+            let _ = std::fs::remove_file(p);
+        }
+        log::info!("nibble stopped");
+    }
+}

@@ -1,0 +1,332 @@
+//! memcached command execution over the engine.
+//!
+//! memcached's verbs map onto the engine's conditional writes one to one:
+//! `set` is an unconditional put, `add` is `IfAbsent`, `replace` is
+//! `IfPresent`, `cas` is `IfVersion(cas unique)` (the engine's item version
+//! is the cas unique `gets` reports). `append`, `prepend`, `incr` and
+//! `decr` read, compute, and write back under `IfVersion`, retrying when
+//! another client got there first, so they are atomic like memcached's.
+//!
+//! Expiry follows memcached: 0 = never, a negative value = already
+//! expired, up to 30 days = seconds from now, above that = an absolute Unix
+//! time in seconds. Client flags are stored whole in the item's 32-bit
+//! flags; the one value 4294967295 is reserved for Redis hashes (see
+//! `types`) and refused here.
+//!
+//! Errors: a full store answers `SERVER_ERROR out of memory storing
+//! object`, a value over the limit `SERVER_ERROR object too large for
+//! cache`; reads, deletes and touches keep working when the store is full.
+
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering;
+
+use nibble::{Condition, Error as StoreError, Expiry, PutOptions};
+
+use crate::commands::admin::flush;
+use crate::memcache::{McCommand, StoreVerb};
+use crate::state::{rss_bytes, unix_ms, Shared, WorkerStats};
+use crate::types::{is_hash, HASH_FLAGS};
+
+/// memcached's "relative vs absolute" threshold: 30 days in seconds.
+pub const REALTIME_MAXDELTA: i64 = 60 * 60 * 24 * 30;
+/// The version string.
+pub const MC_VERSION: &str = concat!("1.6.0-nibble-", env!("CARGO_PKG_VERSION"));
+
+/// Convert a memcached exptime to an absolute Unix ms (None = never).
+pub fn expiry_of(exptime: i64) -> Option<u64> {
+    if exptime == 0 {
+        return None;
+    }
+    if exptime < 0 {
+        return Some(1);
+    }
+    if exptime > REALTIME_MAXDELTA {
+        return Some((exptime as u64).saturating_mul(1000).max(1));
+    }
+    Some(unix_ms() + exptime as u64 * 1000)
+}
+
+fn store_err(e: &StoreError) -> &'static str {
+    match e {
+        StoreError::OutOfMemory { .. } => "SERVER_ERROR out of memory storing object",
+        StoreError::ValueTooLarge { .. } => "SERVER_ERROR object too large for cache",
+        StoreError::BadKey { .. } => "CLIENT_ERROR bad command line format",
+        _ => "SERVER_ERROR internal error",
+    }
+}
+
+fn line(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(s.as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Execute one command; returns true if the connection should close.
+pub fn execute(
+    shared: &Shared,
+    stats: &WorkerStats,
+    cmd: McCommand<'_>,
+    out: &mut Vec<u8>,
+    buf: &mut Vec<u8>,
+) -> bool {
+    WorkerStats::bump(&stats.commands, 1);
+    let store = &shared.store;
+    let (reply, noreply): (String, bool) = match cmd {
+        McCommand::Store {
+            verb,
+            key,
+            flags,
+            exptime,
+            data,
+            cas,
+            noreply,
+        } => {
+            WorkerStats::bump(&stats.sets, 1);
+            let r = if flags == HASH_FLAGS {
+                "CLIENT_ERROR flags value 4294967295 is reserved by this server".into()
+            } else {
+                storage(shared, verb, key, flags, exptime, data, cas, buf).into()
+            };
+            (r, noreply)
+        }
+        McCommand::Get {
+            keys,
+            with_cas,
+            touch,
+        } => {
+            for k in keys {
+                let found = match store.get_into(k, buf) {
+                    Ok(Some(m)) => {
+                        if let Some(t) = touch {
+                            let _ = store.set_expiry(k, expiry_of(t));
+                        }
+                        out.extend_from_slice(b"VALUE ");
+                        out.extend_from_slice(k);
+                        let _ = write!(Wr(out), " {} {}", m.flags, buf.len());
+                        if with_cas {
+                            let _ = write!(Wr(out), " {}", m.version);
+                        }
+                        out.extend_from_slice(b"\r\n");
+                        out.extend_from_slice(buf);
+                        out.extend_from_slice(b"\r\n");
+                        true
+                    }
+                    _ => false,
+                };
+                let c = if found { &stats.hits } else { &stats.misses };
+                c.fetch_add(1, Ordering::Relaxed);
+            }
+            ("END".into(), false)
+        }
+        McCommand::Delete { key, noreply } => {
+            let r = match store.delete(key) {
+                Ok(true) => "DELETED",
+                Ok(false) => "NOT_FOUND",
+                Err(e) => store_err(&e),
+            };
+            (r.into(), noreply)
+        }
+        McCommand::Arith {
+            key,
+            delta,
+            incr,
+            noreply,
+        } => (arith(shared, key, delta, incr, buf), noreply),
+        McCommand::Touch {
+            key,
+            exptime,
+            noreply,
+        } => {
+            let r = match store.set_expiry(key, expiry_of(exptime)) {
+                Ok(true) => "TOUCHED",
+                Ok(false) => "NOT_FOUND",
+                Err(e) => store_err(&e),
+            };
+            (r.into(), noreply)
+        }
+        McCommand::FlushAll { noreply, .. } => {
+            let r = match flush(store) {
+                Ok(()) => "OK",
+                Err(e) => store_err(&e),
+            };
+            (r.into(), noreply)
+        }
+        McCommand::Version => (format!("VERSION {MC_VERSION}"), false),
+        McCommand::Stats => {
+            stats_text(shared, out);
+            ("END".into(), false)
+        }
+        McCommand::Verbosity { noreply } => ("OK".into(), noreply),
+        McCommand::Quit => return true,
+        McCommand::Error(e) => (e.into(), false),
+    };
+    if !noreply {
+        line(out, &reply);
+    }
+    false
+}
+
+#[allow(clippy::too_many_arguments)]
+fn storage(
+    shared: &Shared,
+    verb: StoreVerb,
+    key: &[u8],
+    flags: u32,
+    exptime: i64,
+    data: &[u8],
+    cas: u64,
+    buf: &mut Vec<u8>,
+) -> &'static str {
+    let store = &shared.store;
+    let expiry = expiry_of(exptime).map_or(Expiry::Never, Expiry::At);
+    let condition = match verb {
+        StoreVerb::Set => Condition::Always,
+        StoreVerb::Add => Condition::IfAbsent,
+        StoreVerb::Replace => Condition::IfPresent,
+        StoreVerb::Cas => Condition::IfVersion(cas),
+        StoreVerb::Append | StoreVerb::Prepend => {
+            return concat(shared, key, data, verb == StoreVerb::Append, buf)
+        }
+    };
+    match store.put_with(
+        key,
+        data,
+        PutOptions {
+            condition,
+            expiry,
+            flags,
+        },
+    ) {
+        Ok(_) => "STORED",
+        Err(StoreError::Exists) => "NOT_STORED",
+        Err(StoreError::NotFound) if verb == StoreVerb::Cas => "NOT_FOUND",
+        Err(StoreError::NotFound) => "NOT_STORED",
+        Err(StoreError::VersionMismatch { .. }) => "EXISTS",
+        Err(e) => store_err(&e),
+    }
+}
+
+fn concat(
+    shared: &Shared,
+    key: &[u8],
+    data: &[u8],
+    append: bool,
+    buf: &mut Vec<u8>,
+) -> &'static str {
+    let store = &shared.store;
+    let max = shared.settings.max_bulk();
+    loop {
+        let m = match store.get_into(key, buf) {
+            Ok(Some(m)) => m,
+            Ok(None) => return "NOT_STORED",
+            Err(e) => return store_err(&e),
+        };
+        if is_hash(&m) {
+            return "CLIENT_ERROR cannot append to a Redis hash";
+        }
+        if buf.len() + data.len() > max {
+            return "SERVER_ERROR object too large for cache";
+        }
+        let mut v = Vec::with_capacity(buf.len() + data.len());
+        if append {
+            v.extend_from_slice(buf);
+            v.extend_from_slice(data);
+        } else {
+            v.extend_from_slice(data);
+            v.extend_from_slice(buf);
+        }
+        match store.put_with(
+            key,
+            &v,
+            PutOptions {
+                condition: Condition::IfVersion(m.version),
+                expiry: Expiry::Keep,
+                flags: m.flags,
+            },
+        ) {
+            Ok(_) => return "STORED",
+            Err(e) if crate::commands::is_race(&e) => continue,
+            Err(e) => return store_err(&e),
+        }
+    }
+}
+
+fn arith(shared: &Shared, key: &[u8], delta: u64, incr: bool, buf: &mut Vec<u8>) -> String {
+    let store = &shared.store;
+    loop {
+        let m = match store.get_into(key, buf) {
+            Ok(Some(m)) => m,
+            Ok(None) => return "NOT_FOUND".into(),
+            Err(e) => return store_err(&e).into(),
+        };
+        let cur = std::str::from_utf8(buf)
+            .ok()
+            .map(|s| s.trim_end())
+            .filter(|s| !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit()))
+            .and_then(|s| s.parse::<u64>().ok());
+        let Some(cur) = cur.filter(|_| !is_hash(&m)) else {
+            return "CLIENT_ERROR cannot increment or decrement non-numeric value".into();
+        };
+        let new = if incr {
+            cur.wrapping_add(delta)
+        } else {
+            cur.saturating_sub(delta)
+        };
+        let s = new.to_string();
+        match store.put_with(
+            key,
+            s.as_bytes(),
+            PutOptions {
+                condition: Condition::IfVersion(m.version),
+                expiry: Expiry::Keep,
+                flags: m.flags,
+            },
+        ) {
+            Ok(_) => return s,
+            Err(e) if crate::commands::is_race(&e) => continue,
+            Err(e) => return store_err(&e).into(),
+        }
+    }
+}
+
+fn stats_text(shared: &Shared, out: &mut Vec<u8>) {
+    let st = shared.store.stats();
+    let t = shared.totals();
+    let now = unix_ms() / 1000;
+    let pairs: Vec<(&str, String)> = vec![
+        ("pid", std::process::id().to_string()),
+        ("uptime", shared.started.elapsed().as_secs().to_string()),
+        ("time", now.to_string()),
+        ("version", MC_VERSION.into()),
+        ("pointer_size", "64".into()),
+        ("rusage_maxrss", (rss_bytes() / 1024).to_string()),
+        (
+            "curr_connections",
+            shared.connected.load(Ordering::Relaxed).to_string(),
+        ),
+        ("total_connections", t.connections.to_string()),
+        ("rejected_connections", t.rejected.to_string()),
+        ("cmd_get", (t.hits + t.misses).to_string()),
+        ("cmd_set", t.sets.to_string()),
+        ("get_hits", t.hits.to_string()),
+        ("get_misses", t.misses.to_string()),
+        ("bytes_read", t.net_in.to_string()),
+        ("bytes_written", t.net_out.to_string()),
+        ("limit_maxbytes", st.capacity_bytes.to_string()),
+        ("threads", shared.config.threads.to_string()),
+        ("bytes", st.live_bytes.to_string()),
+        ("curr_items", st.items.to_string()),
+    ];
+    for (k, v) in pairs {
+        let _ = write!(Wr(out), "STAT {k} {v}\r\n");
+    }
+}
+
+/// `fmt::Write` over a byte vector.
+struct Wr<'a>(&'a mut Vec<u8>);
+
+impl std::fmt::Write for Wr<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}

@@ -1,0 +1,392 @@
+//! The memcached text protocol parser.
+//!
+//! memcached's text protocol is line-oriented: a command line of
+//! space-separated tokens ending in `\r\n` (a bare `\n` is accepted, as
+//! memcached does), and for the storage commands a data block of exactly
+//! `<bytes>` bytes followed by `\r\n`:
+//!
+//! ```text
+//!   set <key> <flags> <exptime> <bytes> [noreply]\r\n<data>\r\n
+//!   cas <key> <flags> <exptime> <bytes> <cas unique> [noreply]\r\n<data>\r\n
+//!   get|gets <key>*\r\n           gat|gats <exptime> <key>*\r\n
+//!   delete <key> [noreply]        incr|decr <key> <value> [noreply]
+//!   touch <key> <exptime> [noreply]   flush_all [delay] [noreply]
+//!   version | stats | verbosity <n> [noreply] | quit
+//! ```
+//!
+//! [`parse`] looks at the front of the buffer and returns one [`McCommand`]
+//! (borrowing keys and data from the buffer) and the bytes it used, or
+//! `Incomplete(n)` with the buffer length it needs (for a storage command
+//! that is the whole data block, so a 1 MiB value is not re-parsed on every
+//! read). Errors that memcached answers and survives (an unknown command,
+//! a malformed line) come back as [`McCommand::Error`] with the reply text;
+//! errors after which the byte stream cannot be trusted (a line over
+//! [`MAX_LINE`] bytes, a data block not followed by `\r\n`, a value over the
+//! size limit, whose bytes we would have to skip blindly) are [`McFatal`]:
+//! the connection replies and closes.
+
+/// Longest command line (memcached's limit is 2048 for keys + tokens).
+pub const MAX_LINE: usize = 2048;
+/// Longest key (memcached's KEY_MAX_LENGTH).
+pub const MAX_KEY: usize = 250;
+/// Most keys in one get.
+pub const MAX_GET_KEYS: usize = 1024;
+
+/// Storage verbs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreVerb {
+    /// Always store.
+    Set,
+    /// Only if absent.
+    Add,
+    /// Only if present.
+    Replace,
+    /// Append to the existing value.
+    Append,
+    /// Prepend to the existing value.
+    Prepend,
+    /// Only if the version matches.
+    Cas,
+}
+
+/// A parsed command, borrowing from the input.
+#[derive(Debug, PartialEq, Eq)]
+pub enum McCommand<'a> {
+    /// set/add/replace/append/prepend/cas.
+    Store {
+        /// Which.
+        verb: StoreVerb,
+        /// Key.
+        key: &'a [u8],
+        /// Client flags.
+        flags: u32,
+        /// Raw exptime.
+        exptime: i64,
+        /// Data.
+        data: &'a [u8],
+        /// For cas.
+        cas: u64,
+        /// noreply.
+        noreply: bool,
+    },
+    /// get/gets/gat/gats.
+    Get {
+        /// Keys.
+        keys: Vec<&'a [u8]>,
+        /// Reply with cas values.
+        with_cas: bool,
+        /// gat/gats: new exptime.
+        touch: Option<i64>,
+    },
+    /// delete.
+    Delete {
+        /// Key.
+        key: &'a [u8],
+        /// noreply.
+        noreply: bool,
+    },
+    /// incr/decr.
+    Arith {
+        /// Key.
+        key: &'a [u8],
+        /// Amount.
+        delta: u64,
+        /// incr (true) or decr.
+        incr: bool,
+        /// noreply.
+        noreply: bool,
+    },
+    /// touch.
+    Touch {
+        /// Key.
+        key: &'a [u8],
+        /// Raw exptime.
+        exptime: i64,
+        /// noreply.
+        noreply: bool,
+    },
+    /// flush_all.
+    FlushAll {
+        /// Delay in seconds.
+        delay: i64,
+        /// noreply.
+        noreply: bool,
+    },
+    /// version.
+    Version,
+    /// stats (arguments ignored).
+    Stats,
+    /// verbosity.
+    Verbosity {
+        /// noreply.
+        noreply: bool,
+    },
+    /// quit.
+    Quit,
+    /// A recoverable error: reply with this line and continue.
+    Error(&'static str),
+}
+
+/// An error after which the connection closes (after sending the text).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct McFatal(pub &'static str);
+
+/// Outcome of one parse step.
+#[derive(Debug, PartialEq, Eq)]
+pub enum McParsed<'a> {
+    /// A command and the bytes it used.
+    Command(McCommand<'a>, usize),
+    /// Need at least this many bytes in the buffer.
+    Incomplete(usize),
+}
+
+fn num<T: std::str::FromStr>(tok: &[u8]) -> Option<T> {
+    std::str::from_utf8(tok).ok()?.parse().ok()
+}
+
+const BAD_FORMAT: &str = "CLIENT_ERROR bad command line format";
+
+fn key_ok(k: &[u8]) -> bool {
+    !k.is_empty() && k.len() <= MAX_KEY
+}
+
+/// Parse one command from the front of `buf`; `max_value` bounds data blocks.
+pub fn parse(buf: &[u8], max_value: usize) -> Result<McParsed<'_>, McFatal> {
+    let Some(lf) = buf.iter().take(MAX_LINE + 2).position(|&b| b == b'\n') else {
+        if buf.len() > MAX_LINE {
+            return Err(McFatal("CLIENT_ERROR line too long"));
+        }
+        return Ok(McParsed::Incomplete(buf.len() + 1));
+    };
+    let line_end = if lf > 0 && buf[lf - 1] == b'\r' {
+        lf - 1
+    } else {
+        lf
+    };
+    let line = &buf[..line_end];
+    let after = lf + 1;
+    let toks: Vec<&[u8]> = line
+        .split(|&b| b == b' ')
+        .filter(|t| !t.is_empty())
+        .collect();
+    let Some(&cmd) = toks.first() else {
+        return Ok(McParsed::Command(McCommand::Error("ERROR"), after));
+    };
+    let noreply_at = |i: usize| toks.get(i) == Some(&&b"noreply"[..]);
+    let c = |cmd: McCommand<'static>| Ok(McParsed::Command(cmd, after));
+    match cmd {
+        b"set" | b"add" | b"replace" | b"append" | b"prepend" | b"cas" => {
+            let verb = match cmd {
+                b"set" => StoreVerb::Set,
+                b"add" => StoreVerb::Add,
+                b"replace" => StoreVerb::Replace,
+                b"append" => StoreVerb::Append,
+                b"prepend" => StoreVerb::Prepend,
+                _ => StoreVerb::Cas,
+            };
+            let want = if verb == StoreVerb::Cas { 6 } else { 5 };
+            if toks.len() < want || toks.len() > want + 1 {
+                return c(McCommand::Error("ERROR"));
+            }
+            let bytes: Option<i64> = num(toks[4]);
+            let (Some(flags), Some(exptime), Some(bytes)) =
+                (num::<u32>(toks[2]), num::<i64>(toks[3]), bytes)
+            else {
+                return c(McCommand::Error(BAD_FORMAT));
+            };
+            if bytes < 0 {
+                return c(McCommand::Error(BAD_FORMAT));
+            }
+            if bytes as u64 > max_value as u64 {
+                return Err(McFatal("SERVER_ERROR object too large for cache"));
+            }
+            let cas = if verb == StoreVerb::Cas {
+                match num::<u64>(toks[5]) {
+                    Some(v) => v,
+                    None => return c(McCommand::Error(BAD_FORMAT)),
+                }
+            } else {
+                0
+            };
+            let key = toks[1];
+            if !key_ok(key) {
+                return Err(McFatal(BAD_FORMAT));
+            }
+            let noreply = noreply_at(want);
+            let end = after + bytes as usize;
+            if buf.len() < end + 2 {
+                return Ok(McParsed::Incomplete(end + 2));
+            }
+            if &buf[end..end + 2] != b"\r\n" {
+                return Err(McFatal("CLIENT_ERROR bad data chunk"));
+            }
+            Ok(McParsed::Command(
+                McCommand::Store {
+                    verb,
+                    key,
+                    flags,
+                    exptime,
+                    data: &buf[after..end],
+                    cas,
+                    noreply,
+                },
+                end + 2,
+            ))
+        }
+        b"get" | b"gets" | b"gat" | b"gats" => {
+            let touch_cmd = cmd.starts_with(b"gat");
+            let first_key = if touch_cmd { 2 } else { 1 };
+            let touch = if touch_cmd {
+                match toks.get(1).and_then(|t| num::<i64>(t)) {
+                    Some(v) => Some(v),
+                    None => return c(McCommand::Error("ERROR")),
+                }
+            } else {
+                None
+            };
+            let keys: Vec<&[u8]> = toks[first_key.min(toks.len())..].to_vec();
+            if keys.is_empty() {
+                return c(McCommand::Error("ERROR"));
+            }
+            if keys.len() > MAX_GET_KEYS || !keys.iter().all(|k| key_ok(k)) {
+                return c(McCommand::Error(BAD_FORMAT));
+            }
+            Ok(McParsed::Command(
+                McCommand::Get {
+                    keys,
+                    with_cas: cmd.ends_with(b"s"),
+                    touch,
+                },
+                after,
+            ))
+        }
+        b"delete" => {
+            // memcached accepts an obsolete `0` time argument.
+            let key = match toks.get(1) {
+                Some(k) if key_ok(k) => *k,
+                _ => return c(McCommand::Error("ERROR")),
+            };
+            let rest = &toks[2..];
+            let noreply = rest.last() == Some(&&b"noreply"[..]);
+            let extra = rest.len() - usize::from(noreply);
+            if extra > 1 || (extra == 1 && rest[0] != b"0") {
+                return c(McCommand::Error(
+                    "CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]",
+                ));
+            }
+            Ok(McParsed::Command(McCommand::Delete { key, noreply }, after))
+        }
+        b"incr" | b"decr" => {
+            if toks.len() < 3 || toks.len() > 4 {
+                return c(McCommand::Error("ERROR"));
+            }
+            let key = toks[1];
+            if !key_ok(key) {
+                return c(McCommand::Error(BAD_FORMAT));
+            }
+            let Some(delta) = num::<u64>(toks[2]) else {
+                return c(McCommand::Error(
+                    "CLIENT_ERROR invalid numeric delta argument",
+                ));
+            };
+            Ok(McParsed::Command(
+                McCommand::Arith {
+                    key,
+                    delta,
+                    incr: cmd == b"incr",
+                    noreply: noreply_at(3),
+                },
+                after,
+            ))
+        }
+        b"touch" => {
+            if toks.len() < 3 || toks.len() > 4 {
+                return c(McCommand::Error("ERROR"));
+            }
+            let key = toks[1];
+            let Some(exptime) = num::<i64>(toks[2]) else {
+                return c(McCommand::Error("CLIENT_ERROR invalid exptime argument"));
+            };
+            if !key_ok(key) {
+                return c(McCommand::Error(BAD_FORMAT));
+            }
+            Ok(McParsed::Command(
+                McCommand::Touch {
+                    key,
+                    exptime,
+                    noreply: noreply_at(3),
+                },
+                after,
+            ))
+        }
+        b"flush_all" => {
+            let noreply = toks.last() == Some(&&b"noreply"[..]);
+            let nargs = toks.len() - 1 - usize::from(noreply);
+            let delay = match nargs {
+                0 => 0,
+                1 => match num::<i64>(toks[1]) {
+                    Some(d) => d,
+                    None => return c(McCommand::Error(BAD_FORMAT)),
+                },
+                _ => return c(McCommand::Error("ERROR")),
+            };
+            Ok(McParsed::Command(
+                McCommand::FlushAll { delay, noreply },
+                after,
+            ))
+        }
+        b"version" => c(McCommand::Version),
+        b"stats" => c(McCommand::Stats),
+        b"verbosity" => {
+            if toks.len() < 2 || toks.len() > 3 {
+                return c(McCommand::Error("ERROR"));
+            }
+            c(McCommand::Verbosity {
+                noreply: toks.last() == Some(&&b"noreply"[..]),
+            })
+        }
+        b"quit" => c(McCommand::Quit),
+        _ => c(McCommand::Error("ERROR")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn storage_and_get() {
+        let b = b"set k 5 0 3\r\nabc\r\nget a b\r\n";
+        let McParsed::Command(cmd, n) = parse(b, 1 << 20).unwrap() else {
+            panic!()
+        };
+        assert_eq!(n, 18);
+        assert!(matches!(
+            cmd,
+            McCommand::Store {
+                flags: 5,
+                data: b"abc",
+                ..
+            }
+        ));
+        let McParsed::Command(McCommand::Get { keys, .. }, _) = parse(&b[n..], 1 << 20).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(keys, vec![&b"a"[..], &b"b"[..]]);
+    }
+
+    #[test]
+    fn incomplete_and_errors() {
+        assert_eq!(
+            parse(b"set k 0 0 10\r\nab", 1 << 20).unwrap(),
+            McParsed::Incomplete(26)
+        );
+        assert!(parse(b"set k 0 0 2\r\nabcd\r\n", 1 << 20).is_err());
+        assert!(matches!(
+            parse(b"bogus\r\n", 1 << 20).unwrap(),
+            McParsed::Command(McCommand::Error("ERROR"), 7)
+        ));
+        assert!(parse(&[b'a'; 5000], 1 << 20).is_err());
+    }
+}

@@ -1,0 +1,228 @@
+//! State shared by all workers, and the per-worker pieces of it.
+//!
+//! The request path touches only three shared things: the engine (whose
+//! operations are themselves lock-free for readers and lock one bucket for
+//! writers), the [`Settings`] atomics (relaxed loads), and the counters of
+//! the connection's *own* worker. Counters are per worker ([`WorkerStats`])
+//! so no cache line is written by two cores; INFO and memcached `stats`
+//! add them up when asked.
+//!
+//! The client registry (for CLIENT LIST) is also per worker: a mutex that
+//! only its worker takes on connect and disconnect, and that CLIENT LIST
+//! takes briefly on every worker. Per-client fields that change while the
+//! client runs (name, library, last command time) live in the client's own
+//! [`ClientInfo`].
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::watch;
+
+use crate::config::{ServerConfig, Settings};
+
+/// Counters of one worker (written by that worker only).
+#[derive(Default)]
+pub struct WorkerStats {
+    /// Commands processed (both protocols).
+    pub commands: AtomicU64,
+    /// Connections accepted.
+    pub connections: AtomicU64,
+    /// Connections refused by maxclients.
+    pub rejected: AtomicU64,
+    /// Reads that found the key.
+    pub hits: AtomicU64,
+    /// Reads that did not.
+    pub misses: AtomicU64,
+    /// Writes (memcached cmd_set).
+    pub sets: AtomicU64,
+    /// Bytes read from clients.
+    pub net_in: AtomicU64,
+    /// Bytes written to clients.
+    pub net_out: AtomicU64,
+    /// Connections closed for protocol errors.
+    pub proto_errors: AtomicU64,
+}
+
+impl WorkerStats {
+    /// Add one to a counter (relaxed; only this worker writes it).
+    #[inline]
+    pub fn bump(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// Sums of all workers' counters.
+#[derive(Default, Debug, Clone, Copy)]
+pub struct StatTotals {
+    /// Commands.
+    pub commands: u64,
+    /// Connections accepted.
+    pub connections: u64,
+    /// Rejected.
+    pub rejected: u64,
+    /// Hits.
+    pub hits: u64,
+    /// Misses.
+    pub misses: u64,
+    /// Sets.
+    pub sets: u64,
+    /// Bytes in.
+    pub net_in: u64,
+    /// Bytes out.
+    pub net_out: u64,
+    /// Protocol errors.
+    pub proto_errors: u64,
+}
+
+/// What CLIENT LIST shows about one client.
+pub struct ClientInfo {
+    /// Client id.
+    pub id: u64,
+    /// Peer address.
+    pub addr: String,
+    /// Local address.
+    pub laddr: String,
+    /// Accepted at.
+    pub created: Instant,
+    /// Last command, ms since `created`.
+    pub last_ms: AtomicU64,
+    /// RESP version (2 or 3); 0 for memcached.
+    pub resp: AtomicU8,
+    /// CLIENT SETNAME, SETINFO lib-name, lib-ver, last command.
+    pub text: Mutex<ClientText>,
+}
+
+/// Mutable strings of a client.
+#[derive(Default, Clone)]
+pub struct ClientText {
+    /// Name.
+    pub name: String,
+    /// Library name.
+    pub lib_name: String,
+    /// Library version.
+    pub lib_ver: String,
+}
+
+impl ClientInfo {
+    /// One CLIENT LIST line.
+    pub fn line(&self) -> String {
+        let t = self.text.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let age = self.created.elapsed();
+        let idle = age.as_millis() as u64
+            - self
+                .last_ms
+                .load(Ordering::Relaxed)
+                .min(age.as_millis() as u64);
+        format!(
+            "id={} addr={} laddr={} fd=-1 name={} age={} idle={} flags=N db=0 sub=0 psub=0 ssub=0 multi=-1 watch=0 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd=NULL user=default redir=-1 resp={} lib-name={} lib-ver={}",
+            self.id,
+            self.addr,
+            self.laddr,
+            t.name,
+            age.as_secs(),
+            idle / 1000,
+            self.resp.load(Ordering::Relaxed),
+            t.lib_name,
+            t.lib_ver
+        )
+    }
+}
+
+/// One worker's registry of clients.
+#[derive(Default)]
+pub struct WorkerClients {
+    /// By id.
+    pub map: Mutex<BTreeMap<u64, Arc<ClientInfo>>>,
+}
+
+/// Everything the workers share.
+pub struct Shared {
+    /// The engine.
+    pub store: nibble::Store,
+    /// Start configuration.
+    pub config: ServerConfig,
+    /// Run-time settings.
+    pub settings: Settings,
+    /// Per-worker counters.
+    pub stats: Vec<WorkerStats>,
+    /// Per-worker client registries.
+    pub clients: Vec<WorkerClients>,
+    /// Connected clients (for maxclients).
+    pub connected: AtomicUsize,
+    /// Next client id.
+    pub next_id: AtomicU64,
+    /// Started at.
+    pub started: Instant,
+    /// Shutdown signal (true = stop).
+    pub shutdown_tx: watch::Sender<bool>,
+    /// Set once shutdown began.
+    pub stopping: AtomicBool,
+    /// Ports actually bound (RESP, memcached).
+    pub ports: Mutex<(u16, u16)>,
+}
+
+impl Shared {
+    /// Ask every worker to stop.
+    pub fn shutdown(&self) {
+        self.stopping.store(true, Ordering::Release);
+        self.shutdown_tx.send_replace(true);
+    }
+
+    /// Sum of the workers' counters.
+    pub fn totals(&self) -> StatTotals {
+        let mut t = StatTotals::default();
+        for s in &self.stats {
+            let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+            t.commands += l(&s.commands);
+            t.connections += l(&s.connections);
+            t.rejected += l(&s.rejected);
+            t.hits += l(&s.hits);
+            t.misses += l(&s.misses);
+            t.sets += l(&s.sets);
+            t.net_in += l(&s.net_in);
+            t.net_out += l(&s.net_out);
+            t.proto_errors += l(&s.proto_errors);
+        }
+        t
+    }
+
+    /// All clients, ordered by id.
+    pub fn client_list(&self) -> Vec<Arc<ClientInfo>> {
+        let mut v: Vec<Arc<ClientInfo>> = self
+            .clients
+            .iter()
+            .flat_map(|w| {
+                w.map
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .values()
+                    .cloned()
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        v.sort_by_key(|c| c.id);
+        v
+    }
+}
+
+/// Unix time in milliseconds.
+pub fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// VmRSS of this process in bytes, from /proc/self/status.
+pub fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}

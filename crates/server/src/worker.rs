@@ -1,0 +1,263 @@
+//! Workers: one thread per CPU, pinned, each with its own event loop.
+//!
+//! ```text
+//!   CPU 0                         CPU 1
+//!   ┌──────────────────────┐      ┌──────────────────────┐
+//!   │ worker 0 (pinned)    │      │ worker 1 (pinned)    │
+//!   │ current_thread tokio │      │ current_thread tokio │
+//!   │  listener :6379 ─┐   │      │  listener :6379 ─┐   │   same port,
+//!   │  conn, conn, ... ◄┘  │      │  conn, conn, ... ◄┘  │   SO_REUSEPORT
+//!   └─────────┬────────────┘      └─────────┬────────────┘
+//!             └──────── nibble::Store (per-CPU log heads) ┘
+//! ```
+//!
+//! Each worker owns one `SO_REUSEPORT` listening socket per address, so the
+//! kernel spreads new connections across workers and no accept lock or
+//! hand-off queue exists. A connection lives on the worker that accepted
+//! it for its whole life; its requests run there, and the engine's writes
+//! go to the log head of that worker's CPU. Workers share nothing on the
+//! request path but the engine and a few relaxed atomics. (A Unix socket
+//! cannot be shared with `SO_REUSEPORT`; every worker accepts on a
+//! duplicate of the one listening descriptor instead.)
+//!
+//! The runtime is tokio's `current_thread` flavour driven inside a
+//! `LocalSet`, i.e. an epoll loop per thread with tasks that never migrate.
+//! We chose it over a hand-written mio loop for the readable async
+//! connection code (`conn.rs`), at the cost of a task per connection.
+//!
+//! `maxclients` is checked at accept with one shared counter (an accept is
+//! rare next to requests); a client over the limit gets
+//! `-ERR max number of clients reached` (memcached: `SERVER_ERROR Too many
+//! open connections`) and is closed.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::io::AsyncWriteExt;
+use tokio::sync::watch;
+
+use crate::conn::{serve, Protocol};
+use crate::state::{ClientInfo, ClientText, Shared, WorkerStats};
+
+/// The listening sockets one worker owns.
+#[derive(Default)]
+pub struct WorkerListeners {
+    /// TCP listeners and their protocol.
+    pub tcp: Vec<(std::net::TcpListener, Protocol)>,
+    /// The Unix listener (a duplicate per worker), RESP.
+    pub unix: Option<std::os::unix::net::UnixListener>,
+}
+
+/// Bind a non-blocking `SO_REUSEPORT` TCP listener.
+pub fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    s.set_reuse_address(true)?;
+    s.set_reuse_port(true)?;
+    if addr.is_ipv6() {
+        s.set_only_v6(true)?;
+    }
+    s.set_nonblocking(true)?;
+    s.bind(&addr.into())?;
+    s.listen(1024)?;
+    Ok(s.into())
+}
+
+/// Unregisters a client when its connection ends.
+struct ClientGuard {
+    shared: Arc<Shared>,
+    worker: usize,
+    id: u64,
+}
+
+impl Drop for ClientGuard {
+    fn drop(&mut self) {
+        self.shared.connected.fetch_sub(1, Ordering::AcqRel);
+        self.shared.clients[self.worker]
+            .map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
+    }
+}
+
+/// Admit a client (maxclients) and register it; `None` = refused.
+fn admit(
+    shared: &Arc<Shared>,
+    worker: usize,
+    addr: String,
+    laddr: String,
+) -> Option<(Arc<ClientInfo>, ClientGuard)> {
+    let max = shared.settings.maxclients.load(Ordering::Relaxed);
+    let n = shared.connected.fetch_add(1, Ordering::AcqRel);
+    if n >= max {
+        shared.connected.fetch_sub(1, Ordering::AcqRel);
+        WorkerStats::bump(&shared.stats[worker].rejected, 1);
+        return None;
+    }
+    WorkerStats::bump(&shared.stats[worker].connections, 1);
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    let info = Arc::new(ClientInfo {
+        id,
+        addr,
+        laddr,
+        created: Instant::now(),
+        last_ms: Default::default(),
+        resp: Default::default(),
+        text: std::sync::Mutex::new(ClientText::default()),
+    });
+    shared.clients[worker]
+        .map
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(id, info.clone());
+    let guard = ClientGuard {
+        shared: shared.clone(),
+        worker,
+        id,
+    };
+    Some((info, guard))
+}
+
+fn refusal(p: Protocol) -> &'static [u8] {
+    match p {
+        Protocol::Resp => b"-ERR max number of clients reached\r\n",
+        Protocol::Memcached => b"SERVER_ERROR Too many open connections\r\n",
+    }
+}
+
+async fn accept_tcp(
+    l: tokio::net::TcpListener,
+    protocol: Protocol,
+    shared: Arc<Shared>,
+    worker: usize,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let r = tokio::select! {
+            r = l.accept() => r,
+            _ = shutdown.wait_for(|v| *v) => return,
+        };
+        let (mut s, peer) = match r {
+            Ok(x) => x,
+            Err(e) => {
+                log::warn!("accept: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let _ = s.set_nodelay(true);
+        let laddr = s.local_addr().map(|a| a.to_string()).unwrap_or_default();
+        match admit(&shared, worker, peer.to_string(), laddr) {
+            None => {
+                log::info!("refused {peer}: maxclients reached");
+                tokio::task::spawn_local(async move {
+                    let _ = s.write_all(refusal(protocol)).await;
+                    let _ = s.shutdown().await;
+                });
+            }
+            Some((info, guard)) => {
+                let (sh, rx) = (shared.clone(), shutdown.clone());
+                tokio::task::spawn_local(async move {
+                    serve(s, protocol, sh, worker, info, rx).await;
+                    drop(guard);
+                });
+            }
+        }
+    }
+}
+
+async fn accept_unix(
+    l: tokio::net::UnixListener,
+    shared: Arc<Shared>,
+    worker: usize,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let r = tokio::select! {
+            r = l.accept() => r,
+            _ = shutdown.wait_for(|v| *v) => return,
+        };
+        let (mut s, _) = match r {
+            Ok(x) => x,
+            Err(e) => {
+                log::warn!("accept (unix): {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        match admit(&shared, worker, "unix".into(), "unix".into()) {
+            None => {
+                tokio::task::spawn_local(async move {
+                    let _ = s.write_all(refusal(Protocol::Resp)).await;
+                });
+            }
+            Some((info, guard)) => {
+                let (sh, rx) = (shared.clone(), shutdown.clone());
+                tokio::task::spawn_local(async move {
+                    serve(s, Protocol::Resp, sh, worker, info, rx).await;
+                    drop(guard);
+                });
+            }
+        }
+    }
+}
+
+/// Body of worker thread `worker`: pin, build the runtime, accept and serve
+/// until shutdown.
+pub fn run(worker: usize, cpu: Option<usize>, shared: Arc<Shared>, listeners: WorkerListeners) {
+    if let Some(cpu) = cpu {
+        if let Err(e) = topology::pin_current_thread(cpu) {
+            log::warn!("worker {worker}: pinning to CPU {cpu} failed: {e}");
+        }
+    }
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            log::error!("worker {worker}: runtime: {e}");
+            shared.shutdown();
+            return;
+        }
+    };
+    let local = tokio::task::LocalSet::new();
+    let mut shutdown = shared.shutdown_tx.subscribe();
+    local.block_on(&rt, async {
+        for (l, p) in listeners.tcp {
+            match tokio::net::TcpListener::from_std(l) {
+                Ok(l) => {
+                    tokio::task::spawn_local(accept_tcp(
+                        l,
+                        p,
+                        shared.clone(),
+                        worker,
+                        shutdown.clone(),
+                    ));
+                }
+                Err(e) => log::error!("worker {worker}: listener: {e}"),
+            }
+        }
+        if let Some(u) = listeners.unix {
+            match tokio::net::UnixListener::from_std(u) {
+                Ok(l) => {
+                    tokio::task::spawn_local(accept_unix(
+                        l,
+                        shared.clone(),
+                        worker,
+                        shutdown.clone(),
+                    ));
+                }
+                Err(e) => log::error!("worker {worker}: unix listener: {e}"),
+            }
+        }
+        let _ = shutdown.wait_for(|v| *v).await;
+        // Let connections see the signal and finish their current batch.
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    });
+    log::debug!("worker {worker} stopped");
+}
