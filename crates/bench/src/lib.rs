@@ -39,6 +39,7 @@ mod frag;
 mod kv;
 mod plot;
 mod report;
+mod server;
 mod util;
 mod ycsb;
 
@@ -68,6 +69,7 @@ use crate::report::Reporter;
         memlab buddy --json --out results/buddy.jsonl\n  \
         memlab ycsb --quick --systems nibble,nibble2,dashmap-mimalloc\n  \
         memlab frag --quick --out results/frag.jsonl\n  \
+        memlab server --quick --out results/server.jsonl\n  \
         memlab plot results/buddy.jsonl -o results/buddy.png",
     arg_required_else_help = true
 )]
@@ -106,6 +108,10 @@ enum Command {
     /// YCSB-A throughput as capacity utilization rises from 10% to 90% (Figs. 20, 29)
     #[command(long_about = FILL_ABOUT)]
     Fill(FillArgs),
+    /// The nibble server vs redis-server and memcached over loopback: closed-loop
+    /// load generator (throughput, p50/p99/p99.9, RSS), churn, redis-benchmark
+    #[command(long_about = server::ABOUT)]
+    Server(server::ServerArgs),
     /// Draw a JSON-lines result file (PNG or SVG): panels per bench, lines per system
     Plot(PlotArgs),
     /// (internal) run one measurement in this process and print its results
@@ -553,6 +559,7 @@ pub fn main_entry(alloc: Alloc) -> ExitCode {
         Command::Frag(a) => run_frag(a),
         Command::Churn(a) => run_churn(a),
         Command::Fill(a) => run_fill(a),
+        Command::Server(a) => server::run_cli(a),
         Command::Plot(a) => run_plot(a),
         Command::Cell { spec } => Ok(child::child_main(&spec)),
     };

@@ -1,0 +1,1120 @@
+//! `memlab server`: the nibble server against redis-server and memcached,
+//! over the network, on the same machine (issue 4, "Benchmarks").
+//!
+//! # What runs
+//!
+//! ```text
+//!  per repeat, per system (nibble, nibble2, redis, memcached), in turn:
+//!    start the server on a free loopback port, memory limit M
+//!    open --connections connections
+//!    load      SET every key 0..keys (value --value-size B), pipelined  -> row phase=load
+//!    per client thread count (--threads, default 2):
+//!      get     100 % GET   ┐
+//!      set     100 % SET   ├ warm-up, then --seconds measured           -> one row each
+//!      mixed   --read-ratio GET, the rest SET ┘
+//!    redis-benchmark -t set,get -P 16 -c 50 -n N (RESP systems)         -> bench redis-benchmark
+//!    stop the server
+//!    start a fresh one; churn; wait; RSS against live bytes; stop       -> bench server-churn
+//!  then the ratios of nibble and nibble2 to redis and memcached         -> bench server-ratio
+//! ```
+//!
+//! Systems run one after another, never at the same time, and the order is
+//! the same in every repeat, so the ratios of a repeat compare runs made
+//! minutes apart on the same machine; `--repeat` (default 3) gives their
+//! median and spread. Each system gets the same memory limit M
+//! (`--memory-mib`): nibble `--maxmemory M` (its engine's capacity),
+//! `redis-server --maxmemory M --maxmemory-policy noeviction --save ''
+//! --appendonly no`, and `memcached -t 2 -m M/MiB -U 0`. Nibble speaks
+//! RESP unless `--protocol memcached`; redis-server is always measured over
+//! RESP and memcached over its text protocol, so the ratio of nibble to
+//! each is over that peer's own protocol only when `--protocol` matches.
+//!
+//! # The load generator
+//!
+//! Closed loop (see `server_load.rs` for the mechanics): `--connections`
+//! connections spread over the client threads, each connection with one
+//! batch of `--pipeline` requests in flight at all times. Keys are
+//! `"key:"` + 12 digits (16 bytes), chosen uniformly or with YCSB's
+//! scrambled zipfian (θ 0.99, the generator of `memlab ycsb`) over
+//! `--keys` keys, all loaded before measuring, so every GET must hit: a
+//! miss or a value of the wrong length fails a check (exit status 1).
+//! Throughput counts the replies received inside the measured window
+//! (after the warm-up; requests still in flight at its end are drained and
+//! not counted). Latency is per request, from writing its batch to parsing
+//! its reply, in an HDR histogram (1 ns to 100 s, 3 significant digits):
+//! p50, p99, p99.9 of every request in the window. The client runs on the
+//! same two cores as the server, as the issue prescribes; a client thread
+//! costs the server CPU time, and that is part of what the ratios compare.
+//!
+//! # Memory
+//!
+//! After each phase the server's `VmRSS` (from `/proc/PID/status`) is
+//! reported against the live bytes the generator knows it stored (key +
+//! value bytes of every key; overwrites keep sizes, so it is `keys x (16 +
+//! value size)`), with bloat = RSS / live. The churn phase runs on a fresh
+//! server: insert values of 64-256 B until live data reaches `--churn-mib`,
+//! delete 90 % of them at random, insert values of 512-1024 B until live
+//! data is back at the target (the destructive pattern of `memlab frag`:
+//! an allocator cannot reuse the holes for the new sizes), wait a moment
+//! (so background compaction or purging can act), then report RSS, peak
+//! RSS (`VmHWM`), the server's own `used_memory` / `bytes` and key count,
+//! and bloat. A SET the server refuses (out of memory) is counted and the
+//! key is not live; `completed = NO` says the target was not reached.
+//!
+//! # Peers and their absence
+//!
+//! `redis-server`, `redis-benchmark` and `memcached` are looked up in
+//! `PATH` (and /usr/bin); a missing one is skipped with a note naming the
+//! Debian package (`apt-get install redis-server redis-tools memcached`).
+//! The `nibble` binary is taken from the directory of the running memlab
+//! (the same target directory; `cargo build --release -p server -p bench`
+//! builds both), or `--nibble-bin PATH`. `--endpoint HOST:PORT` measures an
+//! already-running server instead (system `external`; RSS only with
+//! `--endpoint-pid`). Servers are stopped on every exit path (see
+//! `server_sut.rs`).
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use indicatif::ProgressBar;
+
+#[path = "server_load.rs"]
+mod load;
+#[path = "server_proto.rs"]
+mod proto;
+#[path = "server_sut.rs"]
+mod sut;
+
+use crate::report::{Reporter, Row};
+use crate::util::{self, Spread, Watchdog};
+use crate::ycsb::{Dist, KeyChooser};
+use crate::RunOpts;
+use load::{ChurnSpec, Conn, Mix, KEY_LEN};
+use proto::Proto;
+use sut::{Bins, ServerProc, Sys};
+
+const BENCH: &str = "server";
+const CHURN: &str = "server-churn";
+const RB: &str = "redis-benchmark";
+const RATIO: &str = "server-ratio";
+
+/// Pipeline depth of the preload and the churn.
+const BULK_PIPELINE: usize = 32;
+/// Value sizes of the churn's two insert steps, bytes.
+const CHURN_SIZES_A: (u32, u32) = (64, 256);
+const CHURN_SIZES_B: (u32, u32) = (512, 1024);
+/// Goals of issue 4's "Done when".
+const GOAL_OPS: f64 = 1.0;
+const GOAL_P99: f64 = 1.5;
+const GOAL_BLOAT: f64 = 1.2;
+const PEER_BLOAT: f64 = 1.5;
+
+pub const ABOUT: &str = "The nibble server against redis-server and memcached over loopback (issue 4): a \
+    closed-loop load generator with HDR latency histograms, and redis-benchmark.\n\n\
+    Per repeat and system (nibble, nibble2, redis, memcached; each started by memlab on a free port with the \
+    same memory limit --memory-mib, stopped afterwards): preload --keys keys of --value-size bytes, then GET, \
+    SET and mixed (--read-ratio) phases of --seconds each over --connections connections with --pipeline \
+    requests in flight per connection, keys uniform or zipfian (--dist); rows: ops_per_sec, p50/p99/p999_ns, \
+    server RSS (VmRSS) against live bytes. Then redis-benchmark -t set,get -P 16 -c 50 against the RESP \
+    systems, and on a fresh server a churn phase (insert 64-256 B values to --churn-mib, delete 90%, insert \
+    512-1024 B values back to it) after which RSS / live bytes is reported. server-ratio: nibble and nibble2 \
+    relative to redis and memcached (throughput, p99, churn bloat) with issue 4's goals.\n\n\
+    Peers: redis-server, redis-benchmark and memcached from PATH (Debian: apt-get install redis-server \
+    redis-tools memcached); nibble next to memlab (cargo build --release -p server) or --nibble-bin. A missing \
+    one is skipped with a note. --endpoint HOST:PORT measures a running server instead.\n\n\
+    --quick: 100k keys, 256 MiB limit, 1 s phases, 48 MiB churn, redis-benchmark -n 100000, 1 run (unless \
+    given).\n\
+    Exit status 1 if a GET of a loaded key missed or returned a wrong value, a server failed, or replies were \
+    errors.";
+
+/// A measured phase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Phase {
+    /// 100 % GET
+    Get,
+    /// 100 % SET
+    Set,
+    /// --read-ratio GET, the rest SET
+    Mixed,
+    /// Insert, delete 90 %, insert other sizes; then RSS / live bytes
+    Churn,
+}
+
+impl Phase {
+    fn name(self) -> &'static str {
+        match self {
+            Phase::Get => "get",
+            Phase::Set => "set",
+            Phase::Mixed => "mixed",
+            Phase::Churn => "churn",
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct ServerArgs {
+    #[command(flatten)]
+    run: RunOpts,
+    /// Systems, comma-separated: nibble, nibble2, redis, memcached [default: all]
+    #[arg(long, value_enum, value_delimiter = ',')]
+    systems: Option<Vec<Sys>>,
+    /// Measure the server already listening here instead (system "external")
+    #[arg(long, value_name = "HOST:PORT", conflicts_with = "systems")]
+    endpoint: Option<String>,
+    /// PID of the --endpoint server, to report its RSS
+    #[arg(long, requires = "endpoint")]
+    endpoint_pid: Option<u32>,
+    /// Protocol spoken to nibble (and to --endpoint); redis is always RESP,
+    /// memcached always its text protocol
+    #[arg(long, value_enum, default_value = "resp")]
+    protocol: Proto,
+    /// Client connections (spread over the client threads)
+    #[arg(long, default_value = "32", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    connections: u32,
+    /// Requests in flight per connection
+    #[arg(long, default_value = "1", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pipeline: u32,
+    /// Key space, all loaded before measuring [default: 1000000; --quick: 100000]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000_000))]
+    keys: Option<u64>,
+    /// Value bytes of the preload and of every SET
+    #[arg(long, default_value = "128", value_parser = parse_value_size)]
+    value_size: usize,
+    /// Share of GETs in the mixed phase
+    #[arg(long, default_value = "0.9", value_parser = parse_ratio)]
+    read_ratio: f64,
+    /// Key distribution
+    #[arg(long, value_enum, default_value = "uniform")]
+    dist: Dist,
+    /// Measured seconds per phase (after a warm-up of a tenth, at most 0.25 s)
+    /// [default: 3; --quick: 1]
+    #[arg(long, value_parser = crate::parse_seconds)]
+    seconds: Option<f64>,
+    /// Phases, comma-separated: get, set, mixed, churn [default: all]
+    #[arg(long, value_enum, value_delimiter = ',')]
+    phases: Option<Vec<Phase>>,
+    /// Memory limit of every system, MiB [default: 1024; --quick: 256]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(16..=1 << 20))]
+    memory_mib: Option<u64>,
+    /// Live data of the churn phase, MiB [default: 5/16 of --memory-mib; --quick: 48]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    churn_mib: Option<u64>,
+    /// redis-benchmark requests per test (-n); 0 skips it [default: 1000000; --quick: 100000]
+    #[arg(long)]
+    rb_requests: Option<u64>,
+    /// The nibble server binary [default: `nibble` next to this executable]
+    #[arg(long, value_name = "PATH")]
+    nibble_bin: Option<PathBuf>,
+    /// Extra argument for nibble, repeatable (e.g. --nibble-arg=--threads=2)
+    #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
+    nibble_arg: Vec<String>,
+}
+
+fn parse_value_size(s: &str) -> Result<usize, String> {
+    let v: usize = s.trim().parse().map_err(|e| format!("{s:?}: {e}"))?;
+    if !(1..=load::MAX_VALUE).contains(&v) {
+        return Err(format!("{v}: values must be 1 B to 1 MiB"));
+    }
+    Ok(v)
+}
+
+fn parse_ratio(s: &str) -> Result<f64, String> {
+    let v: f64 = s.trim().parse().map_err(|e| format!("{s:?}: {e}"))?;
+    if !(0.0..=1.0).contains(&v) {
+        return Err(format!("{v}: the read ratio is between 0 and 1"));
+    }
+    Ok(v)
+}
+
+/// A system as this run knows it.
+#[derive(Clone, Debug)]
+enum Target {
+    Start(Sys),
+    External { addr: SocketAddr, pid: Option<u32> },
+}
+
+impl Target {
+    fn name(&self) -> &'static str {
+        match self {
+            Target::Start(s) => s.name(),
+            Target::External { .. } => "external",
+        }
+    }
+}
+
+/// `memlab server`, resolved.
+struct Opts {
+    targets: Vec<Target>,
+    bins: Bins,
+    protocol: Proto,
+    threads: Vec<usize>,
+    connections: usize,
+    pipeline: usize,
+    keys: u64,
+    value_size: usize,
+    read_ratio: f64,
+    dist: Dist,
+    warmup: Duration,
+    measure: Duration,
+    phases: Vec<Phase>,
+    memory: u64,
+    churn_bytes: u64,
+    churn_settle: Duration,
+    rb_requests: u64,
+    repeat: usize,
+}
+
+/// One measured figure set: a phase of a system in one run.
+#[derive(Clone, Debug, Default)]
+struct Sample {
+    system: &'static str,
+    run: usize,
+    /// load, get, set, mixed, churn, or a redis-benchmark test (SET, GET).
+    phase: String,
+    threads: usize,
+    ops_per_sec: f64,
+    p50: Option<f64>,
+    p99: Option<f64>,
+    p999: Option<f64>,
+    rss: Option<u64>,
+    hwm: Option<u64>,
+    live: Option<u64>,
+    live_keys: Option<u64>,
+    server_keys: Option<u64>,
+    server_used: Option<u64>,
+    completed: bool,
+    secs: f64,
+}
+
+impl Sample {
+    fn bloat(&self) -> Option<f64> {
+        Some(self.rss? as f64 / self.live?.max(1) as f64)
+    }
+}
+
+/// Run from the command line.
+pub fn run_cli(a: ServerArgs) -> Result<i32, String> {
+    let q = a.run.quick;
+    let secs = a.seconds.unwrap_or(if q { 1.0 } else { 3.0 });
+    let memory_mib = a.memory_mib.unwrap_or(if q { 256 } else { 1024 });
+    let churn_mib = a
+        .churn_mib
+        .unwrap_or(if q {
+            48.min(memory_mib / 4)
+        } else {
+            memory_mib * 5 / 16
+        })
+        .max(1);
+    let targets = match &a.endpoint {
+        Some(ep) => {
+            let addr = ep
+                .to_socket_addrs()
+                .map_err(|e| format!("--endpoint {ep}: {e}"))?
+                .next()
+                .ok_or_else(|| format!("--endpoint {ep}: no address"))?;
+            vec![Target::External {
+                addr,
+                pid: a.endpoint_pid,
+            }]
+        }
+        None => {
+            let mut v = a.systems.clone().unwrap_or_else(|| Sys::ALL.to_vec());
+            let mut seen = Vec::new();
+            v.retain(|s| {
+                let new = !seen.contains(s);
+                seen.push(*s);
+                new
+            });
+            v.into_iter().map(Target::Start).collect()
+        }
+    };
+    let threads = match &a.run.threads {
+        None => vec![2],
+        Some(_) => a.run.threads(),
+    };
+    let connections = a.connections as usize;
+    if let Some(&t) = threads.iter().find(|&&t| t > connections) {
+        return Err(format!(
+            "--threads {t} needs at least as many --connections (have {connections})"
+        ));
+    }
+    let mut phases = a
+        .phases
+        .clone()
+        .unwrap_or_else(|| vec![Phase::Get, Phase::Set, Phase::Mixed, Phase::Churn]);
+    phases.dedup();
+    let o = Opts {
+        targets,
+        bins: Bins::find(a.nibble_bin.as_deref(), a.nibble_arg.clone()),
+        protocol: a.protocol,
+        threads,
+        connections,
+        pipeline: a.pipeline as usize,
+        keys: a.keys.unwrap_or(if q { 100_000 } else { 1_000_000 }),
+        value_size: a.value_size,
+        read_ratio: a.read_ratio,
+        dist: a.dist,
+        warmup: crate::warmup_for(secs),
+        measure: Duration::from_secs_f64(secs),
+        phases,
+        memory: memory_mib << 20,
+        churn_bytes: churn_mib << 20,
+        churn_settle: Duration::from_millis(if q { 500 } else { 2000 }),
+        rb_requests: a.rb_requests.unwrap_or(if q { 100_000 } else { 1_000_000 }),
+        repeat: a.run.repeat(1),
+    };
+    let mut rep = a.run.reporter()?;
+    run(&o, &mut rep).map_err(|e| format!("output error: {e}"))?;
+    Ok(rep.exit_code())
+}
+
+fn measured(o: &Opts) -> Vec<Phase> {
+    o.phases
+        .iter()
+        .copied()
+        .filter(|p| *p != Phase::Churn)
+        .collect()
+}
+
+/// Progress steps of one system in one run.
+fn steps_per_system(o: &Opts) -> u64 {
+    let m = measured(o).len() as u64;
+    let load = u64::from(m > 0);
+    let churn = u64::from(o.phases.contains(&Phase::Churn));
+    load + m * o.threads.len() as u64 + 1 + churn
+}
+
+fn run(o: &Opts, rep: &mut Reporter) -> std::io::Result<()> {
+    // Which systems can run.
+    let mut targets = Vec::new();
+    for t in &o.targets {
+        match t {
+            Target::Start(s) => match o.bins.for_sys(*s) {
+                Ok(_) => targets.push(t.clone()),
+                Err(e) => {
+                    let mut n = format!("skipping {}: {e}", s.name());
+                    if *s == Sys::Redis || *s == Sys::Memcached {
+                        n.push_str(&format!("; all peers: {}", sut::APT_HINT));
+                    }
+                    rep.note(BENCH, &n);
+                    eprintln!("memlab server: note: {n}");
+                }
+            },
+            Target::External { .. } => targets.push(t.clone()),
+        }
+    }
+    let rb_bin = match &o.bins.redis_benchmark {
+        Ok(p) if o.rb_requests > 0 => Some(p.clone()),
+        Ok(_) => None,
+        Err(e) => {
+            let n = format!("skipping redis-benchmark: {e}");
+            rep.note(RB, &n);
+            eprintln!("memlab server: note: {n}");
+            None
+        }
+    };
+    notes(o, rep);
+    let total = (o.repeat * targets.len()) as u64 * steps_per_system(o);
+    let pb = util::progress_bar(total, "memlab server");
+    pb.enable_steady_tick(Duration::from_millis(250));
+    rep.set_progress(pb.clone());
+    let mut samples: Vec<Sample> = Vec::new();
+    for r in 0..o.repeat {
+        for t in &targets {
+            let what = format!("{} run {}", t.name(), r + 1);
+            // Everything planned for this system, plus two minutes.
+            let plan = (o.warmup + o.measure).as_secs_f64() * 3.0 * o.threads.len() as f64 + 120.0;
+            let _dog = Watchdog::arm(
+                Duration::from_secs_f64(plan * 2.0),
+                format!("memlab server {what}"),
+            );
+            let start = pb.position();
+            if let Err(e) = run_target(o, t, r, rb_bin.as_deref(), &pb, rep, &mut samples) {
+                rep.error(format!("{BENCH} {what}: {e}"));
+            }
+            pb.set_position(start + steps_per_system(o));
+        }
+    }
+    pb.finish_and_clear();
+    rep.set_progress(ProgressBar::hidden());
+    emit(o, &targets, &samples, rep)?;
+    rep.flush()
+}
+
+fn notes(o: &Opts, rep: &mut Reporter) {
+    rep.note(
+        BENCH,
+        &format!(
+            "Closed loop over loopback: {} connections x pipeline {} spread over the client threads; {} keys \
+             (\"key:\"+12 digits, 16 B) of {} B values, preloaded; {} keys; {} ms warm-up + {} ms measured per \
+             phase (get 100% GET, set 100% SET, mixed {:.0}% GET). Every system has a {} MiB memory limit; nibble \
+             over {}. ops_per_sec: median of {} runs [min, max]; p50/p99/p999_ns: every request in the window, HDR \
+             histogram, median over runs; rss_bytes: server VmRSS after the phase; live_bytes = keys x (16 + \
+             value); bloat = rss / live.",
+            o.connections,
+            o.pipeline,
+            o.keys,
+            o.value_size,
+            o.dist.name(),
+            o.warmup.as_millis(),
+            o.measure.as_millis(),
+            o.read_ratio * 100.0,
+            o.memory >> 20,
+            o.protocol,
+            o.repeat
+        ),
+    );
+    rep.note(
+        CHURN,
+        &format!(
+            "Fresh server: insert {}-{} B values until live data = {} MiB, delete 90% at random, insert {}-{} B \
+             values back to {} MiB, wait {} ms; rss_bytes (VmRSS), rss_peak_bytes (VmHWM), server_used_bytes \
+             (used_memory / memcached bytes) against live_bytes (key + value bytes the generator stored and did \
+             not delete); bloat = rss / live, median [min, max].",
+            CHURN_SIZES_A.0,
+            CHURN_SIZES_A.1,
+            o.churn_bytes >> 20,
+            CHURN_SIZES_B.0,
+            CHURN_SIZES_B.1,
+            o.churn_bytes >> 20,
+            o.churn_settle.as_millis()
+        ),
+    );
+    rep.note(
+        RB,
+        &format!(
+            "redis-benchmark -t set,get -P 16 -c 50 -n {} -q (3-byte values, one key), after the measured phases \
+             on the same server; ops_per_sec is its requests per second, median [min, max].",
+            o.rb_requests
+        ),
+    );
+    rep.note(
+        RATIO,
+        &format!(
+            "Run by run (paired), median [min, max]: ops_ratio = system / vs throughput, p99_ratio = system / vs \
+             p99 latency. Goals (issue 4): ops_ratio >= {GOAL_OPS}, p99_ratio <= {GOAL_P99}; churn: bloat <= \
+             {GOAL_BLOAT} where the peer's bloat exceeds {PEER_BLOAT}."
+        ),
+    );
+}
+
+/// Everything for one system in one run.
+fn run_target(
+    o: &Opts,
+    t: &Target,
+    run: usize,
+    rb_bin: Option<&std::path::Path>,
+    pb: &ProgressBar,
+    rep: &mut Reporter,
+    samples: &mut Vec<Sample>,
+) -> Result<(), String> {
+    let name = t.name();
+    let seed = 1 + run as u64;
+    let max_threads = o.threads.iter().copied().max().unwrap_or(1);
+    let phases = measured(o);
+    if !phases.is_empty() || rb_bin.is_some() {
+        pb.set_message(format!("{name}: starting"));
+        let server = Server::start(o, t)?;
+        let mut conns = server.connect(o.connections)?;
+        let mut ctl = server.connect(1)?.remove(0);
+        let live = if phases.is_empty() {
+            0
+        } else {
+            pb.set_message(format!("{name}: loading {} keys", o.keys));
+            let ops = load::preload_ops(o.keys, o.value_size);
+            let r = load::run_bulk(&mut conns, max_threads, &ops, BULK_PIPELINE)?;
+            if !r.failed.is_empty() {
+                return Err(format!(
+                    "{} of {} preload SETs failed, first: {}",
+                    r.failed.len(),
+                    o.keys,
+                    r.first_error.as_deref().unwrap_or("?")
+                ));
+            }
+            let live = o.keys * (KEY_LEN + o.value_size) as u64;
+            let (keys, used) = sut::server_counts(&mut ctl);
+            if let Some(k) = keys.filter(|&k| k < o.keys) {
+                rep.fail(format!(
+                    "{BENCH} {name} run {}: the server holds {k} keys after {} were stored (evicted or lost)",
+                    run + 1,
+                    o.keys
+                ));
+            }
+            let (rss, hwm) = server.rss();
+            samples.push(Sample {
+                system: name,
+                run,
+                phase: "load".into(),
+                threads: max_threads,
+                ops_per_sec: o.keys as f64 / r.secs,
+                rss,
+                hwm,
+                live: Some(live),
+                server_keys: keys,
+                server_used: used,
+                completed: true,
+                secs: r.secs,
+                ..Sample::default()
+            });
+            pb.inc(1);
+            live
+        };
+        for &threads in &o.threads {
+            for &ph in &phases {
+                pb.set_message(format!("{name}: {} t={threads}", ph.name()));
+                let mix = Mix {
+                    read_ratio: match ph {
+                        Phase::Get => 1.0,
+                        Phase::Set => 0.0,
+                        _ => o.read_ratio,
+                    },
+                    value_size: o.value_size,
+                    chooser: KeyChooser::new(o.dist, o.keys),
+                    pipeline: o.pipeline,
+                };
+                let r = load::run_phase(&mut conns, threads, &mix, o.warmup, o.measure, seed)?;
+                let what = format!(
+                    "{BENCH} {name} {} threads={threads} run {}",
+                    ph.name(),
+                    run + 1
+                );
+                if r.misses > 0 || r.bad_values > 0 {
+                    rep.fail(format!(
+                        "{what}: {} GETs of loaded keys missed, {} returned a value of the wrong length",
+                        r.misses, r.bad_values
+                    ));
+                }
+                if r.errors > 0 {
+                    rep.error(format!(
+                        "{what}: {} error replies, first: {}",
+                        r.errors,
+                        r.first_error.as_deref().unwrap_or("?")
+                    ));
+                }
+                let (rss, hwm) = server.rss();
+                samples.push(Sample {
+                    system: name,
+                    run,
+                    phase: ph.name().into(),
+                    threads,
+                    ops_per_sec: r.ops_per_sec(),
+                    p50: Some(r.p_ns(0.5) as f64),
+                    p99: Some(r.p_ns(0.99) as f64),
+                    p999: Some(r.p_ns(0.999) as f64),
+                    rss,
+                    hwm,
+                    live: Some(live),
+                    completed: true,
+                    secs: r.secs,
+                    ..Sample::default()
+                });
+                pb.inc(1);
+            }
+        }
+        drop(conns);
+        drop(ctl);
+        if let (Some(bin), Some(port)) = (rb_bin, server.resp_port()) {
+            pb.set_message(format!("{name}: redis-benchmark"));
+            // ~200k requests/s is slow for a pipelined SET/GET: allow that and a minute.
+            let timeout = Duration::from_secs(60 + 2 * o.rb_requests / 200_000);
+            match sut::redis_benchmark(bin, port, o.rb_requests, timeout) {
+                Ok(v) => {
+                    for x in v {
+                        samples.push(Sample {
+                            system: name,
+                            run,
+                            phase: format!("rb:{}", x.test),
+                            threads: 1,
+                            ops_per_sec: x.rps,
+                            p50: x.p50_ms.map(|ms| ms * 1e6),
+                            completed: true,
+                            ..Sample::default()
+                        });
+                    }
+                }
+                Err(e) => rep.error(format!("{RB} {name} run {}: {e}", run + 1)),
+            }
+        }
+        pb.inc(1);
+        server.stop()?;
+    }
+    if o.phases.contains(&Phase::Churn) {
+        pb.set_message(format!("{name}: churn"));
+        let server = Server::start(o, t)?;
+        let mut conns = server.connect(o.connections.min(8 * max_threads))?;
+        let mut ctl = server.connect(1)?.remove(0);
+        let spec = ChurnSpec {
+            target: o.churn_bytes,
+            sizes_a: CHURN_SIZES_A,
+            sizes_b: CHURN_SIZES_B,
+            delete_permille: 900,
+            pipeline: BULK_PIPELINE,
+            seed,
+        };
+        let c = load::churn(&mut conns, max_threads, &spec)?;
+        std::thread::sleep(o.churn_settle);
+        let (keys, used) = sut::server_counts(&mut ctl);
+        let (rss, hwm) = server.rss();
+        if let Some(k) = keys.filter(|&k| k < c.live_keys) {
+            rep.fail(format!(
+                "{CHURN} {name} run {}: the server holds {k} keys, {} should be live (evicted or lost)",
+                run + 1,
+                c.live_keys
+            ));
+        }
+        samples.push(Sample {
+            system: name,
+            run,
+            phase: "churn".into(),
+            threads: max_threads,
+            ops_per_sec: c.ops as f64 / c.secs,
+            rss,
+            hwm,
+            live: Some(c.live_bytes),
+            live_keys: Some(c.live_keys),
+            server_keys: keys,
+            server_used: used,
+            completed: c.live_bytes >= o.churn_bytes,
+            secs: c.secs,
+            ..Sample::default()
+        });
+        if c.failed > 0 {
+            rep.note(
+                CHURN,
+                &format!(
+                    "{name} run {}: {} requests failed (first: {}); those keys are not counted live",
+                    run + 1,
+                    c.failed,
+                    c.first_error.as_deref().unwrap_or("a DEL found no key")
+                ),
+            );
+        }
+        drop(conns);
+        drop(ctl);
+        pb.inc(1);
+        server.stop()?;
+    }
+    Ok(())
+}
+
+/// A started server, or the external endpoint.
+enum Server {
+    Proc(ServerProc),
+    External {
+        addr: SocketAddr,
+        proto: Proto,
+        pid: Option<u32>,
+    },
+}
+
+impl Server {
+    fn start(o: &Opts, t: &Target) -> Result<Server, String> {
+        match t {
+            Target::Start(s) => {
+                util::prime_memory(o.memory as usize);
+                ServerProc::start(*s, &o.bins, o.memory, o.protocol).map(Server::Proc)
+            }
+            Target::External { addr, pid } => Ok(Server::External {
+                addr: *addr,
+                proto: o.protocol,
+                pid: *pid,
+            }),
+        }
+    }
+
+    fn connect(&self, n: usize) -> Result<Vec<Conn>, String> {
+        let (addr, proto) = match self {
+            Server::Proc(p) => (p.addr, p.proto),
+            Server::External { addr, proto, .. } => (*addr, *proto),
+        };
+        (0..n).map(|_| Conn::connect(addr, proto)).collect()
+    }
+
+    fn rss(&self) -> (Option<u64>, Option<u64>) {
+        let pid = match self {
+            Server::Proc(p) => Some(p.pid()),
+            Server::External { pid, .. } => *pid,
+        };
+        match pid.and_then(sut::proc_rss) {
+            Some((r, h)) => (Some(r), Some(h)),
+            None => (None, None),
+        }
+    }
+
+    fn resp_port(&self) -> Option<u16> {
+        match self {
+            Server::Proc(p) => p.resp_port,
+            Server::External { addr, proto, .. } => (*proto == Proto::Resp).then_some(addr.port()),
+        }
+    }
+
+    /// Stop the server; an error if it had died on its own.
+    fn stop(self) -> Result<(), String> {
+        if let Server::Proc(p) = self {
+            if p.rss().is_none() {
+                return Err(format!(
+                    "{} died during the run: {}",
+                    p.sys.name(),
+                    p.log_tail(1500)
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Rows
+
+fn spread(xs: impl Iterator<Item = f64>) -> Option<Spread> {
+    let v: Vec<f64> = xs.filter(|x| x.is_finite()).collect();
+    (!v.is_empty()).then(|| Spread::of(&v))
+}
+
+fn emit(
+    o: &Opts,
+    targets: &[Target],
+    samples: &[Sample],
+    rep: &mut Reporter,
+) -> std::io::Result<()> {
+    let names: Vec<&str> = targets.iter().map(Target::name).collect();
+    let of = |sys: &str, phase: &str, threads: Option<usize>| -> Vec<&Sample> {
+        samples
+            .iter()
+            .filter(|s| {
+                s.system == sys && s.phase == phase && threads.is_none_or(|t| s.threads == t)
+            })
+            .collect()
+    };
+    // Throughput phases.
+    let mut keys: Vec<(String, usize)> = Vec::new();
+    if !measured(o).is_empty() {
+        let max_threads = o.threads.iter().copied().max().unwrap_or(1);
+        keys.push(("load".into(), max_threads));
+    }
+    for &t in &o.threads {
+        for p in measured(o) {
+            keys.push((p.name().into(), t));
+        }
+    }
+    for (phase, threads) in &keys {
+        for &sys in &names {
+            let v = of(sys, phase, Some(*threads));
+            let Some(ops) = spread(v.iter().map(|s| s.ops_per_sec)) else {
+                continue;
+            };
+            let med = |f: fn(&Sample) -> Option<f64>| spread(v.iter().filter_map(|s| f(s)));
+            let mut row = Row::new(BENCH, sys, *threads)
+                .set("phase", phase.as_str())
+                .set("protocol", proto_of(o, sys).name())
+                .set("distribution", o.dist.name())
+                .set("connections", o.connections)
+                .set("pipeline", o.pipeline)
+                .set("keys", o.keys)
+                .set("value_size", o.value_size)
+                .set_f("ops_per_sec", ops.median, 0)
+                .set_f("ops_per_sec_min", ops.min, 0)
+                .set_f("ops_per_sec_max", ops.max, 0);
+            row = match phase.as_str() {
+                "load" => row
+                    .set("p50_ns", None::<u64>)
+                    .set("p99_ns", None::<u64>)
+                    .set("p999_ns", None::<u64>),
+                _ => row
+                    .set_f("p50_ns", med(|s| s.p50).map_or(f64::NAN, |x| x.median), 0)
+                    .set_f("p99_ns", med(|s| s.p99).map_or(f64::NAN, |x| x.median), 0)
+                    .set_f("p999_ns", med(|s| s.p999).map_or(f64::NAN, |x| x.median), 0),
+            };
+            row = set_mem(row, &v);
+            rep.emit(row.set("runs", v.len()))?;
+        }
+    }
+    // Churn.
+    for &sys in &names {
+        let v = of(sys, "churn", None);
+        if v.is_empty() {
+            continue;
+        }
+        let mut row = Row::new(CHURN, sys, v[0].threads)
+            .set("protocol", proto_of(o, sys).name())
+            .set("target_bytes", o.churn_bytes);
+        row = set_mem(row, &v);
+        let sk = spread(v.iter().filter_map(|s| s.server_keys.map(|x| x as f64)));
+        let lk = spread(v.iter().filter_map(|s| s.live_keys.map(|x| x as f64)));
+        row = row
+            .set("live_keys", lk.map(|s| s.median as u64))
+            .set("server_keys", sk.map(|s| s.median as u64))
+            .set("completed", v.iter().all(|s| s.completed))
+            .set_f(
+                "secs",
+                spread(v.iter().map(|s| s.secs)).map_or(f64::NAN, |s| s.median),
+                2,
+            )
+            .set("runs", v.len());
+        rep.emit(row)?;
+    }
+    // redis-benchmark.
+    for test in ["rb:SET", "rb:GET"] {
+        for &sys in &names {
+            let v = of(sys, test, None);
+            let Some(ops) = spread(v.iter().map(|s| s.ops_per_sec)) else {
+                continue;
+            };
+            let p50 = spread(v.iter().filter_map(|s| s.p50));
+            rep.emit(
+                Row::new(RB, sys, 1)
+                    .set("test", &test[3..])
+                    .set("clients", 50)
+                    .set("pipeline", 16)
+                    .set("requests", o.rb_requests)
+                    .set_f("ops_per_sec", ops.median, 0)
+                    .set_f("ops_per_sec_min", ops.min, 0)
+                    .set_f("ops_per_sec_max", ops.max, 0)
+                    .set_f("p50_ns", p50.map_or(f64::NAN, |s| s.median), 0)
+                    .set("runs", v.len()),
+            )?;
+        }
+    }
+    // Ratios of the nibble variants to the peers.
+    let subjects: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| *n == "nibble" || *n == "nibble2")
+        .collect();
+    let peers: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| *n == "redis" || *n == "memcached")
+        .collect();
+    let paired =
+        |a: &str, b: &str, phase: &str, threads: Option<usize>, f: fn(&Sample) -> Option<f64>| {
+            let xs: Vec<f64> = (0..o.repeat)
+                .filter_map(|r| {
+                    let x = of(a, phase, threads).into_iter().find(|s| s.run == r)?;
+                    let y = of(b, phase, threads).into_iter().find(|s| s.run == r)?;
+                    Some(f(x)? / f(y)?)
+                })
+                .collect();
+            spread(xs.into_iter())
+        };
+    for &sys in &subjects {
+        for &peer in &peers {
+            let mut rows = Vec::new();
+            for &t in &o.threads {
+                for p in measured(o) {
+                    let ops = paired(sys, peer, p.name(), Some(t), |s| Some(s.ops_per_sec));
+                    let p99 = paired(sys, peer, p.name(), Some(t), |s| s.p99);
+                    if let (Some(ops), Some(p99)) = (ops, p99) {
+                        rows.push(ratio_row(sys, peer, p.name(), t, ops, Some(p99)));
+                    }
+                }
+            }
+            if peer == "redis" {
+                for test in ["rb:SET", "rb:GET"] {
+                    if let Some(ops) = paired(sys, peer, test, None, |s| Some(s.ops_per_sec)) {
+                        let name = format!("redis-benchmark {}", &test[3..]);
+                        rows.push(ratio_row(sys, peer, &name, 1, ops, None));
+                    }
+                }
+            }
+            if let (Some(b), Some(pb)) = (
+                spread(of(sys, "churn", None).iter().filter_map(|s| s.bloat())),
+                spread(of(peer, "churn", None).iter().filter_map(|s| s.bloat())),
+            ) {
+                let threads = of(sys, "churn", None).first().map_or(1, |s| s.threads);
+                rows.push(
+                    Row::new(RATIO, sys, threads)
+                        .set("vs", peer)
+                        .set("phase", "churn")
+                        .set_f("bloat", b.median, 3)
+                        .set_f("vs_bloat", pb.median, 3)
+                        .set(
+                            "goal",
+                            format!("bloat <= {GOAL_BLOAT} where vs_bloat > {PEER_BLOAT}"),
+                        )
+                        .set(
+                            "goal_met",
+                            if pb.median > PEER_BLOAT {
+                                serde_json::Value::from(b.median <= GOAL_BLOAT)
+                            } else {
+                                serde_json::Value::Null
+                            },
+                        ),
+                );
+            }
+            for row in rows {
+                rep.emit(row)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn ratio_row(
+    sys: &str,
+    peer: &str,
+    phase: &str,
+    threads: usize,
+    ops: Spread,
+    p99: Option<Spread>,
+) -> Row {
+    let mut row = Row::new(RATIO, sys, threads)
+        .set("vs", peer)
+        .set("phase", phase)
+        .set_f("ops_ratio", ops.median, 3)
+        .set_f("ops_ratio_min", ops.min, 3)
+        .set_f("ops_ratio_max", ops.max, 3);
+    let mut met = ops.median >= GOAL_OPS;
+    let mut goal = format!("ops >= {GOAL_OPS}x");
+    if let Some(p) = p99 {
+        row = row
+            .set_f("p99_ratio", p.median, 3)
+            .set_f("p99_ratio_min", p.min, 3)
+            .set_f("p99_ratio_max", p.max, 3);
+        met &= p.median <= GOAL_P99;
+        goal.push_str(&format!(", p99 <= {GOAL_P99}x"));
+    }
+    row.set("goal", goal).set("goal_met", met)
+}
+
+/// Memory columns: median RSS, peak, live bytes, bloat [min, max], server-reported use.
+fn set_mem(row: Row, v: &[&Sample]) -> Row {
+    let rss = spread(v.iter().filter_map(|s| s.rss.map(|x| x as f64)));
+    let hwm = spread(v.iter().filter_map(|s| s.hwm.map(|x| x as f64)));
+    let live = spread(v.iter().filter_map(|s| s.live.map(|x| x as f64)));
+    let used = spread(v.iter().filter_map(|s| s.server_used.map(|x| x as f64)));
+    let bloat = spread(v.iter().filter_map(|s| s.bloat()));
+    let int = |s: Option<Spread>| s.map(|s| s.median as u64);
+    let mut row = row
+        .set("rss_bytes", int(rss))
+        .set("rss_peak_bytes", int(hwm))
+        .set("live_bytes", int(live));
+    row = match bloat {
+        Some(b) => row
+            .set_f("bloat", b.median, 3)
+            .set_f("bloat_min", b.min, 3)
+            .set_f("bloat_max", b.max, 3),
+        None => row.set("bloat", None::<f64>),
+    };
+    if used.is_some() {
+        row = row.set("server_used_bytes", int(used));
+    }
+    row
+}
+
+fn proto_of(o: &Opts, sys: &str) -> Proto {
+    match sys {
+        "redis" => Proto::Resp,
+        "memcached" => Proto::Memcached,
+        _ => o.protocol,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fraction of a second of every phase against redis-server, when it
+    /// is installed.
+    #[test]
+    fn generator_runs_against_redis_server() {
+        let bins = Bins::find(None, Vec::new());
+        let Ok(_) = &bins.redis else {
+            eprintln!("skipping: redis-server not installed ({})", sut::APT_HINT);
+            return;
+        };
+        let server = ServerProc::start(Sys::Redis, &bins, 64 << 20, Proto::Resp).unwrap();
+        let pid = server.pid();
+        let mut conns: Vec<Conn> = (0..4)
+            .map(|_| Conn::connect(server.addr, server.proto).unwrap())
+            .collect();
+        let keys = 2000;
+        let ops = load::preload_ops(keys, 100);
+        let r = load::run_bulk(&mut conns, 2, &ops, 16).unwrap();
+        assert!(r.failed.is_empty(), "{r:?}");
+        let mut ctl = Conn::connect(server.addr, server.proto).unwrap();
+        let (k, used) = sut::server_counts(&mut ctl);
+        assert_eq!(k, Some(keys));
+        assert!(used.unwrap() > keys * 100);
+        for (read_ratio, dist) in [(1.0, Dist::Uniform), (0.5, Dist::Zipfian)] {
+            let mix = Mix {
+                read_ratio,
+                value_size: 100,
+                chooser: KeyChooser::new(dist, keys),
+                pipeline: 4,
+            };
+            let out = load::run_phase(
+                &mut conns,
+                2,
+                &mix,
+                Duration::from_millis(20),
+                Duration::from_millis(200),
+                1,
+            )
+            .unwrap();
+            assert!(out.ops > 100, "{} ops", out.ops);
+            assert_eq!((out.misses, out.bad_values, out.errors), (0, 0, 0));
+            assert!(out.p_ns(0.5) > 0 && out.p_ns(0.5) <= out.p_ns(0.999));
+            if read_ratio < 1.0 {
+                assert!(out.sets > 0 && out.gets > 0);
+            }
+        }
+        let spec = ChurnSpec {
+            target: 1 << 20,
+            sizes_a: CHURN_SIZES_A,
+            sizes_b: CHURN_SIZES_B,
+            delete_permille: 900,
+            pipeline: 16,
+            seed: 1,
+        };
+        let c = load::churn(&mut conns, 2, &spec).unwrap();
+        assert_eq!(c.failed, 0, "{c:?}");
+        assert!(c.live_bytes >= 1 << 20);
+        let (k, _) = sut::server_counts(&mut ctl);
+        assert_eq!(k, Some(keys + c.live_keys));
+        assert!(sut::proc_rss(pid).is_some());
+        drop(server);
+        // The guard stopped and reaped the server.
+        assert!(sut::proc_rss(pid).is_none());
+    }
+
+    #[test]
+    fn generator_runs_against_memcached() {
+        let bins = Bins::find(None, Vec::new());
+        let Ok(_) = &bins.memcached else {
+            eprintln!("skipping: memcached not installed ({})", sut::APT_HINT);
+            return;
+        };
+        let server = ServerProc::start(Sys::Memcached, &bins, 64 << 20, Proto::Resp).unwrap();
+        assert_eq!(server.proto, Proto::Memcached);
+        let mut conns: Vec<Conn> = (0..2)
+            .map(|_| Conn::connect(server.addr, server.proto).unwrap())
+            .collect();
+        let ops = load::preload_ops(500, 50);
+        assert!(load::run_bulk(&mut conns, 1, &ops, 8)
+            .unwrap()
+            .failed
+            .is_empty());
+        let mix = Mix {
+            read_ratio: 0.9,
+            value_size: 50,
+            chooser: KeyChooser::new(Dist::Uniform, 500),
+            pipeline: 2,
+        };
+        let out = load::run_phase(
+            &mut conns,
+            1,
+            &mix,
+            Duration::ZERO,
+            Duration::from_millis(150),
+            2,
+        )
+        .unwrap();
+        assert!(out.ops > 10);
+        assert_eq!((out.misses, out.bad_values, out.errors), (0, 0, 0));
+        let (k, _) = sut::server_counts(&mut conns[0]);
+        assert_eq!(k, Some(500));
+    }
+}

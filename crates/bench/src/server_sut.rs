@@ -1,0 +1,545 @@
+//! The systems under test of `memlab server`: finding their binaries,
+//! starting each on a free loopback port with a memory limit, waiting until
+//! it answers, reading its RSS, and stopping it, always.
+//!
+//! Every server is a child process owned by a [`ServerProc`], whose `Drop`
+//! stops it (SIGTERM, then SIGKILL after a grace period), so a failed run
+//! or a panic that unwinds leaves nothing behind. A child is also started
+//! with `PR_SET_PDEATHSIG = SIGKILL`, so if memlab itself dies without
+//! unwinding (Ctrl-C's SIGINT, which also reaches the children as members
+//! of the terminal's foreground process group; SIGKILL; an abort) the
+//! kernel kills the servers too.
+//!
+//! `redis-benchmark` is run here as well ([`redis_benchmark`]): the issue
+//! asks for its numbers against nibble and redis-server in the same run.
+
+use std::fs::File;
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::load::Conn;
+use super::proto::{Expect, Proto, Reply};
+
+/// The Debian packages that provide the peers.
+pub const APT_HINT: &str = "apt-get install redis-server redis-tools memcached";
+
+/// Longest wait for a server to accept connections and answer.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// Grace between SIGTERM and SIGKILL when stopping a server.
+const STOP_GRACE: Duration = Duration::from_secs(3);
+
+/// A system `memlab server` can start (or reach).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Sys {
+    /// The nibble server (Nibble mode)
+    Nibble,
+    /// The nibble server in Nibble-2 mode
+    Nibble2,
+    /// redis-server (Debian package)
+    Redis,
+    /// memcached -t 2 (Debian package)
+    Memcached,
+}
+
+impl Sys {
+    pub const ALL: [Sys; 4] = [Sys::Nibble, Sys::Nibble2, Sys::Redis, Sys::Memcached];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Sys::Nibble => "nibble",
+            Sys::Nibble2 => "nibble2",
+            Sys::Redis => "redis",
+            Sys::Memcached => "memcached",
+        }
+    }
+
+    /// The protocol the load generator uses: nibble speaks both (the
+    /// `--protocol` option picks), the peers one each.
+    pub fn proto(self, nibble_proto: Proto) -> Proto {
+        match self {
+            Sys::Nibble | Sys::Nibble2 => nibble_proto,
+            Sys::Redis => Proto::Resp,
+            Sys::Memcached => Proto::Memcached,
+        }
+    }
+}
+
+/// Where the binaries are and what extra flags nibble gets.
+#[derive(Clone, Debug)]
+pub struct Bins {
+    pub nibble: Result<PathBuf, String>,
+    pub redis: Result<PathBuf, String>,
+    pub memcached: Result<PathBuf, String>,
+    pub redis_benchmark: Result<PathBuf, String>,
+    pub nibble_args: Vec<String>,
+}
+
+impl Bins {
+    /// `nibble_bin`: the `--nibble-bin` option; otherwise `nibble` next to
+    /// the running executable (the same target directory).
+    pub fn find(nibble_bin: Option<&Path>, nibble_args: Vec<String>) -> Bins {
+        let nibble = match nibble_bin {
+            Some(p) if p.is_file() => Ok(p.to_path_buf()),
+            Some(p) => Err(format!("--nibble-bin {}: no such file", p.display())),
+            None => next_to_exe("nibble").map_err(|e| {
+                format!(
+                    "{e} (build it with `cargo build --release -p server`, or pass --nibble-bin PATH)"
+                )
+            }),
+        };
+        let pkg = |bin: &str, pkg: &str| {
+            find_in_path(bin)
+                .ok_or_else(|| format!("{bin} not found in PATH (Debian: apt-get install {pkg})"))
+        };
+        Bins {
+            nibble,
+            redis: pkg("redis-server", "redis-server"),
+            memcached: pkg("memcached", "memcached"),
+            redis_benchmark: pkg("redis-benchmark", "redis-tools"),
+            nibble_args,
+        }
+    }
+
+    pub fn for_sys(&self, s: Sys) -> &Result<PathBuf, String> {
+        match s {
+            Sys::Nibble | Sys::Nibble2 => &self.nibble,
+            Sys::Redis => &self.redis,
+            Sys::Memcached => &self.memcached,
+        }
+    }
+}
+
+fn next_to_exe(name: &str) -> Result<PathBuf, String> {
+    let exe =
+        std::env::current_exe().map_err(|e| format!("cannot find the running executable: {e}"))?;
+    let dir = exe
+        .parent()
+        .ok_or_else(|| format!("{} has no parent directory", exe.display()))?;
+    // Test binaries live in target/<profile>/deps; the server is one up.
+    for d in [Some(dir), dir.parent()].into_iter().flatten() {
+        let p = d.join(name);
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    Err(format!("{name} not found next to {}", exe.display()))
+}
+
+/// `name` in a directory of `$PATH`, or in /usr/bin, /usr/local/bin and /usr/sbin.
+pub fn find_in_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/bin", "/usr/local/bin", "/usr/sbin"].map(PathBuf::from))
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// Whether this process runs as root (the owner of `/proc/self`).
+fn running_as_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
+/// A free TCP port on 127.0.0.1 (the kernel's pick; released again at
+/// once, so another process could take it first: a start that fails is
+/// retried on a new port).
+pub fn free_port() -> Result<u16, String> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no free port: {e}"))?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|e| format!("no free port: {e}"))
+}
+
+/// Resident set size (`VmRSS`) and peak (`VmHWM`) of process `pid`, bytes.
+pub fn proc_rss(pid: u32) -> Option<(u64, u64)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = s.lines().find(|l| l.starts_with(name))?;
+        Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+/// A running server: stopped and reaped on drop.
+pub struct ServerProc {
+    pub sys: Sys,
+    child: Child,
+    /// Where the load generator connects (the memcached port of nibble
+    /// under `--protocol memcached`).
+    pub addr: SocketAddr,
+    pub proto: Proto,
+    /// The RESP port, for redis-benchmark (none for memcached).
+    pub resp_port: Option<u16>,
+    log: PathBuf,
+}
+
+static LOG_SEQ: AtomicU64 = AtomicU64::new(0);
+
+impl ServerProc {
+    /// Start `sys` with `memory` bytes as its limit, speaking `nibble_proto`
+    /// if it is nibble. Tries three ports before giving up.
+    pub fn start(
+        sys: Sys,
+        bins: &Bins,
+        memory: u64,
+        nibble_proto: Proto,
+    ) -> Result<ServerProc, String> {
+        let bin = bins.for_sys(sys).clone()?;
+        let mut last = String::new();
+        for _ in 0..3 {
+            match Self::start_once(sys, &bin, bins, memory, nibble_proto) {
+                Ok(p) => return Ok(p),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    fn start_once(
+        sys: Sys,
+        bin: &Path,
+        bins: &Bins,
+        memory: u64,
+        nibble_proto: Proto,
+    ) -> Result<ServerProc, String> {
+        let port = free_port()?;
+        let proto = sys.proto(nibble_proto);
+        let mut cmd = Command::new(bin);
+        let mut conn_port = port;
+        let mut resp_port = Some(port);
+        match sys {
+            Sys::Nibble | Sys::Nibble2 => {
+                cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+                    .args(["--maxmemory", &memory.to_string()])
+                    .args(["--mode", sys.name()]);
+                if proto == Proto::Memcached {
+                    let mc = loop {
+                        let p = free_port()?;
+                        if p != port {
+                            break p;
+                        }
+                    };
+                    cmd.args(["--memcached-port", &mc.to_string()]);
+                    conn_port = mc;
+                }
+                cmd.args(&bins.nibble_args);
+            }
+            Sys::Redis => {
+                cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                    .args(["--save", "", "--appendonly", "no"])
+                    .args(["--maxmemory", &memory.to_string()])
+                    .args(["--maxmemory-policy", "noeviction"])
+                    .args(["--dir", &std::env::temp_dir().to_string_lossy()]);
+            }
+            Sys::Memcached => {
+                let mib = memory.div_ceil(1 << 20).max(1);
+                cmd.args(["-t", "2", "-p", &port.to_string(), "-U", "0"])
+                    .args(["-l", "127.0.0.1", "-m", &mib.to_string()]);
+                if running_as_root() {
+                    // memcached refuses to run as root without -u.
+                    cmd.args(["-u", "root"]);
+                }
+                resp_port = None;
+            }
+        }
+        let log = std::env::temp_dir().join(format!(
+            "memlab-server-{}-{}-{}.log",
+            sys.name(),
+            std::process::id(),
+            LOG_SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let out = File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+        let err = out
+            .try_clone()
+            .map_err(|e| format!("{}: {e}", log.display()))?;
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+        let parent = std::process::id() as libc::pid_t;
+        // SAFETY: the closure runs in the forked child before exec and
+        // calls only async-signal-safe functions (prctl, getppid); it
+        // touches no memory of the parent's other threads.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0
+                    || libc::getppid() != parent
+                {
+                    return Err(std::io::Error::other("parent gone"));
+                }
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
+        let mut p = ServerProc {
+            sys,
+            child,
+            addr: SocketAddr::from(([127, 0, 0, 1], conn_port)),
+            proto,
+            resp_port,
+            log,
+        };
+        p.wait_ready()?;
+        Ok(p)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// VmRSS and VmHWM of the server process.
+    pub fn rss(&self) -> Option<(u64, u64)> {
+        proc_rss(self.pid())
+    }
+
+    /// The server's log so far (last `n` bytes).
+    pub fn log_tail(&self, n: usize) -> String {
+        let mut s = String::new();
+        if let Ok(mut f) = File::open(&self.log) {
+            let _ = f.read_to_string(&mut s);
+        }
+        let mut i = s.len().saturating_sub(n);
+        while !s.is_char_boundary(i) {
+            i += 1;
+        }
+        s[i..].trim().to_string()
+    }
+
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let t0 = Instant::now();
+        let mut delay = Duration::from_millis(5);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!(
+                    "{} exited at startup ({status}): {}",
+                    self.sys.name(),
+                    self.log_tail(1500)
+                ));
+            }
+            if TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)).is_ok() {
+                let mut c = Conn::connect(self.addr, self.proto)?;
+                let ok = match self.proto {
+                    Proto::Resp => c.call(Expect::Line, &[b"PING"], |r| {
+                        matches!(r, Reply::Status(b"PONG"))
+                    })?,
+                    Proto::Memcached => c.call(
+                        Expect::Line,
+                        &[b"version"],
+                        |r| matches!(r, Reply::Status(s) if s.starts_with(b"VERSION")),
+                    )?,
+                };
+                if !ok {
+                    return Err(format!(
+                        "{} does not answer PING/version on {}",
+                        self.sys.name(),
+                        self.addr
+                    ));
+                }
+                return Ok(());
+            }
+            if t0.elapsed() > START_TIMEOUT {
+                return Err(format!(
+                    "{} did not accept connections on {} within {} s: {}",
+                    self.sys.name(),
+                    self.addr,
+                    START_TIMEOUT.as_secs(),
+                    self.log_tail(1500)
+                ));
+            }
+            std::thread::sleep(delay);
+            delay = (delay * 2).min(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for ServerProc {
+    fn drop(&mut self) {
+        let pid = self.child.id() as libc::pid_t;
+        if let Ok(None) = self.child.try_wait() {
+            // SAFETY: `pid` is our own child, not yet reaped (try_wait said
+            // it is running), so the id cannot have been reused.
+            unsafe {
+                libc::kill(pid, libc::SIGTERM);
+            }
+            let t0 = Instant::now();
+            while t0.elapsed() < STOP_GRACE {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// Server-side figures: keys stored and the memory the server says it
+/// uses (Redis/nibble `used_memory`, memcached `bytes`).
+pub fn server_counts(c: &mut Conn) -> (Option<u64>, Option<u64>) {
+    match c.proto() {
+        Proto::Resp => {
+            let keys = c
+                .call(Expect::Line, &[b"DBSIZE"], |r| match r {
+                    Reply::Int(n) => u64::try_from(n).ok(),
+                    _ => None,
+                })
+                .ok()
+                .flatten();
+            let used = c
+                .call(Expect::Line, &[b"INFO", b"memory"], |r| match r {
+                    Reply::Value(t) => super::proto::stat_field(t, "used_memory"),
+                    _ => None,
+                })
+                .ok()
+                .flatten();
+            (keys, used)
+        }
+        Proto::Memcached => c
+            .call(Expect::Stats, &[b"stats"], |r| match r {
+                Reply::Stats(t) => (
+                    super::proto::stat_field(t, "curr_items"),
+                    super::proto::stat_field(t, "bytes"),
+                ),
+                _ => (None, None),
+            })
+            .unwrap_or((None, None)),
+    }
+}
+
+/// One `redis-benchmark` result line.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RbResult {
+    /// `SET`, `GET`.
+    pub test: String,
+    pub rps: f64,
+    /// The p50 redis-benchmark prints (Redis 7), ms.
+    pub p50_ms: Option<f64>,
+}
+
+/// Parse `redis-benchmark -q` output: lines `NAME: 123.45 requests per
+/// second[, p50=0.1 msec]`, with `\r`-separated progress in between.
+pub fn parse_redis_benchmark(text: &str) -> Vec<RbResult> {
+    let mut v = Vec::new();
+    for line in text.split(['\r', '\n']) {
+        let Some((name, rest)) = line.split_once(':') else {
+            continue;
+        };
+        let Some((num, _)) = rest.split_once("requests per second") else {
+            continue;
+        };
+        let Ok(rps) = num.trim().parse::<f64>() else {
+            continue;
+        };
+        let p50_ms = rest
+            .split_once("p50=")
+            .and_then(|(_, b)| b.split_whitespace().next())
+            .and_then(|x| x.parse().ok());
+        v.push(RbResult {
+            test: name.trim().to_string(),
+            rps,
+            p50_ms,
+        });
+    }
+    v
+}
+
+/// `redis-benchmark -t set,get -P 16 -c 50 -n N -q` against 127.0.0.1:`port`.
+pub fn redis_benchmark(
+    bin: &Path,
+    port: u16,
+    requests: u64,
+    timeout: Duration,
+) -> Result<Vec<RbResult>, String> {
+    let mut child = Command::new(bin)
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(["-t", "set,get", "-P", "16", "-c", "50"])
+        .args(["-n", &requests.to_string(), "-q"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
+    let mut so = child.stdout.take().expect("piped");
+    let mut se = child.stderr.take().expect("piped");
+    let r_out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = so.read_to_string(&mut s);
+        s
+    });
+    let r_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = se.read_to_string(&mut s);
+        s
+    });
+    let t0 = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break Some(s),
+            Ok(None) if t0.elapsed() > timeout => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(format!("waiting for redis-benchmark: {e}")),
+        }
+    };
+    let out = r_out.join().unwrap_or_default();
+    let err = r_err.join().unwrap_or_default();
+    let tail = |s: &str| -> String {
+        let s = s.replace('\r', "\n");
+        let lines: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
+        lines[lines.len().saturating_sub(4)..].join(" | ")
+    };
+    let Some(status) = status else {
+        return Err(format!(
+            "redis-benchmark did not finish within {} s",
+            timeout.as_secs()
+        ));
+    };
+    let res = parse_redis_benchmark(&out);
+    if !status.success() || res.is_empty() {
+        return Err(format!(
+            "redis-benchmark {status}: {} {}",
+            tail(&out),
+            tail(&err)
+        ));
+    }
+    Ok(res)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redis_benchmark_lines_parse() {
+        let text = "SET: rps=0.0 (overall: nan) avg_msec=nan (overall: nan)\r\
+                    SET: 552486.19 requests per second, p50=1.087 msec                    \n\
+                    GET: rps=12.0 (overall: 3.0)\rGET: 649350.62 requests per second, p50=0.911 msec\n";
+        let r = parse_redis_benchmark(text);
+        assert_eq!(r.len(), 2, "{r:?}");
+        assert_eq!(r[0].test, "SET");
+        assert_eq!(r[0].rps, 552486.19);
+        assert_eq!(r[0].p50_ms, Some(1.087));
+        assert_eq!(r[1].test, "GET");
+        // Redis 6 prints no percentile.
+        let r = parse_redis_benchmark("PING_INLINE: 1000.00 requests per second\n");
+        assert_eq!(r[0].rps, 1000.0);
+        assert_eq!(r[0].p50_ms, None);
+    }
+
+    #[test]
+    fn missing_binaries_say_how_to_install() {
+        let b = Bins::find(Some(Path::new("/nonexistent/nibble")), Vec::new());
+        assert!(b.nibble.unwrap_err().contains("--nibble-bin"));
+        assert!(free_port().unwrap() > 0);
+        assert!(proc_rss(std::process::id()).unwrap().0 > 0);
+    }
+}
