@@ -152,7 +152,7 @@ fn key_ok(k: &[u8]) -> bool {
 
 /// Parse one command from the front of `buf`; `max_value` bounds data blocks.
 pub fn parse(buf: &[u8], max_value: usize) -> Result<McParsed<'_>, McFatal> {
-    let Some(lf) = buf.iter().take(MAX_LINE + 2).position(|&b| b == b'\n') else {
+    let Some(lf) = buf.iter().take(MAX_LINE + 1).position(|&b| b == b'\n') else {
         if buf.len() > MAX_LINE {
             return Err(McFatal("CLIENT_ERROR line too long"));
         }

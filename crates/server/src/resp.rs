@@ -211,6 +211,9 @@ impl Parser {
             }
             return Ok(Parsed::Incomplete(buf.len() + 1));
         };
+        if lf > MAX_HEADER_LINE {
+            return Err(ProtoError::TooBigMultibulk);
+        }
         if lf < 2 || buf[lf - 1] != b'\r' {
             return Err(ProtoError::InvalidMultibulkLength);
         }
@@ -256,6 +259,9 @@ impl Parser {
                 self.partial = Some(p);
                 return Ok(Parsed::Incomplete(need));
             };
+            if lf - p.pos > MAX_HEADER_LINE {
+                return Err(ProtoError::TooBigBulkCount);
+            }
             if lf < p.pos + 2 || buf[lf - 1] != b'\r' {
                 return Err(ProtoError::InvalidBulkLength);
             }

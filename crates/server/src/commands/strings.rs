@@ -23,7 +23,13 @@ pub fn read_string(ctx: &mut Ctx, key: &[u8]) -> Result<Option<ItemMeta>, CmdErr
     let m = ctx.shared.store.get_into(key, ctx.buf)?;
     match m {
         Some(m) if is_hash(&m) => Err(WRONGTYPE.into()),
-        m => Ok(m),
+        Some(m) => Ok(Some(m)),
+        None => {
+            // A miss leaves the buffer as it was; callers treat it as the
+            // current (empty) value.
+            ctx.buf.clear();
+            Ok(None)
+        }
     }
 }
 

@@ -1,0 +1,218 @@
+//! Test helpers: an in-process server on ephemeral ports, a raw RESP
+//! reply reader (for RESP3 and malformed-input tests), and a raw line
+//! reader for memcached.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use server::config::ServerConfig;
+use server::Server;
+
+/// A server with small defaults: 2 workers, unpinned, 32 MiB, RESP and
+/// memcached on ephemeral ports.
+pub fn start_with(f: impl FnOnce(&mut ServerConfig)) -> Server {
+    let mut c = ServerConfig {
+        port: Some(0),
+        memcached_port: Some(0),
+        capacity: 32 << 20,
+        threads: 2,
+        pin: false,
+        ..Default::default()
+    };
+    f(&mut c);
+    Server::start(c).expect("server starts")
+}
+
+pub fn start() -> Server {
+    start_with(|_| {})
+}
+
+pub fn client(s: &Server) -> redis::Connection {
+    let url = format!("redis://127.0.0.1:{}/", s.resp_port().unwrap());
+    let c = redis::Client::open(url).unwrap();
+    let con = c.get_connection().unwrap();
+    con.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    con
+}
+
+/// Send a command, return the result (errors as `Err`).
+pub fn cmd(con: &mut redis::Connection, args: &[&str]) -> redis::RedisResult<redis::Value> {
+    let mut c = redis::cmd(args[0]);
+    for a in &args[1..] {
+        c.arg(*a);
+    }
+    c.query(con)
+}
+
+/// The error text of a failing command (code + message).
+pub fn err(con: &mut redis::Connection, args: &[&str]) -> String {
+    match cmd(con, args) {
+        Ok(v) => panic!("{args:?} succeeded with {v:?}"),
+        Err(e) => {
+            let code = e.code().unwrap_or("").to_string();
+            let detail = e.detail().unwrap_or("").to_string();
+            format!("{code} {detail}")
+        }
+    }
+}
+
+pub fn raw(port: u16) -> TcpStream {
+    let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.set_nodelay(true).unwrap();
+    s
+}
+
+/// A RESP2/RESP3 value as the tests see it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum V {
+    Simple(String),
+    Err(String),
+    Int(i64),
+    Bulk(Vec<u8>),
+    Null,
+    Array(Vec<V>),
+    Map(Vec<(V, V)>),
+    Set(Vec<V>),
+    Double(String),
+    Bool(bool),
+    Verbatim(String),
+}
+
+pub struct Resp {
+    pub r: BufReader<TcpStream>,
+}
+
+impl Resp {
+    pub fn new(port: u16) -> Resp {
+        Resp {
+            r: BufReader::new(raw(port)),
+        }
+    }
+
+    pub fn send(&mut self, b: &[u8]) {
+        self.r.get_mut().write_all(b).unwrap();
+    }
+
+    pub fn cmd(&mut self, args: &[&str]) -> V {
+        let mut b = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            b.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
+        }
+        self.send(&b);
+        self.read()
+    }
+
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        let n = self.r.read_line(&mut l).unwrap();
+        assert!(n > 0, "connection closed");
+        l.trim_end_matches("\r\n").to_string()
+    }
+
+    /// True if the server closed the connection (EOF).
+    pub fn closed(&mut self) -> bool {
+        let mut b = [0u8; 1];
+        matches!(self.r.read(&mut b), Ok(0) | Err(_))
+    }
+
+    pub fn read(&mut self) -> V {
+        let l = self.line();
+        let (t, rest) = l.split_at(1);
+        let n = || rest.parse::<i64>().unwrap();
+        match t {
+            "+" => V::Simple(rest.into()),
+            "-" => V::Err(rest.into()),
+            ":" => V::Int(n()),
+            "_" => V::Null,
+            "," => V::Double(rest.into()),
+            "#" => V::Bool(rest == "t"),
+            "$" | "=" => {
+                if n() < 0 {
+                    return V::Null;
+                }
+                let mut b = vec![0u8; n() as usize + 2];
+                self.r.read_exact(&mut b).unwrap();
+                b.truncate(n() as usize);
+                if t == "=" {
+                    V::Verbatim(String::from_utf8(b[4..].to_vec()).unwrap())
+                } else {
+                    V::Bulk(b)
+                }
+            }
+            "*" | "~" => {
+                if n() < 0 {
+                    return V::Null;
+                }
+                let items = (0..n()).map(|_| self.read()).collect();
+                if t == "*" {
+                    V::Array(items)
+                } else {
+                    V::Set(items)
+                }
+            }
+            "%" => V::Map((0..n()).map(|_| (self.read(), self.read())).collect()),
+            _ => panic!("bad reply line {l:?}"),
+        }
+    }
+}
+
+pub fn bulk(s: &str) -> V {
+    V::Bulk(s.as_bytes().to_vec())
+}
+
+/// A memcached text connection.
+pub struct Mc {
+    pub r: BufReader<TcpStream>,
+}
+
+impl Mc {
+    pub fn new(port: u16) -> Mc {
+        Mc {
+            r: BufReader::new(raw(port)),
+        }
+    }
+
+    pub fn send(&mut self, b: &[u8]) {
+        self.r.get_mut().write_all(b).unwrap();
+    }
+
+    pub fn line(&mut self) -> String {
+        let mut l = String::new();
+        self.r.read_line(&mut l).unwrap();
+        l.trim_end_matches("\r\n").to_string()
+    }
+
+    /// Send `b` and read one line.
+    pub fn req(&mut self, b: &str) -> String {
+        self.send(b.as_bytes());
+        self.line()
+    }
+
+    /// Read lines up to and including END.
+    pub fn until_end(&mut self) -> Vec<String> {
+        let mut v = Vec::new();
+        loop {
+            let mut l = String::new();
+            if self.r.read_line(&mut l).unwrap_or(0) == 0 {
+                return v;
+            }
+            let l = l.trim_end_matches("\r\n").to_string();
+            if l == "END" {
+                return v;
+            }
+            v.push(l);
+        }
+    }
+}
+
+/// Run a command and convert the reply.
+pub fn q<T: redis::FromRedisValue>(con: &mut redis::Connection, args: &[&str]) -> T {
+    let mut c = redis::cmd(args[0]);
+    for a in &args[1..] {
+        c.arg(*a);
+    }
+    c.query(con)
+        .unwrap_or_else(|e| panic!("{args:?} failed: {e}"))
+}

@@ -1,0 +1,12 @@
+//! Integration tests of the `nibble` server, in one test binary so that it
+//! links once: every module starts its own in-process server on ephemeral
+//! ports (or the real binary, in `process`).
+
+mod commands;
+mod common;
+mod hashes_admin;
+mod limits;
+mod memcached;
+mod parsers;
+mod process;
+mod resp3;

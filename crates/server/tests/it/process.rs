@@ -1,0 +1,146 @@
+//! The real `nibble` binary (flags, config file, signals) and
+//! redis-benchmark against the server.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::{client, q, start};
+
+const BIN: &str = env!("CARGO_BIN_EXE_nibble");
+
+#[test]
+fn version_flag() {
+    let out = Command::new(BIN).arg("--version").output().unwrap();
+    assert!(out.status.success());
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(s.trim(), format!("nibble {}", env!("CARGO_PKG_VERSION")));
+    let out = Command::new(BIN).arg("--bogus-flag").output().unwrap();
+    assert!(!out.status.success());
+}
+
+/// Parse `resp Some(PORT)` out of the ready line.
+fn ready_port(line: &str, what: &str) -> Option<u16> {
+    let rest = line.split(&format!("{what} Some(")).nth(1)?;
+    rest.split(')').next()?.parse().ok()
+}
+
+#[test]
+fn config_file_flags_and_sigterm() {
+    let dir = std::env::temp_dir().join(format!("nibble-conf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("nibble.conf");
+    std::fs::write(
+        &conf,
+        "# test config\nport 0\nmemcached-port 0\nmaxmemory 16mb\nthreads 2\nmode nibble2\nrequirepass \"pw\"\nloglevel info\n",
+    )
+    .unwrap();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&conf)
+        .args(["--maxclients", "77", "--no-pin"])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !line.contains("ready") {
+        line.clear();
+        assert!(err.read_line(&mut line).unwrap() > 0, "server exited");
+        assert!(Instant::now() < deadline);
+    }
+    let port = ready_port(&line, "resp").unwrap();
+    assert!(ready_port(&line, "memcached").is_some());
+    let url = format!("redis://:pw@127.0.0.1:{port}/");
+    let mut c = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let m: std::collections::HashMap<String, String> = q(&mut c, &["CONFIG", "GET", "*"]);
+    assert_eq!(m["maxmemory"], (16u64 << 20).to_string());
+    assert_eq!(m["maxclients"], "77");
+    assert_eq!(m["mode"], "nibble2");
+    assert_eq!(q::<String>(&mut c, &["SET", "a", "1"]), "OK");
+    // SIGTERM: graceful exit with status 0.
+    // SAFETY: kill(2) with a valid pid of our own child has no memory effects.
+    let rc = unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert_eq!(rc, 0);
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    let mut rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut err, &mut rest);
+    assert!(rest.contains("SIGTERM"), "{rest}");
+    // A bad config file is reported, not ignored.
+    std::fs::write(&conf, "no-such-setting 1\n").unwrap();
+    let out = Command::new(BIN)
+        .arg("--config")
+        .arg(&conf)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown setting"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn redis_benchmark_has_no_errors() {
+    let bench = ["/usr/bin/redis-benchmark", "/usr/local/bin/redis-benchmark"]
+        .into_iter()
+        .find(|p| Path::new(p).exists());
+    let Some(bench) = bench else {
+        println!("SKIPPED redis_benchmark_has_no_errors: redis-benchmark not installed (apt-get install redis-tools)");
+        return;
+    };
+    let s = start();
+    let port = s.resp_port().unwrap().to_string();
+    let out = Command::new(bench)
+        .args([
+            "-p",
+            &port,
+            "-t",
+            "ping,set,get,incr,mset,hset",
+            "-n",
+            "20000",
+            "-q",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let text = format!("{stdout}{stderr}");
+    assert!(
+        !text.contains("rror"),
+        "redis-benchmark saw errors:\n{text}"
+    );
+    // Each test prints a final "NAME: N requests per second" line.
+    for t in [
+        "PING_INLINE",
+        "PING_MBULK",
+        "SET",
+        "GET",
+        "INCR",
+        "HSET",
+        "MSET",
+    ] {
+        assert!(
+            text.split(['\n', '\r'])
+                .any(|l| l.trim_start().starts_with(t) && l.contains("requests per second")),
+            "{t} missing:\n{text}"
+        );
+    }
+    let mut c = client(&s);
+    assert!(q::<i64>(&mut c, &["DBSIZE"]) > 0);
+    assert!(q::<i64>(&mut c, &["HLEN", "myhash"]) > 0);
+}
