@@ -75,6 +75,34 @@ pub fn set_self_alloc(a: Alloc) {
     let _ = SELF_ALLOC.set(a);
 }
 
+/// Give this process's allocator's free pages back to the OS.
+pub fn trim_allocator() {
+    match self_alloc() {
+        // SAFETY: malloc_trim only releases free memory of glibc's heap.
+        Alloc::Glibc => unsafe {
+            libc::malloc_trim(0);
+        },
+        Alloc::Jemalloc => {
+            // MALLCTL_ARENAS_ALL = 4096: purge every arena's unused pages.
+            let name = b"arena.4096.purge\0";
+            // SAFETY: a NUL-terminated mallctl name with no old or new
+            // value; jemalloc is this process's allocator.
+            unsafe {
+                tikv_jemalloc_sys::mallctl(
+                    name.as_ptr() as *const libc::c_char,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    0,
+                );
+            }
+        }
+        // SAFETY: mi_collect(force) frees mimalloc's unused pages; mimalloc
+        // is this process's allocator.
+        Alloc::Mimalloc => unsafe { libmimalloc_sys::mi_collect(true) },
+    }
+}
+
 /// The global allocator of this process (glibc unless told otherwise).
 pub fn self_alloc() -> Alloc {
     SELF_ALLOC.get().copied().unwrap_or(Alloc::Glibc)

@@ -62,6 +62,13 @@ pub trait Kv: Sync {
     fn nibble(&self) -> Option<&nibble::Store> {
         None
     }
+    /// Give free memory back to the OS, as a long-running service does when
+    /// idle: the process's allocator is purged (glibc `malloc_trim`,
+    /// jemalloc `arena.<all>.purge`, mimalloc `mi_collect`); Nibble
+    /// compacts and releases its free blocks.
+    fn trim(&self) {
+        crate::child::trim_allocator();
+    }
 }
 
 /// Which Nibble configuration.
@@ -224,6 +231,11 @@ impl Kv for NibbleKv {
     }
     fn nibble(&self) -> Option<&nibble::Store> {
         Some(&self.0)
+    }
+    fn trim(&self) {
+        self.0.compact_now(std::time::Duration::from_secs(20));
+        self.0.release_memory();
+        crate::child::trim_allocator();
     }
 }
 

@@ -140,7 +140,7 @@ const YCSB_ABOUT: &str = "YCSB core workloads on every key-value system (dissert
 const FRAG_ABOUT: &str = "Fig. 14 of the dissertation: for each size pair A->B, insert objects of A bytes until \
     live data reaches --target-mib, delete 90% at random, insert objects of B bytes until live data is back at the \
     target or an insert fails; then bloat = VmRSS / live bytes. Every cell runs in a fresh process. Nibble \
-    variants get 1.25 x the target as capacity and compact_now + one retry on out-of-memory (completed = NO if the \
+    variants get 1.5 x the target as capacity and compact_now + one retry on out-of-memory (completed = NO if the \
     target was not reached).\n\n\
     --quick: target 128 MiB, 1 run (unless given).";
 

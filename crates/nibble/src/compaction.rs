@@ -79,6 +79,8 @@ pub fn run(inner: Arc<Inner>, node: usize, worker: usize) {
         if inner.shutdown.load(Ordering::Acquire) {
             break;
         }
+        // Free blocks unused for the decay time go back to the OS.
+        inner.mem.purge(now_ms().saturating_sub(inner.cfg.decay_ms));
         if inner.should_compact() {
             let pass = inner.stats.passes.fetch_add(1, Ordering::AcqRel) + 1;
             if compact_once(&inner, &mut cands, &mut retired) == Pass::Progress {

@@ -23,6 +23,16 @@
 //! what the index stores) is the pool byte offset plus one, so that 0 can
 //! mean "empty".
 //!
+//! Giving memory back. Blocks freed by compaction first go to a *warm
+//! cache* of resident free blocks, which new segments take before asking
+//! the buddy allocator: under steady churn the log recycles the same
+//! resident memory and never page-faults. Blocks nobody reused within the
+//! decay time (`Config::decay_ms`, 1 s by default; jemalloc's equivalent is
+//! 10 s) are released with `MADV_DONTNEED` and returned to the buddy
+//! allocator, so RSS follows the data after a phase of deletes instead of
+//! staying at its high-water mark. `Store::release_memory` releases them
+//! all at once (the analogue of `malloc_trim`).
+//!
 //! Reads of object bytes race, by design, with Nibble-2's in-place
 //! overwrites (the bucket seqlock detects it and the reader retries); they
 //! go through raw pointers with `copy_nonoverlapping`, never through Rust
@@ -40,7 +50,7 @@ use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 
 use crate::index::Loc;
-use crate::object::{Header, HEADER_BYTES};
+use crate::object::{now_ms, Header, HEADER_BYTES};
 
 /// Bytes per block (the paper's default).
 pub const BLOCK_BYTES: usize = 64 << 10;
@@ -107,6 +117,13 @@ pub struct Memory {
     block_seg: Box<[AtomicU32]>,
     segs: Box<[SegInfo]>,
     free_segs: SegQueue<SegId>,
+    /// Freed blocks still resident, oldest first, with the time (Unix ms)
+    /// they were freed: the next segments take them before asking the
+    /// buddy allocator, and [`Memory::purge`] hands the ones nobody reused
+    /// within the decay time back to the OS (see "Giving memory back").
+    warm: SegQueue<(u32, u64)>,
+    warm_blocks: AtomicU64,
+    blocks_purged: AtomicU64,
 }
 
 // SAFETY: `base` points into `pool`, which lives as long as `Memory`; all
@@ -170,6 +187,9 @@ impl Memory {
             block_seg: (0..n).map(|_| AtomicU32::new(u32::MAX)).collect(),
             segs,
             free_segs,
+            warm: SegQueue::new(),
+            warm_blocks: AtomicU64::new(0),
+            blocks_purged: AtomicU64::new(0),
         })
     }
 
@@ -233,7 +253,12 @@ impl Memory {
             }
         }
         let mut list = Vec::with_capacity(blocks);
-        for _ in 0..blocks {
+        while list.len() < blocks {
+            let Some((b, _)) = self.warm.pop() else { break };
+            self.warm_blocks.fetch_sub(1, Ordering::Relaxed);
+            list.push(b);
+        }
+        for _ in list.len()..blocks {
             match self.alloc.alloc(BLOCK_ORDER) {
                 Ok(f) => list.push((f >> BLOCK_ORDER) as u32),
                 Err(_) => {
@@ -271,12 +296,64 @@ impl Memory {
         Ok(id)
     }
 
+    /// Put free blocks in the warm cache (they stay resident for now).
     fn release_blocks(&self, blocks: &[u32]) {
+        let now = now_ms();
         for &b in blocks {
+            self.warm.push((b, now));
+        }
+        self.warm_blocks
+            .fetch_add(blocks.len() as u64, Ordering::Relaxed);
+    }
+
+    /// Give warm blocks freed at or before `freed_by_ms` (Unix ms; `u64::MAX`
+    /// for all) back to the OS and to the buddy allocator. Returns how many.
+    ///
+    /// The blocks are owned by the cache while this runs (nobody else can
+    /// reach them), so discarding their pages cannot lose data; a reader
+    /// still holding a stale location is impossible because blocks enter
+    /// the cache only after the epoch has passed their segment.
+    pub fn purge(&self, freed_by_ms: u64) -> u64 {
+        let mut n = 0;
+        while let Some((b, at)) = self.warm.pop() {
+            if at > freed_by_ms {
+                // Too young. Everything behind it is younger still; putting
+                // it at the back reorders it by at most one decay period.
+                self.warm.push((b, at));
+                break;
+            }
+            self.warm_blocks.fetch_sub(1, Ordering::Relaxed);
+            let off = (b as usize) << BLOCK_SHIFT;
+            // SAFETY: the block lies inside the pool's mapping (block ids
+            // come from this pool's allocator) and this thread owns it: it
+            // was popped from the warm cache and is not in any segment.
+            // MADV_DONTNEED on a private anonymous mapping only drops the
+            // pages (they read back as zeros); it cannot affect other
+            // memory. A failure only leaves the pages resident.
+            unsafe {
+                libc::madvise(
+                    self.base.add(off) as *mut libc::c_void,
+                    BLOCK_BYTES,
+                    libc::MADV_DONTNEED,
+                );
+            }
             self.alloc
                 .free((b as u64) << BLOCK_ORDER, BLOCK_ORDER)
                 .expect("freeing a block this store allocated");
+            n += 1;
         }
+        self.blocks_purged.fetch_add(n, Ordering::Relaxed);
+        n
+    }
+
+    /// Free blocks still resident (the warm cache).
+    pub fn warm_blocks(&self) -> u64 {
+        self.warm_blocks.load(Ordering::Relaxed)
+    }
+
+    /// Blocks given back to the OS so far.
+    pub fn blocks_purged(&self) -> u64 {
+        self.blocks_purged.load(Ordering::Relaxed)
     }
 
     /// Free a retired segment's blocks and slot. The caller guarantees the

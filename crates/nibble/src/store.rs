@@ -26,7 +26,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::index::{Index, IndexConfig, IndexStats, Loc};
 use crate::log::Log;
 use crate::memory::{loc_of, off_of, Memory, SegState, BLOCK_BYTES};
-use crate::object::{now_ms, Header, HEADER_BYTES};
+use crate::object::{next_version, now_ms, Header, HEADER_BYTES};
 
 /// Smallest capacity a store accepts.
 pub const MIN_CAPACITY_BYTES: usize = 8 << 20;
@@ -44,6 +44,8 @@ pub const DEFAULT_INDEX_PERMILLE: usize = 62;
 pub const DEFAULT_RESERVE_PERMILLE: usize = 30;
 /// Compaction starts when the client's free blocks fall below this share.
 pub const DEFAULT_COMPACTION_TRIGGER_PERMILLE: usize = 200;
+/// Default decay before unused free blocks are given back to the OS, ms.
+pub const DEFAULT_DECAY_MS: u64 = 1000;
 /// Metadata bytes the store sets aside per 64 KiB block (tables, SegmentInfo,
 /// buddy lists).
 const METADATA_BYTES_PER_BLOCK: usize = 512;
@@ -106,6 +108,8 @@ pub struct Config {
     pub reserve_permille: usize,
     /// Compaction trigger, thousandths of the client budget left free.
     pub compaction_trigger_permille: usize,
+    /// Free blocks not reused for this long (ms) are given back to the OS.
+    pub decay_ms: u64,
 }
 
 impl Config {
@@ -122,6 +126,7 @@ impl Config {
             index_permille: DEFAULT_INDEX_PERMILLE,
             reserve_permille: DEFAULT_RESERVE_PERMILLE,
             compaction_trigger_permille: DEFAULT_COMPACTION_TRIGGER_PERMILLE,
+            decay_ms: DEFAULT_DECAY_MS,
         }
     }
 }
@@ -307,6 +312,10 @@ pub struct Stats {
     pub blocks_total: u64,
     /// Blocks in segments.
     pub blocks_in_use: u64,
+    /// Free blocks still resident (reused before any fresh block).
+    pub blocks_free_resident: u64,
+    /// Blocks given back to the OS so far.
+    pub blocks_released: u64,
     /// Compaction reserve.
     pub reserve_blocks: u64,
     /// Segment size in bytes.
@@ -647,7 +656,7 @@ impl Store {
                 if let Some(old) = mem.header(off) {
                     let live = !old.expired();
                     Self::check_condition(opts.condition, live.then_some(&old))?;
-                    if old.value_cap as usize >= value.len() {
+                    if old.can_hold(value.len()) {
                         let h = Header {
                             value_len: value.len() as u32,
                             flags: opts.flags,
@@ -668,9 +677,9 @@ impl Store {
             value_len: value.len() as u32,
             value_cap: value.len() as u32,
             flags: opts.flags,
-            version: topology::rdtsc(),
+            version: next_version(0),
             expiry_ms: match opts.expiry {
-                Expiry::At(t) => t,
+                Expiry::At(t) => t.clamp(1, crate::object::FIELD48_MASK),
                 _ => 0,
             },
         };
@@ -702,7 +711,7 @@ impl Store {
                     let old = mem.header(old_off).unwrap_or_default();
                     let live = !old.expired();
                     Self::check_condition(opts.condition, live.then_some(&old))?;
-                    let version = h.version.max(old.version + 1);
+                    let version = h.version.max(old.version + 1) & crate::object::FIELD48_MASK;
                     let expiry = expiry_for(opts.expiry, live.then_some(&old));
                     if version != h.version || expiry != h.expiry_ms {
                         h.version = version;
@@ -890,6 +899,13 @@ impl Store {
         inner.force_compaction.store(false, Ordering::Release);
     }
 
+    /// Give every free block back to the OS now (`MADV_DONTNEED`), instead
+    /// of after the decay time; returns the bytes released. Combined with
+    /// [`Store::compact_now`] this is the store's `malloc_trim`.
+    pub fn release_memory(&self) -> u64 {
+        self.inner.mem.purge(u64::MAX) * BLOCK_BYTES as u64
+    }
+
     /// A statistics snapshot.
     pub fn stats(&self) -> Stats {
         let inner = &*self.inner;
@@ -919,6 +935,8 @@ impl Store {
             items: inner.index.len(),
             blocks_total: mem.blocks_total(),
             blocks_in_use: mem.blocks_in_use(),
+            blocks_free_resident: mem.warm_blocks(),
+            blocks_released: mem.blocks_purged(),
             reserve_blocks: mem.reserve_blocks(),
             segment_bytes: (inner.segment_blocks * BLOCK_BYTES) as u64,
             segments_head: head,
@@ -953,14 +971,11 @@ pub(crate) fn note_expiry(mem: &Memory, off: u64, expiry_ms: u64) {
 }
 
 /// A version greater than `old` and, clocks permitting, than any earlier.
-fn next_version(old: u64) -> u64 {
-    topology::rdtsc().max(old + 1)
-}
 
 fn expiry_for(e: Expiry, old: Option<&Header>) -> u64 {
     match e {
         Expiry::Never => 0,
-        Expiry::At(t) => t,
+        Expiry::At(t) => t.clamp(1, crate::object::FIELD48_MASK),
         Expiry::Keep => old.map_or(0, |h| h.expiry_ms),
     }
 }

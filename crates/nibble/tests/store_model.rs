@@ -88,7 +88,7 @@ fn run(mode: Mode, ops: &[Op]) {
     assert_eq!(st.items, model.len() as u64);
     let expect_live: u64 = model
         .iter()
-        .map(|(k, v)| (32 + k.len() + v.len()) as u64)
+        .map(|(k, v)| (nibble::object::HEADER_BYTES + k.len() + v.len()) as u64)
         .sum();
     if mode == Mode::Nibble {
         assert_eq!(st.live_bytes, expect_live, "live bytes drifted");

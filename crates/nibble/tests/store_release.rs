@@ -1,0 +1,66 @@
+//! RSS follows the data down: blocks freed by compaction are given back to
+//! the OS after the decay time (or at once with `release_memory`). One test
+//! in its own binary (process), so nothing else moves the RSS.
+
+use std::time::Duration;
+
+use nibble::{Config, Store};
+
+fn rss_bytes() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+        * 1024
+}
+
+/// After most of the data is deleted, compaction plus `release_memory`
+/// (or the decay time on its own) gives the freed blocks back: RSS follows
+/// the data down instead of staying at its high-water mark.
+#[test]
+fn rss_follows_data_down_after_deletes() {
+    let capacity = 64usize << 20;
+    let mut cfg = Config::new(capacity);
+    cfg.decay_ms = 100;
+    let s = Store::new(cfg).unwrap();
+    let keys = 40_000u32;
+    let v = vec![7u8; 1000];
+    for k in 0..keys {
+        s.put(format!("k{k}").as_bytes(), &v).unwrap();
+    }
+    let full = rss_bytes();
+    for k in 0..keys {
+        if k % 10 != 0 {
+            assert!(s.delete(format!("k{k}").as_bytes()).unwrap());
+        }
+    }
+    s.compact_now(Duration::from_secs(5));
+    // The workers release blocks unused for `decay_ms` by themselves.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while s.stats().blocks_free_resident > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let st = s.stats();
+    assert_eq!(st.blocks_free_resident, 0, "decay did not release: {st:?}");
+    assert!(st.blocks_released > 0, "{st:?}");
+    s.release_memory();
+    let after = rss_bytes();
+    let data = 4_000u64 * 1000;
+    assert!(
+        full - after > 30 << 20,
+        "RSS went from {full} to only {after} with {data} bytes of data left: {st:?}"
+    );
+    for k in (0..keys).step_by(10) {
+        assert_eq!(
+            s.get(format!("k{k}").as_bytes()).unwrap().as_deref(),
+            Some(&v[..])
+        );
+    }
+    // Released blocks are reused: the store fills up again.
+    for k in keys..keys + 30_000 {
+        s.put(format!("k{k}").as_bytes(), &v).unwrap();
+    }
+}
