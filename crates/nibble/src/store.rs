@@ -970,8 +970,6 @@ pub(crate) fn note_expiry(mem: &Memory, off: u64, expiry_ms: u64) {
     }
 }
 
-/// A version greater than `old` and, clocks permitting, than any earlier.
-
 fn expiry_for(e: Expiry, old: Option<&Header>) -> u64 {
     match e {
         Expiry::Never => 0,
