@@ -1,0 +1,123 @@
+//! Thin wrappers over the few Linux facilities the crate needs beyond
+//! `mmap`: shared futexes, thread ids, and process identity.
+//!
+//! A process is identified by `(pid, start time)`: the start time (field 22
+//! of `/proc/PID/stat`, in clock ticks since boot) distinguishes a live
+//! process from a later one that reused the pid, as LMDB's reader table does
+//! with its pid checks. A zombie (killed, not yet reaped) counts as dead.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Identity of a process that may hold a lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcId {
+    pub pid: u32,
+    pub start: u64,
+}
+
+static CACHED_ID: AtomicU64 = AtomicU64::new(0);
+static CACHED_PID: AtomicU32 = AtomicU32::new(0);
+
+/// This process's identity (cached; recomputed after `fork`).
+pub fn self_id() -> ProcId {
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() } as u32;
+    if CACHED_PID.load(Ordering::Acquire) == pid {
+        return ProcId {
+            pid,
+            start: CACHED_ID.load(Ordering::Relaxed),
+        };
+    }
+    let start = proc_start(pid).map(|(s, _)| s).unwrap_or(0);
+    CACHED_ID.store(start, Ordering::Relaxed);
+    CACHED_PID.store(pid, Ordering::Release);
+    ProcId { pid, start }
+}
+
+/// Kernel thread id of the caller.
+pub fn tid() -> u32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+}
+
+/// `(start time, state char)` of `pid` from `/proc/PID/stat`, or `None`
+/// when no such process exists.
+fn proc_start(pid: u32) -> Option<(u64, u8)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may contain spaces and parentheses; the
+    // fields after the last ')' are space-separated.
+    let rest = &s[s.rfind(')')? + 2..];
+    let mut it = rest.split(' ');
+    let state = it.next()?.bytes().next()?;
+    // `rest` starts at field 3; the start time is field 22.
+    let start = it.nth(18)?.parse().ok()?;
+    Some((start, state))
+}
+
+/// Whether the process recorded as `id` is still running (not a zombie, not
+/// replaced by a process that reused its pid).
+pub fn alive(id: ProcId) -> bool {
+    if id.pid == 0 {
+        return false;
+    }
+    match proc_start(id.pid) {
+        None => false,
+        Some((start, state)) => {
+            state != b'Z' && state != b'X' && (id.start == 0 || start == id.start)
+        }
+    }
+}
+
+/// Wait while `*word == expected`, at most `timeout`. Shared (not
+/// `FUTEX_PRIVATE`) so waiters in other processes mapping the same file page
+/// are woken.
+pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `word` is a valid, aligned u32 for the duration of the call;
+    // the kernel only reads it. A spurious return is handled by callers,
+    // which re-check their condition in a loop.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+        );
+    }
+}
+
+/// Wake every waiter on `word`, in any process.
+pub fn futex_wake_all(word: &AtomicU32) {
+    // SAFETY: `word` is a valid aligned u32; FUTEX_WAKE does not access
+    // memory beyond hashing the address.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
+    }
+}
+
+/// The base page size.
+pub fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as u64
+    } else {
+        4096
+    }
+}
+
+/// Effective user id.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
+/// `errno` of the last failed call.
+pub fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
