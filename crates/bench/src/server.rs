@@ -415,7 +415,7 @@ fn run(o: &Opts, rep: &mut Reporter) -> std::io::Result<()> {
             None
         }
     };
-    notes(o, rep);
+    notes(o, rep, rb_bin.is_some());
     let total = (o.repeat * targets.len()) as u64 * steps_per_system(o);
     let pb = util::progress_bar(total, "memlab server");
     pb.enable_steady_tick(Duration::from_millis(250));
@@ -443,7 +443,7 @@ fn run(o: &Opts, rep: &mut Reporter) -> std::io::Result<()> {
     rep.flush()
 }
 
-fn notes(o: &Opts, rep: &mut Reporter) {
+fn notes(o: &Opts, rep: &mut Reporter, rb: bool) {
     rep.note(
         BENCH,
         &format!(
@@ -466,38 +466,30 @@ fn notes(o: &Opts, rep: &mut Reporter) {
             o.repeat
         ),
     );
-    rep.note(
-        CHURN,
-        &format!(
-            "Fresh server: insert {}-{} B values until live data = {} MiB, delete 90% at random, insert {}-{} B \
-             values back to {} MiB, wait {} ms; rss_bytes (VmRSS), rss_peak_bytes (VmHWM), server_used_bytes \
-             (used_memory / memcached bytes) against live_bytes (key + value bytes the generator stored and did \
-             not delete); bloat = rss / live, median [min, max].",
-            CHURN_SIZES_A.0,
-            CHURN_SIZES_A.1,
-            o.churn_bytes >> 20,
-            CHURN_SIZES_B.0,
-            CHURN_SIZES_B.1,
-            o.churn_bytes >> 20,
-            o.churn_settle.as_millis()
-        ),
+    let churn = format!(
+        "Fresh server: insert {}-{} B values until live data = {} MiB, delete 90% at random, insert \
+         {}-{} B values back to {} MiB, wait {} ms; rss_bytes (VmRSS), rss_peak_bytes (VmHWM), \
+         server_used_bytes (used_memory / memcached bytes) against live_bytes (key + value bytes the \
+         generator stored and did not delete); bloat = rss / live, median [min, max].",
+        CHURN_SIZES_A.0,
+        CHURN_SIZES_A.1,
+        o.churn_bytes >> 20,
+        CHURN_SIZES_B.0,
+        CHURN_SIZES_B.1,
+        o.churn_bytes >> 20,
+        o.churn_settle.as_millis()
     );
-    rep.note(
-        RB,
-        &format!(
-            "redis-benchmark -t set,get -P 16 -c 50 -n {} -q (3-byte values, one key), after the measured phases \
-             on the same server; ops_per_sec is its requests per second, median [min, max].",
-            o.rb_requests
-        ),
+    if o.phases.contains(&Phase::Churn) {
+        rep.note(CHURN, &churn);
+    }
+    let rb_text = format!(
+        "redis-benchmark -t set,get -P 16 -c 50 -n {} -q (3-byte values, one key), after the measured \
+         phases on the same server; ops_per_sec is its requests per second, median [min, max].",
+        o.rb_requests
     );
-    rep.note(
-        RATIO,
-        &format!(
-            "Run by run (paired), median [min, max]: ops_ratio = system / vs throughput, p99_ratio = system / vs \
-             p99 latency. Goals (issue 4): ops_ratio >= {GOAL_OPS}, p99_ratio <= {GOAL_P99}; churn: bloat <= \
-             {GOAL_BLOAT} where the peer's bloat exceeds {PEER_BLOAT}."
-        ),
-    );
+    if rb {
+        rep.note(RB, &rb_text);
+    }
 }
 
 /// Everything for one system in one run.
@@ -899,6 +891,16 @@ fn emit(
                 .collect();
             spread(xs.into_iter())
         };
+    if !subjects.is_empty() && !peers.is_empty() {
+        rep.note(
+            RATIO,
+            &format!(
+                "Run by run (paired), median [min, max]: ops_ratio = system / vs throughput, p99_ratio = system \
+                 / vs p99 latency. Goals (issue 4): ops_ratio >= {GOAL_OPS}, p99_ratio <= {GOAL_P99}; churn: \
+                 bloat <= {GOAL_BLOAT} where the peer's bloat exceeds {PEER_BLOAT}."
+            ),
+        );
+    }
     for &sys in &subjects {
         for &peer in &peers {
             let mut rows = Vec::new();

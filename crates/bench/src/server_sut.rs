@@ -4,11 +4,11 @@
 //!
 //! Every server is a child process owned by a [`ServerProc`], whose `Drop`
 //! stops it (SIGTERM, then SIGKILL after a grace period), so a failed run
-//! or a panic that unwinds leaves nothing behind. A child is also started
-//! with `PR_SET_PDEATHSIG = SIGKILL`, so if memlab itself dies without
-//! unwinding (Ctrl-C's SIGINT, which also reaches the children as members
-//! of the terminal's foreground process group; SIGKILL; an abort) the
-//! kernel kills the servers too.
+//! or a panic that unwinds leaves nothing behind. On SIGINT (Ctrl-C),
+//! SIGTERM and SIGHUP a handler kills and reaps the running servers before
+//! memlab dies of the signal. And every child is started with
+//! `PR_SET_PDEATHSIG = SIGKILL`, so if memlab dies any other way (SIGKILL,
+//! an abort, the watchdog's exit) the kernel kills the servers too.
 //!
 //! `redis-benchmark` is run here as well ([`redis_benchmark`]): the issue
 //! asks for its numbers against nibble and redis-server in the same run.
@@ -19,7 +19,8 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::Once;
 use std::time::{Duration, Instant};
 
 use super::load::Conn;
@@ -180,6 +181,61 @@ pub struct ServerProc {
 
 static LOG_SEQ: AtomicU64 = AtomicU64::new(0);
 
+/// Pids of the running servers, for the signal handler (a fixed array of
+/// atomics: the handler may neither lock nor allocate).
+static CHILDREN: [AtomicI32; 16] = [const { AtomicI32::new(0) }; 16];
+
+/// On SIGINT, SIGTERM or SIGHUP: kill and reap every running server, then
+/// die of the signal as if there were no handler.
+extern "C" fn on_signal(sig: libc::c_int) {
+    for slot in &CHILDREN {
+        let pid = slot.swap(0, Ordering::SeqCst);
+        if pid > 0 {
+            // SAFETY: kill and waitpid are async-signal-safe; `pid` is a
+            // child of this process that Drop has not reaped (Drop clears
+            // the slot first).
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+        }
+    }
+    // SAFETY: async-signal-safe calls restoring the default action and
+    // re-raising the signal, so the process ends with the usual status.
+    unsafe {
+        libc::signal(sig, libc::SIG_DFL);
+        libc::raise(sig);
+    }
+}
+
+fn register_child(pid: u32) {
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            // SAFETY: `on_signal` only uses async-signal-safe functions and
+            // lock-free atomics.
+            unsafe {
+                libc::signal(sig, on_signal as *const () as libc::sighandler_t);
+            }
+        }
+    });
+    for slot in &CHILDREN {
+        if slot
+            .compare_exchange(0, pid as i32, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            return;
+        }
+    }
+    // More than 16 at once: these rely on PR_SET_PDEATHSIG alone.
+}
+
+fn unregister_child(pid: u32) {
+    for slot in &CHILDREN {
+        let _ = slot.compare_exchange(pid as i32, 0, Ordering::SeqCst, Ordering::SeqCst);
+    }
+}
+
 impl ServerProc {
     /// Start `sys` with `memory` bytes as its limit, speaking `nibble_proto`
     /// if it is nibble. Tries three ports before giving up.
@@ -275,6 +331,7 @@ impl ServerProc {
         let child = cmd
             .spawn()
             .map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
+        register_child(child.id());
         let mut p = ServerProc {
             sys,
             child,
@@ -358,6 +415,7 @@ impl ServerProc {
 
 impl Drop for ServerProc {
     fn drop(&mut self) {
+        unregister_child(self.child.id());
         let pid = self.child.id() as libc::pid_t;
         if let Ok(None) = self.child.try_wait() {
             // SAFETY: `pid` is our own child, not yet reaped (try_wait said
