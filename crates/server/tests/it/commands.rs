@@ -155,6 +155,11 @@ fn append_strlen_ranges() {
     );
     assert_eq!(q::<String>(&mut c, &["GETRANGE", "s", "20", "30"]), "");
     assert_eq!(q::<String>(&mut c, &["GETRANGE", "none", "0", "3"]), "");
+    assert_eq!(q::<String>(&mut c, &["SUBSTR", "s", "1", "3"]), "ell");
+    assert_eq!(
+        err(&mut c, &["GETRANGE", "s", "a", "1"]),
+        "ERR value is not an integer or out of range"
+    );
     assert_eq!(q::<i64>(&mut c, &["SETRANGE", "s", "6", "Redis"]), 11);
     assert_eq!(q::<String>(&mut c, &["GET", "s"]), "Hello Redis");
     assert_eq!(q::<i64>(&mut c, &["SETRANGE", "pad", "3", "x"]), 4);

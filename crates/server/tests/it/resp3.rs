@@ -61,6 +61,10 @@ fn inline_protocol() {
     assert_eq!(r.read(), bulk("it's"));
     r.send(b"\r\n\r\nECHO \"\\x41\\x42\"\r\n");
     assert_eq!(r.read(), bulk("AB"));
+    r.send(b"QUIT\r\n");
+    assert_eq!(r.read(), V::Simple("OK".into()));
+    assert!(r.closed(), "QUIT closes the connection");
+    let mut r = Resp::new(s.resp_port().unwrap());
     r.send(b"SET a \"unbalanced\r\n");
     assert_eq!(
         r.read(),
