@@ -280,6 +280,8 @@ struct Sample {
     p999: Option<f64>,
     rss: Option<u64>,
     hwm: Option<u64>,
+    /// RSS of the fresh server before the churn.
+    rss_start: Option<u64>,
     live: Option<u64>,
     live_keys: Option<u64>,
     server_keys: Option<u64>,
@@ -469,8 +471,9 @@ fn notes(o: &Opts, rep: &mut Reporter, rb: bool) {
     let churn = format!(
         "Fresh server: insert {}-{} B values until live data = {} MiB, delete 90% at random, insert \
          {}-{} B values back to {} MiB, wait {} ms; rss_bytes (VmRSS), rss_peak_bytes (VmHWM), \
-         server_used_bytes (used_memory / memcached bytes) against live_bytes (key + value bytes the \
-         generator stored and did not delete); bloat = rss / live, median [min, max].",
+         rss_start_bytes (VmRSS of the fresh server before the churn), server_used_bytes \
+         (used_memory / memcached bytes) against live_bytes (key + value bytes the generator stored \
+         and did not delete); bloat = rss / live, median [min, max].",
         CHURN_SIZES_A.0,
         CHURN_SIZES_A.1,
         o.churn_bytes >> 20,
@@ -637,6 +640,7 @@ fn run_target(
         let server = Server::start(o, t)?;
         let mut conns = server.connect(o.connections.min(8 * max_threads))?;
         let mut ctl = server.connect(1)?.remove(0);
+        let rss_start = server.rss().0;
         let spec = ChurnSpec {
             target: o.churn_bytes,
             sizes_a: CHURN_SIZES_A,
@@ -664,6 +668,7 @@ fn run_target(
             ops_per_sec: c.ops as f64 / c.secs,
             rss,
             hwm,
+            rss_start,
             live: Some(c.live_bytes),
             live_keys: Some(c.live_keys),
             server_keys: keys,
@@ -833,6 +838,8 @@ fn emit(
             .set("protocol", proto_of(o, sys).name())
             .set("target_bytes", o.churn_bytes);
         row = set_mem(row, &v);
+        let start = spread(v.iter().filter_map(|s| s.rss_start.map(|x| x as f64)));
+        row = row.set("rss_start_bytes", start.map(|s| s.median as u64));
         let sk = spread(v.iter().filter_map(|s| s.server_keys.map(|x| x as f64)));
         let lk = spread(v.iter().filter_map(|s| s.live_keys.map(|x| x as f64)));
         row = row
@@ -1017,6 +1024,24 @@ fn proto_of(o: &Opts, sys: &str) -> Proto {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ratio_rows_check_the_goals() {
+        let s = |m: f64| Spread {
+            median: m,
+            min: m,
+            max: m,
+        };
+        let ok = ratio_row("nibble", "redis", "get", 2, s(1.2), Some(s(1.4)));
+        assert_eq!(ok.get("goal_met"), Some(&serde_json::Value::from(true)));
+        let slow = ratio_row("nibble", "redis", "get", 2, s(0.9), Some(s(1.0)));
+        assert_eq!(slow.get("goal_met"), Some(&serde_json::Value::from(false)));
+        let laggy = ratio_row("nibble", "redis", "set", 2, s(2.0), Some(s(1.6)));
+        assert_eq!(laggy.get("goal_met"), Some(&serde_json::Value::from(false)));
+        let rb = ratio_row("nibble", "redis", "redis-benchmark GET", 1, s(1.0), None);
+        assert_eq!(rb.get("goal_met"), Some(&serde_json::Value::from(true)));
+        assert!(rb.get("p99_ratio").is_none());
+    }
 
     /// A fraction of a second of every phase against redis-server, when it
     /// is installed.
