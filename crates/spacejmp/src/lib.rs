@@ -179,7 +179,7 @@ impl Jmp {
     /// Map the header of `name` for inspection (`seg_ctl(sid, STAT)`).
     pub fn seg_header(&self, name: &str) -> Result<HeaderView> {
         let info = self.seg_find(name)?;
-        let v = HeaderView::open(
+        let v = HeaderView::open_path(
             &segment::seg_path(self.registry.dir(), name),
             info.header_size,
         )?;

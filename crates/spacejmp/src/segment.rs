@@ -392,7 +392,7 @@ pub struct HeaderView {
 
 impl HeaderView {
     /// Map the header of the segment file `path` (header size `header_size`).
-    pub(crate) fn open(path: &Path, header_size: u64) -> Result<HeaderView> {
+    pub fn open_path(path: &Path, header_size: u64) -> Result<HeaderView> {
         let file = open_raw(path, libc::O_RDWR, 0).map_err(|e| Error::io("open", path, e))?;
         let map = HeaderMap::new(&file, header_size, true)
             .map_err(|e| Error::io("map header", path, e))?;

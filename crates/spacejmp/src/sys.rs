@@ -16,29 +16,59 @@ pub struct ProcId {
     pub start: u64,
 }
 
+// Identity caches: `getpid`/`gettid` are system calls (~100 ns each with
+// today's mitigations) and the lock path needs them several times. The
+// caches are invalidated in the child of a `fork` by an atfork handler that
+// bumps FORK_GEN.
 static CACHED_ID: AtomicU64 = AtomicU64::new(0);
 static CACHED_PID: AtomicU32 = AtomicU32::new(0);
+static FORK_GEN: AtomicU32 = AtomicU32::new(1);
+static ATFORK: std::sync::Once = std::sync::Once::new();
+
+extern "C" fn after_fork_child() {
+    CACHED_PID.store(0, Ordering::Relaxed);
+    FORK_GEN.fetch_add(1, Ordering::Relaxed);
+}
 
 /// This process's identity (cached; recomputed after `fork`).
 pub fn self_id() -> ProcId {
-    // SAFETY: getpid has no preconditions.
-    let pid = unsafe { libc::getpid() } as u32;
-    if CACHED_PID.load(Ordering::Acquire) == pid {
+    let cached = CACHED_PID.load(Ordering::Acquire);
+    if cached != 0 {
         return ProcId {
-            pid,
+            pid: cached,
             start: CACHED_ID.load(Ordering::Relaxed),
         };
     }
+    ATFORK.call_once(|| {
+        // SAFETY: registers a handler that only stores to atomics, which is
+        // async-signal-safe as a fork child handler must be.
+        unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
+    });
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() } as u32;
     let start = proc_start(pid).map(|(s, _)| s).unwrap_or(0);
     CACHED_ID.store(start, Ordering::Relaxed);
     CACHED_PID.store(pid, Ordering::Release);
     ProcId { pid, start }
 }
 
-/// Kernel thread id of the caller.
+thread_local! {
+    static TID: std::cell::Cell<(u32, u32)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// Kernel thread id of the caller (cached per thread and fork generation).
 pub fn tid() -> u32 {
-    // SAFETY: gettid has no preconditions.
-    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+    let gen = FORK_GEN.load(Ordering::Relaxed);
+    TID.with(|c| {
+        let (g, t) = c.get();
+        if g == gen {
+            return t;
+        }
+        // SAFETY: gettid has no preconditions.
+        let t = unsafe { libc::syscall(libc::SYS_gettid) as u32 };
+        c.set((gen, t));
+        t
+    })
 }
 
 /// `(start time, state char)` of `pid` from `/proc/PID/stat`, or `None`

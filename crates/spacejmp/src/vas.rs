@@ -159,12 +159,21 @@ fn map_seg(jmp: &Jmp, sp: &mut Space, s: &HandleSeg, prefault: bool) -> Result<(
         },
         e => e,
     };
-    jmp.window()
-        .map_fixed(fd, 0, s.info.base, hs, true, prefault)
-        .map_err(named)?;
-    if let Err(e) = jmp
-        .window()
-        .map_fixed(fd, hs, s.info.base + hs, s.info.size - hs, w, prefault)
+    if w {
+        // Header and data share one protection: one mmap.
+        jmp.window()
+            .map_fixed(fd, 0, s.info.base, s.info.size, true, prefault)
+            .map_err(named)?;
+    } else {
+        jmp.window()
+            .map_fixed(fd, 0, s.info.base, hs, true, prefault)
+            .map_err(named)?;
+    }
+    if w {
+        // Done above.
+    } else if let Err(e) =
+        jmp.window()
+            .map_fixed(fd, hs, s.info.base + hs, s.info.size - hs, w, prefault)
     {
         let _ = jmp.window().unmap(s.info.base, hs);
         return Err(named(e));
@@ -331,7 +340,12 @@ impl<'j> VasHandle<'j> {
                 let s = &self.segs[i];
                 for b in ov {
                     if let Some(m) = sp.mapped.remove(&b) {
-                        self.jmp.window().unmap(b, m.size)?;
+                        // A displaced mapping inside the new range is
+                        // replaced by the MAP_FIXED below; only parts
+                        // outside it need the placeholder back.
+                        if b < s.info.base || b + m.size > s.info.end() {
+                            self.jmp.window().unmap(b, m.size)?;
+                        }
                     }
                 }
                 map_seg(self.jmp, &mut sp, s, self.prefault)?;

@@ -120,8 +120,7 @@ fn tmpfs_full_is_an_error_at_creation() {
     let size = (total + (1 << 30)).next_power_of_two();
     let e = jmp
         .seg_alloc("huge", size, &SegOptions::default())
-        .err()
-        .expect("must not fit");
+        .expect_err("must not fit");
     assert!(matches!(e, Error::NoSpace { .. }), "{e}");
     // Nothing half-created is left behind.
     assert!(matches!(jmp.seg_find("huge"), Err(Error::NotFound { .. })));
