@@ -72,7 +72,8 @@ pub fn hello(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
         proto = match int_arg(a[1]) {
             Ok(2) => Proto::Resp2,
             Ok(3) => Proto::Resp3,
-            _ => return Err("NOPROTO unsupported protocol version".into()),
+            Ok(_) => return Err("NOPROTO unsupported protocol version".into()),
+            Err(_) => return Err("ERR Protocol version is not an integer or out of range".into()),
         };
     }
     let mut i = 2;

@@ -12,6 +12,10 @@ fn hello_and_resp3_types() {
         r.cmd(&["HELLO", "4"]),
         V::Err("NOPROTO unsupported protocol version".into())
     );
+    assert_eq!(
+        r.cmd(&["HELLO", "x"]),
+        V::Err("ERR Protocol version is not an integer or out of range".into())
+    );
     let V::Map(m) = r.cmd(&["HELLO", "3", "SETNAME", "r3"]) else {
         panic!("HELLO 3 replies with a map")
     };
