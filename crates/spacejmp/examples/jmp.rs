@@ -168,7 +168,11 @@ fn run(args: &[String]) -> Result<(), Error> {
                 h.flags,
                 h.flags & segment::FLAG_LOCKABLE != 0
             );
-            println!("owner     uid {} mode {:o}", h.owner_uid, h.mode);
+            println!(
+                "owner     uid {} mode {:o}",
+                h.owner_uid,
+                h.mode.load(std::sync::atomic::Ordering::Acquire)
+            );
             println!(
                 "root      {:#x}",
                 h.root.load(std::sync::atomic::Ordering::Acquire)

@@ -318,6 +318,11 @@ impl<T: SegSafe> SegPtr<T> {
     }
 }
 
+/// The name for an owned allocation in a segment: a [`SegPtr`]
+/// returned by [`Active::alloc`] and released with [`Active::free`] (no
+/// destructor runs; segment memory outlives processes).
+pub type SegBox<T> = SegPtr<T>;
+
 /// A growable array whose buffer lives in the segment heap.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -611,6 +616,9 @@ impl<V: SegSafe> SegMap<V> {
                     return Err(Error::BadPointer { addr: n });
                 }
                 let node = &*(n as *const MapNode<V>);
+                if node.key_ptr < self.seg_base || node.key_ptr + node.key_len > seg_end {
+                    return Err(Error::BadPointer { addr: node.key_ptr });
+                }
                 if node.hash == h
                     && node.key_len as usize == key.len()
                     && std::slice::from_raw_parts(node.key_ptr as *const u8, key.len()) == key

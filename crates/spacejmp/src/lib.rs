@@ -26,6 +26,27 @@
 //! a.set_root("s0", t)?;
 //! # Ok(()) }
 //! ```
+//!
+//! A reference into a segment cannot outlive the switch that made it valid
+//! (the paper's rule "dereferencing p is safe in v and unsafe otherwise"):
+//!
+//! ```compile_fail
+//! # use spacejmp::{Jmp, Config, SegPtr};
+//! # fn f(jmp: &Jmp, p: SegPtr<u64>) -> Result<(), spacejmp::Error> {
+//! let vh = jmp.vas_attach("v0", Default::default())?;
+//! let r: &u64 = {
+//!     let a = vh.switch()?;
+//!     p.get(&a)?          // borrows the guard `a` ...
+//! };                      // ... which is dropped here: does not compile
+//! println!("{r}");
+//! # Ok(()) }
+//! ```
+//!
+//! and a struct holding process-private pointers cannot be stored:
+//!
+//! ```compile_fail
+//! spacejmp::seg_struct! { struct Bad { s: *const u64 } }   // a private pointer: not SegSafe
+//! ```
 
 pub mod error;
 pub mod heap;
@@ -37,7 +58,7 @@ pub mod vas;
 pub mod window;
 
 pub use error::{Error, Result};
-pub use heap::{SegMap, SegPtr, SegSafe, SegStr, SegVec};
+pub use heap::{SegBox, SegMap, SegPtr, SegSafe, SegStr, SegVec};
 pub use lock::{Acquired, Holder, Mode, RawRwLock};
 pub use registry::{RegState, Registry, VasInfo};
 pub use segment::{Access, Header, HeaderView, SegInfo, SegOptions};
@@ -169,10 +190,8 @@ impl Jmp {
                 detail: "only the owner may change the mode".into(),
             });
         }
-        let p = &h.mode as *const u32 as *mut u32;
-        // SAFETY: the header page is mapped shared and writable; `mode` is
-        // a plain u32 read by attachers only when validating.
-        unsafe { p.write_volatile(mode & 0o777) };
+        h.mode
+            .store(mode & 0o777, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 

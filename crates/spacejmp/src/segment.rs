@@ -37,7 +37,7 @@ use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// `b"SPACEJMP"` as a little-endian integer.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SPACEJMP");
@@ -61,7 +61,9 @@ pub struct Header {
     pub size: u64,
     pub header_size: u64,
     pub owner_uid: u32,
-    pub mode: u32,
+    /// Permission bits (owner `0o600`, others `0o006`); changed by
+    /// `seg_ctl`, hence atomic.
+    pub mode: AtomicU32,
     pub name: [u8; 64],
     pub created_unix: u64,
     /// One root pointer per segment, for finding data again after restart.
@@ -285,7 +287,7 @@ pub(crate) fn create_file(dir: &Path, info: &SegInfo, mode: u32) -> Result<()> {
     h.size = info.size;
     h.header_size = info.header_size;
     h.owner_uid = sys::euid();
-    h.mode = mode & 0o777;
+    *h.mode.get_mut() = mode & 0o777;
     let n = info.name.as_bytes();
     h.name[..n.len()].copy_from_slice(n);
     h.created_unix = std::time::SystemTime::now()
@@ -294,7 +296,7 @@ pub(crate) fn create_file(dir: &Path, info: &SegInfo, mode: u32) -> Result<()> {
         .unwrap_or(0);
     h.heap.init(info.data_start(), info.end());
     // Magic last: a half-written header never validates.
-    std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+    std::sync::atomic::fence(Ordering::Release);
     h.magic = MAGIC;
     Ok(())
 }
@@ -357,10 +359,11 @@ pub(crate) fn check_header(h: &Header, info: &SegInfo) -> Result<()> {
 }
 
 pub(crate) fn check_mode(h: &Header, name: &str, access: Access) -> Result<()> {
+    let mode = h.mode.load(Ordering::Acquire);
     let bits = if h.owner_uid == sys::euid() {
-        (h.mode >> 6) & 7
+        (mode >> 6) & 7
     } else {
-        h.mode & 7
+        mode & 7
     };
     let need = match access {
         Access::Read => 4,
@@ -371,7 +374,7 @@ pub(crate) fn check_mode(h: &Header, name: &str, access: Access) -> Result<()> {
             name: name.to_string(),
             detail: format!(
                 "header mode {:o} (owner uid {}) does not allow {access:?}",
-                h.mode, h.owner_uid
+                mode, h.owner_uid
             ),
         });
     }
@@ -419,11 +422,11 @@ pub(crate) fn clone_file(dir: &Path, from: &SegInfo, to: &SegInfo) -> Result<()>
     let mut dst_h =
         HeaderMap::new(&out, to.header_size, true).map_err(|e| Error::io("map header", &dst, e))?;
     dst_h.get_mut().heap.copy_from(&src_h.get().heap);
-    dst_h.get_mut().mode = src_h.get().mode;
-    dst_h.get().root.store(
-        src_h.get().root.load(std::sync::atomic::Ordering::Acquire),
-        std::sync::atomic::Ordering::Release,
-    );
+    *dst_h.get_mut().mode.get_mut() = src_h.get().mode.load(Ordering::Acquire);
+    dst_h
+        .get()
+        .root
+        .store(src_h.get().root.load(Ordering::Acquire), Ordering::Release);
     use std::io::{Read, Seek, SeekFrom, Write};
     let mut out = out;
     inp.seek(SeekFrom::Start(from.header_size))
