@@ -66,6 +66,9 @@ pub struct Cli {
     /// memcached text protocol port (off unless given; 0 = pick one).
     #[arg(long)]
     pub memcached_port: Option<u16>,
+    /// Serve memcached on its usual port 11211 (unless --memcached-port says otherwise).
+    #[arg(long)]
+    pub memcached: bool,
     /// Unix socket path for RESP.
     #[arg(long)]
     pub unixsocket: Option<PathBuf>,
@@ -319,6 +322,9 @@ impl ServerConfig {
         )?;
         set("max-inline-len", cli.max_inline_len.clone())?;
         set("loglevel", cli.loglevel.clone())?;
+        if cli.memcached && c.memcached_port.is_none() {
+            c.memcached_port = Some(DEFAULT_MEMCACHED_PORT);
+        }
         if cli.no_pin {
             c.pin = false;
         }
@@ -495,5 +501,30 @@ mod tests {
         assert_eq!(c.requirepass.as_deref(), Some("s p"));
         assert_eq!(c.mode, Mode::Nibble2);
         assert!(c.apply_file_text("bogus 1").is_err());
+    }
+
+    #[test]
+    fn flags_override() {
+        let cli = Cli::parse_from([
+            "nibble",
+            "serve",
+            "--memcached",
+            "--port",
+            "-1",
+            "--maxmemory",
+            "1gb",
+        ]);
+        let c = ServerConfig::from_cli(&cli).unwrap();
+        assert_eq!(c.memcached_port, Some(DEFAULT_MEMCACHED_PORT));
+        assert_eq!(c.port, None);
+        assert_eq!(c.capacity, 1 << 30);
+        let d = ServerConfig::from_cli(&Cli::parse_from(["nibble"])).unwrap();
+        assert_eq!(
+            (d.bind.clone(), d.port, d.memcached_port),
+            (vec!["127.0.0.1".to_string()], Some(6379), None)
+        );
+        assert!(
+            d.capacity <= DEFAULT_CAPACITY_CAP && d.capacity >= nibble::MIN_CAPACITY_BYTES as u64
+        );
     }
 }
