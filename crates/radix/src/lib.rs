@@ -1,0 +1,59 @@
+//! The radix address map of RadixVM (EuroSys 2013, §3.2): virtual page
+//! number -> mapping metadata, with operations on disjoint ranges that
+//! share no cache lines.
+//!
+//! An address space is a map from page numbers to metadata. RadixVM keeps
+//! it in a fixed-depth radix tree shaped like a hardware page table: each
+//! level is indexed by 9 bits of the page number (512 slots per node), so
+//! four levels cover a 36-bit page number (48-bit addresses, 4 KiB
+//! pages). Point queries and iteration only; no balancing, so an update
+//! writes only the slots of its own pages and never an interior node a
+//! concurrent operation on other pages reads.
+//!
+//! Folding keeps it small: a slot at an interior level may hold a value
+//! instead of a child pointer, meaning "every page under this slot has
+//! this value". Setting a range to one value writes the largest aligned
+//! slots the range covers; a write to part of a folded slot first
+//! *expands* it into a child node whose 512 entries all hold the folded
+//! value. Empty address space is a handful of empty slots near the root.
+//!
+//! Every slot has a lock bit. Range operations lock the slots covering
+//! their range, left to right (so they cannot deadlock), and a range lock
+//! is an RAII [`RangeGuard`] that unlocks exactly the slots it locked.
+//! Expansion happens under the lock of the slot being expanded, and the
+//! new node is born with the lock bit set in the entries the locker's
+//! range covers: publishing the node pointer hands the lock down a level
+//! in one store.
+//!
+//! ```text
+//!  thread A: lock [0x200, 0x280)      thread B: lock [0x300, 0x400)
+//!   root[0] = value V (folded) ───────────── both need root[0]'s subtree
+//!   CAS root[0]: V -> V|L                B spins on root[0]
+//!   child = [V|L x 0x80 at 0x200.., V elsewhere]  (unpublished)
+//!   store root[0] = NODE(child)          B sees NODE, descends,
+//!                                        locks child[0x300..0x400): free
+//!   ... A and B now share nothing ...
+//! ```
+//!
+//! Lookups take no locks and write nothing: they follow node pointers and
+//! read the slot, ignoring its lock bit (a locked slot still holds the
+//! value in force until the locker replaces it).
+//!
+//! Values are 61-bit integers ([`MAX_VALUE`]) stored in the slot word
+//! itself, so a lookup is one load per level and a set is one store per
+//! slot; callers keep richer metadata elsewhere and store an index or a
+//! packed descriptor. Nodes are never freed while the map lives (as in
+//! sv6).
+
+#![no_std]
+#![warn(missing_docs)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+extern crate alloc;
+
+mod map;
+mod sync;
+
+pub use map::{
+    Config, RadixMap, RangeGuard, Run, BITS_PER_LEVEL, DEFAULT_LEVELS, MAX_VALUE, SLOTS_PER_NODE,
+};
