@@ -55,11 +55,19 @@
 //! server: insert values of 64-256 B until live data reaches `--churn-mib`,
 //! delete 90 % of them at random, insert values of 512-1024 B until live
 //! data is back at the target (the destructive pattern of `memlab frag`:
-//! an allocator cannot reuse the holes for the new sizes), wait a moment
-//! (so background compaction or purging can act), then report RSS, peak
-//! RSS (`VmHWM`), the server's own `used_memory` / `bytes` and key count,
-//! and bloat. A SET the server refuses (out of memory) is counted and the
-//! key is not live; `completed = NO` says the target was not reached.
+//! an allocator cannot reuse the holes for the new sizes), wait 3 s (1.5 s
+//! with `--quick`; so background compaction, decay or purging can act),
+//! then report RSS, peak RSS (`VmHWM`), the server's own `used_memory` /
+//! `bytes` and key count, and bloat. Then, for servers that have it,
+//! `MEMORY PURGE` (Redis: jemalloc returns its dirty pages at once) and RSS
+//! again (`rss_purged_bytes`): the peer's best case, beside the as-is
+//! figure the ratios use. A SET the server refuses (out of memory) is
+//! counted and the key is not live; `completed = NO` says the target was
+//! not reached.
+//!
+//! Before each server starts, memlab touches and frees as much memory as
+//! the limit (`util::prime_memory`), so no system pays for the virtual
+//! machine handing back cold pages more than another.
 //!
 //! # Peers and their absence
 //!
@@ -92,7 +100,7 @@ use crate::util::{self, Spread, Watchdog};
 use crate::ycsb::{Dist, KeyChooser};
 use crate::RunOpts;
 use load::{ChurnSpec, Conn, Mix, KEY_LEN};
-use proto::Proto;
+use proto::{Expect, Proto};
 use sut::{Bins, ServerProc, Sys};
 
 const BENCH: &str = "server";
@@ -282,6 +290,8 @@ struct Sample {
     hwm: Option<u64>,
     /// RSS of the fresh server before the churn.
     rss_start: Option<u64>,
+    /// RSS after `MEMORY PURGE`, where the server has it.
+    rss_purged: Option<u64>,
     live: Option<u64>,
     live_keys: Option<u64>,
     server_keys: Option<u64>,
@@ -363,7 +373,7 @@ pub fn run_cli(a: ServerArgs) -> Result<i32, String> {
         phases,
         memory: memory_mib << 20,
         churn_bytes: churn_mib << 20,
-        churn_settle: Duration::from_millis(if q { 500 } else { 2000 }),
+        churn_settle: Duration::from_millis(if q { 1500 } else { 3000 }),
         rb_requests: a.rb_requests.unwrap_or(if q { 100_000 } else { 1_000_000 }),
         repeat: a.run.repeat(1),
     };
@@ -471,7 +481,8 @@ fn notes(o: &Opts, rep: &mut Reporter, rb: bool) {
     let churn = format!(
         "Fresh server: insert {}-{} B values until live data = {} MiB, delete 90% at random, insert \
          {}-{} B values back to {} MiB, wait {} ms; rss_bytes (VmRSS), rss_peak_bytes (VmHWM), \
-         rss_start_bytes (VmRSS of the fresh server before the churn), server_used_bytes \
+         rss_start_bytes (VmRSS of the fresh server before the churn), rss_purged_bytes (VmRSS \
+         after MEMORY PURGE, where the server has it: Redis's best case), server_used_bytes \
          (used_memory / memcached bytes) against live_bytes (key + value bytes the generator stored \
          and did not delete); bloat = rss / live, median [min, max].",
         CHURN_SIZES_A.0,
@@ -653,6 +664,20 @@ fn run_target(
         std::thread::sleep(o.churn_settle);
         let (keys, used) = sut::server_counts(&mut ctl);
         let (rss, hwm) = server.rss();
+        // Redis's allocator keeps freed pages a while; MEMORY PURGE returns
+        // them at once: its best case, reported beside the as-is figure.
+        let purged = match ctl.proto() {
+            Proto::Resp => {
+                match ctl.call(Expect::Line, &[b"MEMORY", b"PURGE"], |r| r.is_stored()) {
+                    Ok(true) => {
+                        std::thread::sleep(Duration::from_millis(100));
+                        server.rss().0
+                    }
+                    _ => None,
+                }
+            }
+            Proto::Memcached => None,
+        };
         if let Some(k) = keys.filter(|&k| k < c.live_keys) {
             rep.fail(format!(
                 "{CHURN} {name} run {}: the server holds {k} keys, {} should be live (evicted or lost)",
@@ -669,6 +694,7 @@ fn run_target(
             rss,
             hwm,
             rss_start,
+            rss_purged: purged,
             live: Some(c.live_bytes),
             live_keys: Some(c.live_keys),
             server_keys: keys,
@@ -840,6 +866,8 @@ fn emit(
         row = set_mem(row, &v);
         let start = spread(v.iter().filter_map(|s| s.rss_start.map(|x| x as f64)));
         row = row.set("rss_start_bytes", start.map(|s| s.median as u64));
+        let purged = spread(v.iter().filter_map(|s| s.rss_purged.map(|x| x as f64)));
+        row = row.set("rss_purged_bytes", purged.map(|s| s.median as u64));
         let sk = spread(v.iter().filter_map(|s| s.server_keys.map(|x| x as f64)));
         let lk = spread(v.iter().filter_map(|s| s.live_keys.map(|x| x as f64)));
         row = row
