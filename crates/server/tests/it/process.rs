@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{client, q, start};
+use crate::common::{client, q, start_with};
 
 const BIN: &str = env!("CARGO_BIN_EXE_nibble");
 
@@ -101,7 +101,8 @@ fn redis_benchmark_has_no_errors() {
         println!("SKIPPED redis_benchmark_has_no_errors: redis-benchmark not installed (apt-get install redis-tools)");
         return;
     };
-    let s = start();
+    // Pinned workers, as the binary runs by default.
+    let s = start_with(|c| c.pin = true);
     let port = s.resp_port().unwrap().to_string();
     let out = Command::new(bench)
         .args([
