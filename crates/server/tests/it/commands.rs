@@ -225,7 +225,16 @@ fn incr_family() {
 
 #[test]
 fn incr_is_atomic_under_concurrency() {
-    let s = start();
+    concurrent_rmw(nibble::Mode::Nibble);
+}
+
+#[test]
+fn incr_is_atomic_under_concurrency_nibble2() {
+    concurrent_rmw(nibble::Mode::Nibble2);
+}
+
+fn concurrent_rmw(mode: nibble::Mode) {
+    let s = crate::common::start_with(|c| c.mode = mode);
     let port = s.resp_port().unwrap();
     let threads: Vec<_> = (0..4)
         .map(|_| {
