@@ -132,6 +132,9 @@ pub const ABOUT: &str = "The nibble server against redis-server and memcached ov
     Peers: redis-server, redis-benchmark and memcached from PATH (Debian: apt-get install redis-server \
     redis-tools memcached); nibble next to memlab (cargo build --release -p server) or --nibble-bin. A missing \
     one is skipped with a note. --endpoint HOST:PORT measures a running server instead.\n\n\
+    --threads are client threads (default 2; each drives connections/threads connections).\n\
+    Defaults: 1M keys, 1024 MiB limit, 3 s phases, churn to 5/16 of the limit, redis-benchmark -n 1000000, \
+    3 runs.\n\
     --quick: 100k keys, 256 MiB limit, 1 s phases, 48 MiB churn, redis-benchmark -n 100000, 1 run (unless \
     given).\n\
     Exit status 1 if a GET of a loaded key missed or returned a wrong value, a server failed, or replies were \
