@@ -143,6 +143,14 @@ async fn flush<S: AsyncWrite + Unpin>(
     Ok(())
 }
 
+/// Drop up to `skip` pending bytes; true if more remain to be dropped.
+fn discard(inb: &mut InBuf, skip: &mut u64) -> bool {
+    let n = (inb.filled - inb.start).min(usize::try_from(*skip).unwrap_or(usize::MAX));
+    inb.start += n;
+    *skip -= n as u64;
+    *skip > 0
+}
+
 /// Serve one connection until it closes.
 pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     mut s: S,
@@ -168,6 +176,8 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     };
     let mut parser = Parser::new();
     let mut want = 1;
+    // memcached: bytes of a too-large data block still to discard.
+    let mut skip: u64 = 0;
     loop {
         if let Err(end) = read_more(&mut s, &mut inb, want, &shared, stats, &mut shutdown).await {
             if let ReadEnd::Timeout = end {
@@ -175,6 +185,9 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             }
             let _ = flush(&mut s, &mut out, stats).await;
             return;
+        }
+        if skip > 0 && discard(&mut inb, &mut skip) {
+            continue;
         }
         if inb.filled - inb.start
             > shared.settings.query_buffer_limit.load(Ordering::Relaxed) as usize
@@ -233,6 +246,9 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 Protocol::Memcached => {
                     match memcache::parse(inb.pending(), shared.settings.max_bulk()) {
                         Ok(McParsed::Command(cmd, used)) => {
+                            if let memcache::McCommand::TooLarge { skip: n } = cmd {
+                                skip = n;
+                            }
                             close = crate::mc_exec::execute(
                                 &shared,
                                 stats,
@@ -258,6 +274,9 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                     inb.start += used;
                     want = 1;
                     if close {
+                        break;
+                    }
+                    if skip > 0 && discard(&mut inb, &mut skip) {
                         break;
                     }
                     if out.len() >= OUT_SOFT && flush(&mut s, &mut out, stats).await.is_err() {

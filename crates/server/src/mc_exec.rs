@@ -157,6 +157,7 @@ pub fn execute(
         }
         McCommand::Verbosity { noreply } => ("OK".into(), noreply),
         McCommand::Quit => return true,
+        McCommand::TooLarge { .. } => ("SERVER_ERROR object too large for cache".into(), false),
         McCommand::Error(e) => (e.into(), false),
     };
     if !noreply {

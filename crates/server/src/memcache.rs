@@ -21,9 +21,10 @@
 //! read). Errors that memcached answers and survives (an unknown command,
 //! a malformed line) come back as [`McCommand::Error`] with the reply text;
 //! errors after which the byte stream cannot be trusted (a line over
-//! [`MAX_LINE`] bytes, a data block not followed by `\r\n`, a value over the
-//! size limit, whose bytes we would have to skip blindly) are [`McFatal`]:
-//! the connection replies and closes.
+//! [`MAX_LINE`] bytes, a data block not followed by `\r\n`) are
+//! [`McFatal`]: the connection replies and closes. A value over the size
+//! limit is [`McCommand::TooLarge`]: the connection replies and then
+//! discards the announced data block, as memcached does.
 
 /// Longest command line (memcached's limit is 2048 for keys + tokens).
 pub const MAX_LINE: usize = 2048;
@@ -123,6 +124,13 @@ pub enum McCommand<'a> {
     },
     /// quit.
     Quit,
+    /// A storage command whose value is over the limit: reply
+    /// `SERVER_ERROR object too large for cache`, then discard the next
+    /// `skip` bytes (the data block and its CRLF).
+    TooLarge {
+        /// Bytes to discard.
+        skip: u64,
+    },
     /// A recoverable error: reply with this line and continue.
     Error(&'static str),
 }
@@ -198,7 +206,11 @@ pub fn parse(buf: &[u8], max_value: usize) -> Result<McParsed<'_>, McFatal> {
                 return c(McCommand::Error(BAD_FORMAT));
             }
             if bytes as u64 > max_value as u64 {
-                return Err(McFatal("SERVER_ERROR object too large for cache"));
+                // Like memcached: answer, then skip the data block as it
+                // arrives (the connection does the skipping).
+                return c(McCommand::TooLarge {
+                    skip: bytes as u64 + 2,
+                });
             }
             let cas = if verb == StoreVerb::Cas {
                 match num::<u64>(toks[5]) {
@@ -388,5 +400,9 @@ mod tests {
             McParsed::Command(McCommand::Error("ERROR"), 7)
         ));
         assert!(parse(&[b'a'; 5000], 1 << 20).is_err());
+        assert_eq!(
+            parse(b"set k 0 0 100\r\n", 10).unwrap(),
+            McParsed::Command(McCommand::TooLarge { skip: 102 }, 15)
+        );
     }
 }

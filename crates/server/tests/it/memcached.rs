@@ -185,3 +185,19 @@ fn shared_with_redis_and_hashes_are_safe() {
     assert!(err(&mut c, &["HGET", "shared", "f"]).starts_with("WRONGTYPE"));
     assert_eq!(q::<String>(&mut c, &["TYPE", "shared"]), "string");
 }
+
+#[test]
+fn too_large_value_is_skipped_like_memcached() {
+    let s = crate::common::start_with(|c| c.proto_max_bulk_len = 1 << 20);
+    let mut m = Mc::new(s.memcached_port().unwrap());
+    let n = (1 << 20) + 10;
+    m.send(format!("set big 0 0 {n}\r\n").as_bytes());
+    let data = vec![b'q'; n];
+    for piece in data.chunks(100_000) {
+        m.send(piece);
+    }
+    m.send(b"\r\nset after 0 0 1\r\nz\r\nget big after\r\n");
+    assert_eq!(m.line(), "SERVER_ERROR object too large for cache");
+    assert_eq!(m.line(), "STORED");
+    assert_eq!(m.until_end(), vec!["VALUE after 0 1", "z"]);
+}
