@@ -32,6 +32,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -423,6 +424,7 @@ fn bench_gups(jmp: &Jmp, out: &mut Out, quick: bool) -> Res<()> {
             figures: vec![("mups", mups), ("windows", w as f64)],
             note: "mmap MAP_FIXED of the window file per batch",
         });
+        gups_mp(jmp, out, w, win, batch, updates, &dj)?;
         for i in 0..w {
             jmp.vas_remove(&format!("gv{w}-o{i}"))?;
             jmp.vas_remove(&format!("gv{w}-d{i}"))?;
@@ -431,6 +433,170 @@ fn bench_gups(jmp: &Jmp, out: &mut Out, quick: bool) -> Res<()> {
         }
     }
     Ok(())
+}
+
+/// Ring of update values in a shared segment (SPSC): head, tail and done
+/// words on their own cache lines, then `RING` slots.
+const RING: u64 = 1 << 16;
+
+struct Ring {
+    base: u64,
+}
+
+impl Ring {
+    fn word(&self, i: u64) -> &AtomicU64 {
+        // SAFETY: the ring segment's data area is mapped (both processes
+        // keep their VAS attached) and 64-aligned; words 0, 8, 16 (x8 bytes)
+        // are the head, tail and done counters, accessed only atomically.
+        unsafe { &*((self.base + i * 64) as *const AtomicU64) }
+    }
+    fn head(&self) -> &AtomicU64 {
+        self.word(0)
+    }
+    fn tail(&self) -> &AtomicU64 {
+        self.word(1)
+    }
+    fn done(&self) -> &AtomicU64 {
+        self.word(2)
+    }
+    fn slot(&self, k: u64) -> *mut u64 {
+        (self.base + 256 + (k % RING) * 8) as *mut u64
+    }
+}
+
+/// MP: one process per window; the driver sends update values over a
+/// shared-memory ring per process.
+fn gups_mp(
+    jmp: &Jmp,
+    out: &mut Out,
+    w: u64,
+    win: u64,
+    batch: u64,
+    updates: u64,
+    windows: &[String],
+) -> Res<()> {
+    let mut kids = Vec::new();
+    let mut rings = Vec::new();
+    let mut handles = Vec::new();
+    for i in 0..w {
+        let r = format!("gr{w}-{i}");
+        seg(jmp, &r, 256 + RING * 8, false, None, false)?;
+        let v = format!("gm{w}-{i}");
+        vas(jmp, &v, &[&windows[i as usize], &r])?;
+        let h = jmp.vas_attach(&v, AttachOptions::default())?;
+        let base = h
+            .segments()
+            .find(|(s, _)| s.name == r)
+            .map(|(s, _)| s.data_start())
+            .ok_or("ring")?;
+        rings.push(Ring { base });
+        handles.push(h);
+    }
+    let store = jmp.registry().dir().display().to_string();
+    for i in 0..w {
+        let mut c = Command::new(std::env::current_exe()?)
+            .args([
+                "--child",
+                &format!("gups-mp:{w}:{}", windows[i as usize]),
+                &store,
+                &i.to_string(),
+            ])
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let mut rd = BufReader::new(c.stdout.take().ok_or("stdout")?);
+        let mut line = String::new();
+        rd.read_line(&mut line)?;
+        if line.trim() != "ready" {
+            return Err(format!("gups child: {line}").into());
+        }
+        kids.push((c, rd));
+    }
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let t = Instant::now();
+    let mut done = 0;
+    while done < updates {
+        let r = &rings[(rng.next() % w) as usize];
+        let head = r.head().load(Ordering::Relaxed);
+        while head + batch - r.tail().load(Ordering::Acquire) > RING {
+            std::thread::yield_now();
+        }
+        for k in 0..batch {
+            // SAFETY: slot `head + k` is free (the consumer's tail is at most
+            // RING - batch behind) and written only by this producer.
+            unsafe { *r.slot(head + k) = rng.next() };
+        }
+        r.head().store(head + batch, Ordering::Release);
+        done += batch;
+    }
+    for r in &rings {
+        while r.tail().load(Ordering::Acquire) != r.head().load(Ordering::Relaxed) {
+            std::thread::yield_now();
+        }
+    }
+    let mups = updates as f64 / t.elapsed().as_secs_f64() / 1e6;
+    for r in &rings {
+        r.done().store(1, Ordering::Release);
+    }
+    for (mut c, _) in kids {
+        c.wait()?;
+    }
+    drop(handles);
+    out.push(Row {
+        bench: "gups",
+        system: "MP".into(),
+        params: format!("windows={w} win={}MiB batch={batch}", win >> 20),
+        figures: vec![("mups", mups), ("windows", w as f64)],
+        note: "one process per window, updates over a shared-memory ring (2 cores shared)",
+    });
+    for i in 0..w {
+        jmp.vas_remove(&format!("gm{w}-{i}"))?;
+        jmp.seg_remove(&format!("gr{w}-{i}"))?;
+    }
+    Ok(())
+}
+
+fn gups_mp_child(w: &str, window: &str, store: &str, i: u64) -> Res<()> {
+    let jmp = Jmp::open(Config::with_store(store))?;
+    let vh = jmp.vas_attach(&format!("gm{w}-{i}"), AttachOptions::default())?;
+    let mut a = vh.switch()?;
+    let ring = Ring {
+        base: a.bytes(&format!("gr{w}-{i}"))?.as_ptr() as u64,
+    };
+    let b = a.bytes_mut(window)?;
+    let words = b.len() / 8;
+    // SAFETY: the window's data area is 8-aligned and `words * 8` bytes.
+    let t64 = unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr() as *mut u64, words) };
+    for x in t64.iter_mut().step_by(512) {
+        *x = 0;
+    }
+    println!("ready");
+    std::io::stdout().flush()?;
+    let mut tail = ring.tail().load(Ordering::Relaxed);
+    let mut idle = 0u32;
+    loop {
+        let head = ring.head().load(Ordering::Acquire);
+        if head != tail {
+            for k in tail..head {
+                // SAFETY: slots in [tail, head) were published by the
+                // producer's Release store of head.
+                let r = unsafe { *ring.slot(k) };
+                t64[(r as usize) % words] ^= r;
+            }
+            tail = head;
+            ring.tail().store(tail, Ordering::Release);
+            idle = 0;
+        } else if ring.done().load(Ordering::Acquire) != 0 {
+            break;
+        } else {
+            idle += 1;
+            if idle > 64 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+    std::process::exit(0);
 }
 
 fn key(i: u64) -> String {
@@ -474,6 +640,10 @@ fn write_offset_file(path: &Path, n: u64) -> Res<()> {
 
 /// Child roles: print the answer to one query as early as possible.
 fn child(role: &str, arg: &str, q: u64) -> Res<()> {
+    if let Some(rest) = role.strip_prefix("gups-mp:") {
+        let (w, window) = rest.split_once(':').ok_or("gups-mp role")?;
+        return gups_mp_child(w, window, arg, q);
+    }
     let k = key(q);
     let ans: u64 = match role {
         "spawn" => q,

@@ -146,10 +146,7 @@ impl Window {
         } else {
             libc::PROT_READ
         };
-        let mut flags = libc::MAP_SHARED | libc::MAP_FIXED;
-        if populate {
-            flags |= libc::MAP_POPULATE;
-        }
+        let flags = libc::MAP_SHARED | libc::MAP_FIXED;
         // SAFETY: the range is inside our reservation (checked above) and the
         // caller guarantees no segment is mapped there, so MAP_FIXED replaces
         // only our PROT_NONE placeholder and no live Rust reference points
@@ -170,6 +167,34 @@ impl Window {
                 base,
                 errno: sys::errno(),
             });
+        }
+        if populate {
+            // Pre-fault with read faults (MADV_POPULATE_READ): shared memory
+            // needs no write-notify, so the PTEs come out writable and later
+            // writes take no fault. Kernels before 5.14 lack the advice:
+            // fall back to MAP_POPULATE.
+            // SAFETY: advice on our own fresh mapping; it only faults pages in.
+            let r = unsafe { libc::madvise(p, size as usize, libc::MADV_POPULATE_READ) };
+            if r != 0 {
+                // SAFETY: as above, replacing our own mapping of the same file.
+                let q = unsafe {
+                    libc::mmap(
+                        p,
+                        size as usize,
+                        prot,
+                        flags | libc::MAP_POPULATE,
+                        fd,
+                        offset as libc::off_t,
+                    )
+                };
+                if q == libc::MAP_FAILED {
+                    return Err(Error::MapFailed {
+                        name: String::new(),
+                        base,
+                        errno: sys::errno(),
+                    });
+                }
+            }
         }
         Ok(())
     }
