@@ -5,7 +5,7 @@
 //!  for each utilization u (10 %, 30 %, 50 %, 70 %, 90 %):
 //!    a fresh store of fixed capacity C
 //!    load records until live data = u × the store's block pool   (Nibble's
-//!      count: 32 B header + key + value per record)
+//!      count: 24 B header + key + value per record)
 //!    2 × records random overwrites, unmeasured (`ycsb::condition`)
 //!    YCSB-A, uniform, 2 threads, warm-up + `seconds`              -> one row
 //! ```
@@ -193,12 +193,13 @@ pub fn run(o: &FillOpts, rep: &mut Reporter) -> std::io::Result<()> {
         BENCH,
         &format!(
             "YCSB-A (50% read, 50% update), uniform, on a store of {:.0} MiB (block pool {:.1} MiB) loaded to a \
-             utilization of live data (32 B header + key + {} B value per record) / pool, then 2 x records random overwrites (unmeasured); {} ms warm-up + {} ms \
+             utilization of live data ({} B header + key + {} B value per record) / pool, then 2 x records random overwrites (unmeasured); {} ms warm-up + {} ms \
              measured; fresh store per utilization, one process per (system, run). ops_per_sec: median of {} runs \
              [min, max]. Compaction columns: deltas over warm-up + run (Nibble variants only). Baselines load the \
              same records.",
             o.capacity as f64 / (1u64 << 20) as f64,
             pool as f64 / (1u64 << 20) as f64,
+            nibble::object::HEADER_BYTES,
             o.value_size,
             o.warmup.as_millis(),
             o.duration.as_millis(),

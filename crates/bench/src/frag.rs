@@ -357,7 +357,7 @@ pub fn run(o: &FragOpts, rep: &mut Reporter) -> std::io::Result<()> {
              (size - 16) B value. Each (system, pair, run) in a fresh process, {} at a time (secs: wall time of a cell, under that load); rss_bytes = VmRSS at the end (the \
              process's own ~few MiB included); bloat = rss / live, median of {} runs [min, max]. Nibble capacity \
              {:.0} MiB (1.5 x target); on out-of-memory: compact_now, retry once, else stop (completed = NO). \
-             nibble_live_bytes: the store's own count (32 B object headers included).",
+             nibble_live_bytes: the store's own count (24 B object headers included).",
             o.target_bytes as f64 / (1u64 << 20) as f64,
             o.jobs,
             o.repeat,

@@ -49,9 +49,11 @@ pub const DEFAULT_DECAY_MS: u64 = 1000;
 /// Metadata bytes the store sets aside per 64 KiB block (tables, SegmentInfo,
 /// buddy lists).
 const METADATA_BYTES_PER_BLOCK: usize = 512;
-/// How long a write waits for compaction to free space before reporting
-/// out of memory.
+/// Rounds (of `APPEND_WAIT_ROUND_MS`) a write waits for compaction to free
+/// space, with no compaction progress, before reporting out of memory.
 const APPEND_WAIT_ROUNDS: u32 = 50;
+/// Most rounds a writer waits while compaction is making progress.
+const APPEND_WAIT_MAX_ROUNDS: u32 = 2000;
 const APPEND_WAIT_ROUND_MS: u64 = 1;
 
 /// Nibble or Nibble-2.
@@ -400,7 +402,6 @@ impl Inner {
         self.space.1.wait_while_for(&mut g, |v| *v == seen, d);
     }
 
-    /// Append an object to the local node's log (one attempt).
     /// Prefetch where this CPU's next append of `len` bytes will go.
     #[inline]
     fn prefetch_append(&self, len: usize) {
@@ -409,6 +410,7 @@ impl Inner {
         self.logs[node].prefetch(&self.mem, head, len);
     }
 
+    /// Append an object to the local node's log (one attempt).
     fn try_append(
         &self,
         len: usize,
@@ -433,7 +435,14 @@ impl Inner {
         let gave_up = self.last_nothing_pass.load(Ordering::Acquire) > since_pass
             && self.last_nothing_pass.load(Ordering::Acquire)
                 > self.last_progress_pass.load(Ordering::Acquire);
-        if round >= APPEND_WAIT_ROUNDS || (round > 1 && gave_up) {
+        // Compaction that frees segments while we wait is worth waiting
+        // for (at high utilization it is slow but steady); a pass that found
+        // nothing, or no progress at all for APPEND_WAIT_ROUNDS, is not.
+        let progressed = self.last_progress_pass.load(Ordering::Acquire) > since_pass;
+        if round >= APPEND_WAIT_MAX_ROUNDS
+            || (round >= APPEND_WAIT_ROUNDS && !progressed)
+            || (round > 1 && gave_up)
+        {
             return Err(Error::OutOfMemory { what: "log" });
         }
         self.wake_workers();
