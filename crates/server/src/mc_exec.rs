@@ -84,7 +84,19 @@ pub fn execute(
             let r = if flags == HASH_FLAGS {
                 "CLIENT_ERROR flags value 4294967295 is reserved by this server".into()
             } else {
-                storage(shared, verb, key, flags, exptime, data, cas, buf).into()
+                storage(
+                    shared,
+                    Storage {
+                        verb,
+                        key,
+                        flags,
+                        exptime,
+                        data,
+                        cas,
+                    },
+                    buf,
+                )
+                .into()
             };
             (r, noreply)
         }
@@ -166,17 +178,25 @@ pub fn execute(
     false
 }
 
-#[allow(clippy::too_many_arguments)]
-fn storage(
-    shared: &Shared,
+/// A storage command's arguments.
+struct Storage<'a> {
     verb: StoreVerb,
-    key: &[u8],
+    key: &'a [u8],
     flags: u32,
     exptime: i64,
-    data: &[u8],
+    data: &'a [u8],
     cas: u64,
-    buf: &mut Vec<u8>,
-) -> &'static str {
+}
+
+fn storage(shared: &Shared, a: Storage<'_>, buf: &mut Vec<u8>) -> &'static str {
+    let Storage {
+        verb,
+        key,
+        flags,
+        exptime,
+        data,
+        cas,
+    } = a;
     let store = &shared.store;
     let expiry = expiry_of(exptime).map_or(Expiry::Never, Expiry::At);
     let condition = match verb {
