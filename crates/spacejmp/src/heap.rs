@@ -1,7 +1,7 @@
 //! Segment heaps and the types that may live in segments.
 //!
 //! SpaceJMP §4.1 ("Runtime library"): the allocator is built over dlmalloc's
-//! `m_space`, "an allocator's internal state [that] may be placed at
+//! `m_space`, "an allocator's internal state \[that\] may be placed at
 //! arbitrary locations"; each segment has its own `m_space`, so memory
 //! allocated by one process can be freed by another and found again after a
 //! restart. Here the state is a [`HeapState`] in the segment header:
@@ -364,6 +364,9 @@ impl<T: SegSafe> SegVec<T> {
 
     /// A vector in segment `seg` holding a copy of `items`.
     pub fn from_slice(a: &mut Active<'_>, seg: &str, items: &[T]) -> Result<Self> {
+        if std::mem::align_of::<T>() > 16 {
+            return Err(Error::InvalidArgument("alignment above 16".into()));
+        }
         let mut v = Self::new();
         if !items.is_empty() {
             let bytes = std::mem::size_of_val(items) as u64;
@@ -392,9 +395,11 @@ impl<T: SegSafe> SegVec<T> {
         Ok(unsafe { std::slice::from_raw_parts(self.ptr as *const T, self.len as usize) })
     }
 
-    /// Append, growing the buffer in the same segment as the old buffer (or
-    /// in `seg` for the first allocation).
+    /// Append, growing the buffer in segment `seg`.
     pub fn push(&mut self, a: &mut Active<'_>, seg: &str, v: T) -> Result<()> {
+        if std::mem::align_of::<T>() > 16 {
+            return Err(Error::InvalidArgument("alignment above 16".into()));
+        }
         if self.len == self.cap {
             let ncap = (self.cap * 2).max(4);
             let sz = ncap * std::mem::size_of::<T>() as u64;
@@ -477,6 +482,17 @@ struct MapNode<V> {
 /// A chained hash map from byte strings to `V` whose table, nodes and keys
 /// all live in one segment. Built once by a writer, read in place by any
 /// process that switches into a VAS holding the segment.
+///
+/// The `SegMap` value itself is a small `Copy` header (table address, size,
+/// length). When it is stored in the segment (e.g. under the root), update it
+/// by copying it out, inserting, and writing it back — the guard cannot be
+/// borrowed mutably twice:
+///
+/// ```ignore
+/// let mut m = root.get(&a)?.map;
+/// m.insert(&mut a, b"k", 1)?;
+/// root.get_mut(&mut a)?.map = m;
+/// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct SegMap<V> {

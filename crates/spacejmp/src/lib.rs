@@ -6,11 +6,11 @@
 //!
 //! | paper | here | real or emulated |
 //! |---|---|---|
-//! | segment (VM object, §4.1) | a file on tmpfs / hugetlbfs / disk, mapped `MAP_FIXED` at its base inside a reserved [window](window) | real |
-//! | global names (kernel / Barrelfish service) | a flock-protected [registry](registry) file in the store directory | real |
-//! | lockable segment (§3.1) | a robust cross-process reader/writer [lock](lock) in the segment header; a dead holder is detected by pid + start time | real |
-//! | `vas_switch` = CR3 load (§4.1) | per-thread lock hand-over; **a switch between overlapping VASes is a process-wide remap**, not a CR3 write ([vas]) | disjoint switch real; overlap emulated by remapping |
-//! | `m_malloc` / `m_space` (§4.1) | a [heap](heap) whose state is in the segment header | real |
+//! | segment (VM object, §4.1) | a file on tmpfs / hugetlbfs / disk, mapped `MAP_FIXED` at its base inside a reserved [`window`] | real |
+//! | global names (kernel / Barrelfish service) | a flock-protected [`registry`] file in the store directory | real |
+//! | lockable segment (§3.1) | a robust cross-process reader/writer [`lock`] in the segment header; a dead holder is detected by pid + start time | real |
+//! | `vas_switch` = CR3 load (§4.1) | per-thread lock hand-over; **a switch between overlapping VASes is a process-wide remap**, not a CR3 write ([`vas`]) | disjoint switch real; overlap emulated by remapping |
+//! | `m_malloc` / `m_space` (§4.1) | a [`heap`] whose state is in the segment header | real |
 //! | compiler safety pass (§3.3, §4.3) | Rust types: [`SegSafe`], [`SegPtr`] dereferenced only through an [`Active`] guard, [`Active::vcast`] | checked at compile time and by range checks at run time |
 //!
 //! ```no_run

@@ -612,7 +612,9 @@ impl<'h> Active<'h> {
         Ok((h.live_bytes(), h.unused_bytes()))
     }
 
-    /// The data area of `seg` as bytes (read).
+    /// The data area of `seg` as bytes (read). For a lockable segment the
+    /// switch's lock excludes writers; a non-lockable segment is plain shared
+    /// memory that other processes may write at any time (use atomics there).
     pub fn bytes(&self, seg: &str) -> Result<&[u8]> {
         let s = &self.h.segs[self.index(seg)?].info;
         // SAFETY: the data area is mapped readable while the guard lives.

@@ -30,6 +30,10 @@ fn child_entry() {
         "incr" => incr(env("N").parse().unwrap()),
         "hold" => hold(env("ACCESS") == "w"),
         "create" => create(&env("PREFIX"), env("N").parse().unwrap()),
+        "vas-race" => {
+            let ok = child_jmp().vas_create("same", 0o660).is_ok();
+            println!("{}", if ok { "won" } else { "lost" });
+        }
         r => panic!("unknown role {r}"),
     }
 }
@@ -68,6 +72,10 @@ fn build() {
         )
         .unwrap();
     a.set_root("s", root).unwrap();
+    // Updating a map stored in the segment: copy the header out, write back.
+    let mut m = root.get(&a).unwrap().map;
+    m.insert(&mut a, b"late", 99).unwrap();
+    root.get_mut(&mut a).unwrap().map = m;
     println!("built {:#x}", root.addr());
 }
 
@@ -86,7 +94,8 @@ fn check_structure(a: &spacejmp::Active<'_>) {
         p = n.next;
     }
     assert_eq!(expect, 0);
-    assert_eq!(r.map.len() as u64, LIST_LEN);
+    assert_eq!(r.map.len() as u64, LIST_LEN + 1);
+    assert_eq!(r.map.get(a, b"late").unwrap(), Some(&99));
     for i in 0..LIST_LEN {
         assert_eq!(
             r.map.get(a, format!("key-{i}").as_bytes()).unwrap(),
@@ -250,4 +259,19 @@ fn concurrent_creators_do_not_corrupt_the_registry() {
     for s in &reg.segs {
         jmp.seg_header(&s.name).unwrap();
     }
+}
+
+#[test]
+fn only_one_process_creates_a_name() {
+    let st = Store::new("vasrace", 6);
+    drop(st.open());
+    let kids: Vec<_> = (0..4).map(|_| st.child("vas-race", &[])).collect();
+    let mut won = 0;
+    for k in kids {
+        let out = k.wait_with_output().unwrap();
+        assert!(out.status.success());
+        won += String::from_utf8_lossy(&out.stdout).matches("won").count();
+    }
+    assert_eq!(won, 1);
+    assert!(st.open().vas_find("same").is_ok());
 }
