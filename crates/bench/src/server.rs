@@ -467,7 +467,7 @@ fn notes(o: &Opts, rep: &mut Reporter, rb: bool) {
              phase (get 100% GET, set 100% SET, mixed {:.0}% GET). Every system has a {} MiB memory limit; nibble \
              over {}. ops_per_sec: median of {} runs [min, max]; p50/p99/p999_ns: every request in the window, HDR \
              histogram, median over runs; rss_bytes: server VmRSS after the phase; live_bytes = keys x (16 + \
-             value); bloat = rss / live.",
+             value); bloat = rss / live; wire: the protocol the generator spoke.",
             o.connections,
             o.pipeline,
             o.keys,
@@ -834,7 +834,7 @@ fn emit(
             let med = |f: fn(&Sample) -> Option<f64>| spread(v.iter().filter_map(|s| f(s)));
             let mut row = Row::new(BENCH, sys, *threads)
                 .set("phase", phase.as_str())
-                .set("protocol", proto_of(o, sys).name())
+                .set("wire", proto_of(o, sys).name())
                 .set("distribution", o.dist.name())
                 .set("connections", o.connections)
                 .set("pipeline", o.pipeline)
@@ -864,7 +864,7 @@ fn emit(
             continue;
         }
         let mut row = Row::new(CHURN, sys, v[0].threads)
-            .set("protocol", proto_of(o, sys).name())
+            .set("wire", proto_of(o, sys).name())
             .set("target_bytes", o.churn_bytes);
         row = set_mem(row, &v);
         let start = spread(v.iter().filter_map(|s| s.rss_start.map(|x| x as f64)));
@@ -895,7 +895,7 @@ fn emit(
             let p50 = spread(v.iter().filter_map(|s| s.p50));
             rep.emit(
                 Row::new(RB, sys, 1)
-                    .set("test", &test[3..])
+                    .set("phase", &test[3..])
                     .set("clients", 50)
                     .set("pipeline", 16)
                     .set("requests", o.rb_requests)
@@ -933,8 +933,8 @@ fn emit(
         rep.note(
             RATIO,
             &format!(
-                "Run by run (paired), median [min, max]: ops_ratio = system / vs throughput, p99_ratio = system \
-                 / vs p99 latency. Goals (issue 4): ops_ratio >= {GOAL_OPS}, p99_ratio <= {GOAL_P99}; churn: \
+                "Run by run (paired), median [min, max]: ratio = system / vs throughput, p99_ratio = system / \
+                 vs p99 latency. Goals (issue 4): ratio >= {GOAL_OPS}, p99_ratio <= {GOAL_P99}; churn: \
                  bloat <= {GOAL_BLOAT} where the peer's bloat exceeds {PEER_BLOAT}."
             ),
         );
@@ -1003,9 +1003,9 @@ fn ratio_row(
     let mut row = Row::new(RATIO, sys, threads)
         .set("vs", peer)
         .set("phase", phase)
-        .set_f("ops_ratio", ops.median, 3)
-        .set_f("ops_ratio_min", ops.min, 3)
-        .set_f("ops_ratio_max", ops.max, 3);
+        .set_f("ratio", ops.median, 3)
+        .set_f("ratio_min", ops.min, 3)
+        .set_f("ratio_max", ops.max, 3);
     let mut met = ops.median >= GOAL_OPS;
     let mut goal = format!("ops >= {GOAL_OPS}x");
     if let Some(p) = p99 {
