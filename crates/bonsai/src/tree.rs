@@ -21,13 +21,28 @@ pub const WEIGHT: usize = 4;
 /// Retired nodes a writer accumulates before it tries to free some.
 pub const COLLECT_EVERY_RETIRED: usize = 128;
 
+#[repr(C)]
 struct Node<K, V> {
     key: K,
     value: V,
     left: AtomicPtr<Node<K, V>>,
     right: AtomicPtr<Node<K, V>>,
-    /// Nodes in this subtree. Read and written by the writer only.
-    size: AtomicUsize,
+    /// Nodes in this subtree. Read and written by the writer only, and
+    /// kept off the line readers use: every insert and delete rewrites the
+    /// sizes on its whole path, which would otherwise invalidate, in every
+    /// reader's cache, the lines of the nodes nearest the root.
+    size: WriterLine,
+}
+
+/// The writer-only part of a node, on a cache line of its own.
+#[repr(C, align(64))]
+struct WriterLine(AtomicUsize);
+
+impl std::ops::Deref for WriterLine {
+    type Target = AtomicUsize;
+    fn deref(&self) -> &AtomicUsize {
+        &self.0
+    }
 }
 
 type Link<K, V> = *mut Node<K, V>;
@@ -262,7 +277,7 @@ impl<K: Ord + Clone, V: Clone, S: EpochScheme> BonsaiTree<K, V, S> {
             value,
             left: AtomicPtr::new(left),
             right: AtomicPtr::new(right),
-            size: AtomicUsize::new(1 + size(left) + size(right)),
+            size: WriterLine(AtomicUsize::new(1 + size(left) + size(right))),
         }))
     }
 
