@@ -380,6 +380,24 @@ pub fn run_cli(a: ServerArgs) -> Result<i32, String> {
         rb_requests: a.rb_requests.unwrap_or(if q { 100_000 } else { 1_000_000 }),
         repeat: a.run.repeat(1),
     };
+    let external = a.endpoint.is_some();
+    let data = o.keys.saturating_mul((KEY_LEN + o.value_size) as u64);
+    if !external && !measured(&o).is_empty() && data > o.memory / 4 * 3 {
+        return Err(format!(
+            "--keys x (16 + --value-size) = {} MiB of live data is more than 3/4 of the {} MiB memory \
+             limit; raise --memory-mib or lower --keys",
+            data >> 20,
+            o.memory >> 20
+        ));
+    }
+    if !external && o.phases.contains(&Phase::Churn) && o.churn_bytes > o.memory / 5 * 2 {
+        eprintln!(
+            "memlab server: note: --churn-mib {} is over 2/5 of the {} MiB limit; servers that \
+             bloat 2x or more may run out of memory (completed = NO)",
+            o.churn_bytes >> 20,
+            o.memory >> 20
+        );
+    }
     let mut rep = a.run.reporter()?;
     run(&o, &mut rep).map_err(|e| format!("output error: {e}"))?;
     Ok(rep.exit_code())
