@@ -50,6 +50,9 @@ pub enum Pass {
     Progress,
     /// Nothing worth compacting (or no room for a destination).
     Nothing,
+    /// Nothing yet: closed segments wait for the epoch to pass their
+    /// closing stamp (appends into them may still be publishing).
+    Waiting,
 }
 
 struct Candidate {
@@ -61,46 +64,102 @@ struct Candidate {
     score: f64,
 }
 
+/// A worker's private state: its candidates and the segments it retired.
+/// Behind a mutex only so that a writer waiting for space can lend a hand
+/// (see [`help`]); the worker itself never waits for it long.
+#[derive(Default)]
+pub struct WorkerState {
+    cands: Vec<SegId>,
+    retired: RetireList<SegId>,
+}
+
+/// What one step of a worker did.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// A pass made progress: run again at once.
+    Progress,
+    /// Nothing (more) to do now; segments may still wait for the epoch.
+    Idle { retired_pending: bool },
+}
+
+/// One step of worker `worker` of `node`: take newly closed segments, free
+/// retired segments the epoch has passed, release cold free blocks, and run
+/// one compaction pass if free space is short.
+fn step(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState) -> Step {
+    while let Some(s) = inner.logs[node].closed[worker].pop() {
+        st.cands.push(s);
+    }
+    let freed = st.retired.collect(&inner.epochs);
+    if !freed.is_empty() {
+        for s in freed {
+            inner.mem.free_segment(s);
+        }
+        inner.notify_space();
+    }
+    // Free blocks unused for the decay time go back to the OS.
+    inner
+        .mem
+        .purge(now_ms().saturating_sub(inner.cfg.decay_ms));
+    if inner.should_compact() {
+        let pass = inner.stats.passes.fetch_add(1, Ordering::AcqRel) + 1;
+        let outcome = compact_once(inner, &mut st.cands, &mut st.retired);
+        if outcome == Pass::Progress {
+            inner.nothing_to_compact.store(false, Ordering::Release);
+            inner.last_progress_pass.fetch_max(pass, Ordering::AcqRel);
+            return Step::Progress;
+        }
+        // Retired segments or candidates still waiting for the epoch are
+        // progress to come.
+        if outcome == Pass::Waiting {
+            return Step::Idle {
+                retired_pending: true,
+            };
+        }
+        if st.retired.is_empty() {
+            inner.nothing_to_compact.store(true, Ordering::Release);
+            inner.last_nothing_pass.fetch_max(pass, Ordering::AcqRel);
+        }
+        inner.notify_space();
+    }
+    Step::Idle {
+        retired_pending: !st.retired.is_empty(),
+    }
+}
+
 /// The worker loop; runs until the store shuts down.
 pub fn run(inner: Arc<Inner>, node: usize, worker: usize) {
-    let mut cands: Vec<SegId> = Vec::new();
-    let mut retired: RetireList<SegId> = RetireList::new();
     loop {
-        while let Some(s) = inner.logs[node].closed[worker].pop() {
-            cands.push(s);
-        }
-        let freed = retired.collect(&inner.epochs);
-        if !freed.is_empty() {
-            for s in freed {
-                inner.mem.free_segment(s);
-            }
-            inner.notify_space();
-        }
         if inner.shutdown.load(Ordering::Acquire) {
             break;
         }
-        // Free blocks unused for the decay time go back to the OS.
-        inner.mem.purge(now_ms().saturating_sub(inner.cfg.decay_ms));
-        if inner.should_compact() {
-            let pass = inner.stats.passes.fetch_add(1, Ordering::AcqRel) + 1;
-            if compact_once(&inner, &mut cands, &mut retired) == Pass::Progress {
-                inner.nothing_to_compact.store(false, Ordering::Release);
-                inner.last_progress_pass.fetch_max(pass, Ordering::AcqRel);
-                continue;
-            }
-            // Retired segments still waiting for the epoch are progress to come.
-            if retired.is_empty() {
-                inner.nothing_to_compact.store(true, Ordering::Release);
-                inner.last_nothing_pass.fetch_max(pass, Ordering::AcqRel);
-            }
-            inner.notify_space();
-        }
-        let wait = if retired.is_empty() { IDLE_TICK_MS } else { 1 };
+        let r = step(&inner, node, worker, &mut inner.workers[node][worker].lock());
+        let wait = match r {
+            Step::Progress => continue,
+            Step::Idle {
+                retired_pending: true,
+            } => 1,
+            Step::Idle {
+                retired_pending: false,
+            } => IDLE_TICK_MS,
+        };
         inner.sleep_worker(Duration::from_millis(wait));
     }
     // Shutdown: no operation is running any more (the store is being
     // dropped), so every retired segment is safe; the pool goes away anyway.
-    drop(retired.into_items());
+    drop(std::mem::take(&mut inner.workers[node][worker].lock().retired).into_items());
+}
+
+/// A writer that found no space (and holds no epoch guard) runs one step
+/// of an idle worker of `node` instead of sleeping: at high utilization
+/// compaction is the bottleneck and the writer's core would idle anyway.
+/// Returns true if the step made progress. Never blocks on a busy worker.
+pub fn help(inner: &Inner, node: usize) -> bool {
+    for (w, state) in inner.workers[node].iter().enumerate() {
+        if let Some(mut st) = state.try_lock() {
+            return step(inner, node, w, &mut st) == Step::Progress;
+        }
+    }
+    false
 }
 
 /// One compaction pass over `cands`.
@@ -113,9 +172,14 @@ pub fn compact_once(
     let now_tsc = topology::rdtsc();
     let now = now_ms();
     let mut scored: Vec<Candidate> = Vec::new();
+    let mut waiting = false;
     for &seg in cands.iter() {
         let m = mem.seg(seg).meta.lock();
-        if m.state != SegState::Closed || !inner.epochs.safe_to_reclaim(m.closed_at) {
+        if m.state != SegState::Closed {
+            continue;
+        }
+        if !inner.epochs.safe_to_reclaim(m.closed_at) {
+            waiting = true;
             continue;
         }
         let used = m.used as u64;
@@ -143,7 +207,7 @@ pub fn compact_once(
         });
     }
     if scored.is_empty() {
-        return Pass::Nothing;
+        return if waiting { Pass::Waiting } else { Pass::Nothing };
     }
     scored.sort_by(|a, b| b.score.total_cmp(&a.score));
     let budget = (inner.segment_blocks * BLOCK_BYTES) as u64;
@@ -161,7 +225,7 @@ pub fn compact_once(
     let cap_blocks: usize = picked.iter().map(|c| c.cap_blocks).sum();
     let expiring = picked.iter().any(|c| c.expiring);
     if !expiring && cap_blocks <= (sum_live as usize).div_ceil(BLOCK_BYTES) {
-        return Pass::Nothing;
+        return if waiting { Pass::Waiting } else { Pass::Nothing };
     }
     let mut dest = None;
     if sum_live > 0 {

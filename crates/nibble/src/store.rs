@@ -361,6 +361,8 @@ pub struct Inner {
     wake: (Mutex<u64>, Condvar),
     space: (Mutex<u64>, Condvar),
     pub(crate) stats: CompactionCounters,
+    /// Per node, per compaction worker: its candidates and retire list.
+    pub(crate) workers: Vec<Vec<Mutex<crate::compaction::WorkerState>>>,
 }
 
 /// The key hash used by the index.
@@ -446,7 +448,11 @@ impl Inner {
             return Err(Error::OutOfMemory { what: "log" });
         }
         self.wake_workers();
-        self.wait_space(Duration::from_millis(APPEND_WAIT_ROUND_MS));
+        let cpu = topology::current_cpu();
+        let node = self.cpu_slot.get(cpu).map_or(0, |&(n, _)| n);
+        if !crate::compaction::help(self, node) {
+            self.wait_space(Duration::from_millis(APPEND_WAIT_ROUND_MS));
+        }
         Ok(())
     }
 }
@@ -551,6 +557,9 @@ impl Store {
             wake: (Mutex::new(0), Condvar::new()),
             space: (Mutex::new(0), Condvar::new()),
             stats: CompactionCounters::default(),
+            workers: (0..nodes)
+                .map(|_| (0..workers_per_node).map(|_| Mutex::default()).collect())
+                .collect(),
         });
         let mut workers = Vec::new();
         for node in 0..nodes {
