@@ -97,9 +97,7 @@ fn step(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState) -> Step
         inner.notify_space();
     }
     // Free blocks unused for the decay time go back to the OS.
-    inner
-        .mem
-        .purge(now_ms().saturating_sub(inner.cfg.decay_ms));
+    inner.mem.purge(now_ms().saturating_sub(inner.cfg.decay_ms));
     if inner.should_compact() {
         let pass = inner.stats.passes.fetch_add(1, Ordering::AcqRel) + 1;
         let outcome = compact_once(inner, &mut st.cands, &mut st.retired);
@@ -132,7 +130,12 @@ pub fn run(inner: Arc<Inner>, node: usize, worker: usize) {
         if inner.shutdown.load(Ordering::Acquire) {
             break;
         }
-        let r = step(&inner, node, worker, &mut inner.workers[node][worker].lock());
+        let r = step(
+            &inner,
+            node,
+            worker,
+            &mut inner.workers[node][worker].lock(),
+        );
         let wait = match r {
             Step::Progress => continue,
             Step::Idle {
@@ -207,7 +210,11 @@ pub fn compact_once(
         });
     }
     if scored.is_empty() {
-        return if waiting { Pass::Waiting } else { Pass::Nothing };
+        return if waiting {
+            Pass::Waiting
+        } else {
+            Pass::Nothing
+        };
     }
     scored.sort_by(|a, b| b.score.total_cmp(&a.score));
     let budget = (inner.segment_blocks * BLOCK_BYTES) as u64;
@@ -225,7 +232,11 @@ pub fn compact_once(
     let cap_blocks: usize = picked.iter().map(|c| c.cap_blocks).sum();
     let expiring = picked.iter().any(|c| c.expiring);
     if !expiring && cap_blocks <= (sum_live as usize).div_ceil(BLOCK_BYTES) {
-        return if waiting { Pass::Waiting } else { Pass::Nothing };
+        return if waiting {
+            Pass::Waiting
+        } else {
+            Pass::Nothing
+        };
     }
     let mut dest = None;
     if sum_live > 0 {

@@ -508,6 +508,12 @@ impl Memory {
     #[inline]
     pub fn key_equals(&self, off: u64, key: &[u8]) -> bool {
         const CHUNK_BYTES: usize = 256;
+        // The length first: a stored key that merely starts with `key` is
+        // another key.
+        match self.header(off) {
+            Some(h) if h.key_len as usize == key.len() => {}
+            _ => return false,
+        }
         let mut buf = [0u8; CHUNK_BYTES];
         let mut skip = HEADER_BYTES;
         for chunk in key.chunks(CHUNK_BYTES) {

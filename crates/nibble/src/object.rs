@@ -8,10 +8,10 @@
 //!
 //! ```text
 //!  0           2           4            8        12              18              24
-//!  | key_len-1 | cap_slack | value_len  | flags  | version (u48)  | expiry (u48)  | key … | value … (value_cap bytes)
+//!  | key_len   | cap_slack | value_len  | flags  | version (u48)  | expiry (u48)  | key … | value … (value_cap bytes)
 //! ```
 //!
-//! * `key_len - 1` (u16): keys are 1 to 65 536 bytes.
+//! * `key_len` (u16): keys are 0 to 65 535 bytes (Redis allows the empty key).
 //! * `cap_slack` (u16) = `value_cap - value_len`: the space reserved for the
 //!   value is `value_len` when appended; Nibble-2's in-place overwrite may
 //!   store a shorter value in the same space (at most 65 535 bytes shorter,
@@ -45,7 +45,7 @@ pub fn next_version(old: u64) -> u64 {
 /// The decoded header.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Header {
-    /// Key length in bytes (1 to 65 536).
+    /// Key length in bytes (0 to 65 535).
     pub key_len: u32,
     /// Value length in bytes.
     pub value_len: u32,
@@ -74,17 +74,17 @@ impl Header {
             && self.value_cap as usize - len <= MAX_CAP_SLACK_BYTES as usize
     }
 
-    /// Encode to bytes. `key_len` must be 1..=65 536 and `value_cap -
+    /// Encode to bytes. `key_len` must be at most 65 535 and `value_cap -
     /// value_len` at most [`MAX_CAP_SLACK_BYTES`] (the store ensures both);
     /// `version` and `expiry_ms` are cut to 48 bits (an expiry beyond the
     /// year 10 889 becomes that year).
     #[inline]
     pub fn encode(&self) -> [u8; HEADER_BYTES] {
-        debug_assert!((1..=1 << 16).contains(&self.key_len));
+        debug_assert!(self.key_len <= u16::MAX as u32);
         debug_assert!(self.value_cap >= self.value_len);
         debug_assert!(self.value_cap - self.value_len <= MAX_CAP_SLACK_BYTES);
         let mut b = [0u8; HEADER_BYTES];
-        let key = (self.key_len.wrapping_sub(1) & 0xffff) as u16;
+        let key = self.key_len.min(u16::MAX as u32) as u16;
         let slack = self
             .value_cap
             .saturating_sub(self.value_len)
@@ -110,7 +110,7 @@ impl Header {
         };
         let value_len = u32_at(4);
         Header {
-            key_len: u16_at(0) + 1,
+            key_len: u16_at(0),
             value_len,
             value_cap: value_len.saturating_add(u16_at(2)),
             flags: u32_at(8),
@@ -147,7 +147,7 @@ mod tests {
     #[test]
     fn header_round_trips() {
         let h = Header {
-            key_len: 65536,
+            key_len: 65535,
             value_len: 10,
             value_cap: 10 + 65535,
             flags: 0xdead_beef,
@@ -155,11 +155,11 @@ mod tests {
             expiry_ms: 1_700_000_000_000,
         };
         assert_eq!(Header::decode(&h.encode()), h);
-        assert_eq!(h.object_bytes(), HEADER_BYTES + 65536 + 10 + 65535);
+        assert_eq!(h.object_bytes(), HEADER_BYTES + 65535 + 10 + 65535);
         assert!(h.expired_at(1_700_000_000_000));
         assert!(!Header::default().expired_at(u64::MAX));
         let small = Header {
-            key_len: 1,
+            key_len: 0,
             value_len: 16 << 20,
             value_cap: 16 << 20,
             ..h

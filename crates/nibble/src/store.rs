@@ -37,7 +37,7 @@ pub const MIN_SEGMENTS_PER_STORE: usize = 64;
 /// Default largest value.
 pub const DEFAULT_MAX_VALUE_BYTES: usize = 16 << 20;
 /// Largest key.
-pub const MAX_KEY_BYTES: usize = 64 << 10;
+pub const MAX_KEY_BYTES: usize = u16::MAX as usize;
 /// Default share of capacity for the index, in thousandths.
 pub const DEFAULT_INDEX_PERMILLE: usize = 62;
 /// Default share of the pool kept for compaction, in thousandths.
@@ -46,14 +46,14 @@ pub const DEFAULT_RESERVE_PERMILLE: usize = 30;
 pub const DEFAULT_COMPACTION_TRIGGER_PERMILLE: usize = 200;
 /// Default decay before unused free blocks are given back to the OS, ms.
 pub const DEFAULT_DECAY_MS: u64 = 1000;
+/// Default longest wait of a write for space while compaction progresses, ms.
+pub const DEFAULT_MAX_WRITE_WAIT_MS: u64 = 2000;
 /// Metadata bytes the store sets aside per 64 KiB block (tables, SegmentInfo,
 /// buddy lists).
 const METADATA_BYTES_PER_BLOCK: usize = 512;
 /// Rounds (of `APPEND_WAIT_ROUND_MS`) a write waits for compaction to free
 /// space, with no compaction progress, before reporting out of memory.
 const APPEND_WAIT_ROUNDS: u32 = 50;
-/// Most rounds a writer waits while compaction is making progress.
-const APPEND_WAIT_MAX_ROUNDS: u32 = 2000;
 const APPEND_WAIT_ROUND_MS: u64 = 1;
 
 /// Nibble or Nibble-2.
@@ -112,6 +112,10 @@ pub struct Config {
     pub compaction_trigger_permille: usize,
     /// Free blocks not reused for this long (ms) are given back to the OS.
     pub decay_ms: u64,
+    /// Longest a write waits (ms) for compaction to free space while
+    /// compaction is making progress, before it reports out of memory. A
+    /// server with one thread per CPU wants this short.
+    pub max_write_wait_ms: u64,
 }
 
 impl Config {
@@ -129,6 +133,7 @@ impl Config {
             reserve_permille: DEFAULT_RESERVE_PERMILLE,
             compaction_trigger_permille: DEFAULT_COMPACTION_TRIGGER_PERMILLE,
             decay_ms: DEFAULT_DECAY_MS,
+            max_write_wait_ms: DEFAULT_MAX_WRITE_WAIT_MS,
         }
     }
 }
@@ -190,7 +195,7 @@ impl fmt::Display for Error {
             Error::BadKey { len } => {
                 write!(
                     f,
-                    "key of {len} bytes: keys must be 1..={MAX_KEY_BYTES} bytes"
+                    "key of {len} bytes: keys are at most {MAX_KEY_BYTES} bytes"
                 )
             }
             Error::ValueTooLarge { len, max } => {
@@ -441,8 +446,9 @@ impl Inner {
         // for (at high utilization it is slow but steady); a pass that found
         // nothing, or no progress at all for APPEND_WAIT_ROUNDS, is not.
         let progressed = self.last_progress_pass.load(Ordering::Acquire) > since_pass;
-        if round >= APPEND_WAIT_MAX_ROUNDS
-            || (round >= APPEND_WAIT_ROUNDS && !progressed)
+        let max_rounds = (self.cfg.max_write_wait_ms / APPEND_WAIT_ROUND_MS) as u32;
+        if round >= max_rounds
+            || (round >= APPEND_WAIT_ROUNDS.min(max_rounds) && !progressed)
             || (round > 1 && gave_up)
         {
             return Err(Error::OutOfMemory { what: "log" });
@@ -581,7 +587,7 @@ impl Store {
     }
 
     fn check(&self, key: &[u8], value_len: usize) -> Result<(), Error> {
-        if key.is_empty() || key.len() > MAX_KEY_BYTES {
+        if key.len() > MAX_KEY_BYTES {
             return Err(Error::BadKey { len: key.len() });
         }
         if value_len > self.inner.cfg.max_value_bytes {
@@ -791,7 +797,7 @@ impl Store {
         let found = inner.index.read(hash, |l| {
             let off = off_of(l);
             let h = mem.header(off)?;
-            if h.key_len as usize != key.len() || !mem.key_equals(off, key) {
+            if !mem.key_equals(off, key) {
                 return None;
             }
             // Bound lengths read from racing memory before using them.
@@ -800,7 +806,11 @@ impl Store {
             mem.read_part(off, HEADER_BYTES + key.len(), buf)
                 .then_some(h)
         });
-        Ok(found.filter(|h| !h.expired()).map(|h| ItemMeta::of(&h)))
+        let found = found.filter(|h| !h.expired());
+        if found.is_none() {
+            buf.clear();
+        }
+        Ok(found.map(|h| ItemMeta::of(&h)))
     }
 
     /// The value of `key`, if present.
@@ -824,20 +834,52 @@ impl Store {
 
     /// Remove `key`. Returns whether a live item was removed.
     pub fn delete(&self, key: &[u8]) -> Result<bool, Error> {
+        match self.delete_if(key, Condition::Always) {
+            Ok(()) => Ok(true),
+            Err(Error::NotFound) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Delete `key` if `cond` holds for it, atomically (under the bucket
+    /// lock): `IfVersion(v)` deletes only the version a client read (Redis
+    /// GETDEL, RENAME). `Err(NotFound)` if absent (or expired; an expired
+    /// item is removed either way), `Err(VersionMismatch)` if the version
+    /// differs, `Err(Exists)` for `IfAbsent` on a live item.
+    pub fn delete_if(&self, key: &[u8], cond: Condition) -> Result<(), Error> {
         let inner = &*self.inner;
         let mem = &inner.mem;
         let _guard = inner.epochs.try_pin()?;
         let hash = hash_key(key);
         let mut g = inner.index.lock(hash);
         let Some(slot) = g.find(|l| mem.key_equals(off_of(l), key)) else {
-            return Ok(false);
+            return Err(Error::NotFound);
         };
+        let h = mem.header(off_of(g.loc(slot))).unwrap_or_default();
+        let live = !h.expired();
+        if live {
+            Self::check_condition(cond, Some(&h))?;
+        }
         let off = off_of(g.remove(slot));
-        let h = mem.header(off).unwrap_or_default();
         mem.seg(mem.seg_of(off))
             .live
             .fetch_sub(h.object_bytes() as u64, Ordering::AcqRel);
-        Ok(!h.expired())
+        if live {
+            Ok(())
+        } else {
+            Err(Error::NotFound)
+        }
+    }
+
+    /// Number of items in the index, without taking any lock (items that
+    /// expired but were not reclaimed yet are included).
+    pub fn len(&self) -> u64 {
+        self.inner.index.len()
+    }
+
+    /// True if the index holds no item.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Set (or clear, with `None`) the expiry of `key`. Returns whether the
