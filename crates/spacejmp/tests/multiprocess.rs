@@ -4,9 +4,10 @@
 
 mod common;
 
-use common::{child_jmp, env, Store};
-use spacejmp::{seg_struct, Access, SegMap, SegOptions, SegPtr, SegStr};
+use common::Store;
+use spacejmp::{seg_struct, Access, Config, Jmp, SegMap, SegOptions, SegPtr, SegStr};
 use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 seg_struct! {
@@ -18,6 +19,55 @@ seg_struct! {
 }
 
 const LIST_LEN: u64 = 1000;
+
+/// Children re-run this test binary with a role in the environment.
+trait Spawn {
+    fn child(&self, role: &str, args: &[(&str, String)]) -> Child;
+    fn run_child(&self, role: &str, args: &[(&str, String)]) -> String;
+}
+
+impl Spawn for Store {
+    /// Spawn this test binary as a child running `role`.
+    fn child(&self, role: &str, args: &[(&str, String)]) -> Child {
+        let mut c = Command::new(std::env::current_exe().expect("current exe"));
+        c.args([
+            "child_entry",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+            "-q",
+        ])
+        .env("SJMP_ROLE", role)
+        .env("SJMP_STORE", &self.dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+        for (k, v) in args {
+            c.env(k, v);
+        }
+        c.spawn().expect("spawn child")
+    }
+
+    /// Run a child to completion; assert success; return its stdout.
+    fn run_child(&self, role: &str, args: &[(&str, String)]) -> String {
+        let out = self
+            .child(role, args)
+            .wait_with_output()
+            .expect("wait child");
+        let s = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "child {role} failed: {s}");
+        s
+    }
+}
+
+/// In a child: open the store named by the environment.
+pub fn child_jmp() -> Jmp {
+    let dir = std::env::var("SJMP_STORE").expect("SJMP_STORE");
+    Jmp::open(Config::with_store(dir)).expect("child open")
+}
+
+pub fn env(k: &str) -> String {
+    std::env::var(k).unwrap_or_default()
+}
 
 /// Child roles. Does nothing when run as an ordinary test.
 #[test]
