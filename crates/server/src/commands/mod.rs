@@ -80,9 +80,6 @@ impl From<StoreError> for CmdError {
         match e {
             StoreError::OutOfMemory { .. } => OOM.into(),
             StoreError::ValueTooLarge { .. } => TOO_BIG.into(),
-            StoreError::BadKey { len: 0 } => {
-                "ERR empty keys are not supported by this server".into()
-            }
             StoreError::BadKey { len } => format!(
                 "ERR key of {len} bytes is longer than the limit of {} bytes",
                 nibble::MAX_KEY_BYTES

@@ -24,12 +24,9 @@ pub fn read_string(ctx: &mut Ctx, key: &[u8]) -> Result<Option<ItemMeta>, CmdErr
     match m {
         Some(m) if is_hash(&m) => Err(WRONGTYPE.into()),
         Some(m) => Ok(Some(m)),
-        None => {
-            // A miss leaves the buffer as it was; callers treat it as the
-            // current (empty) value.
-            ctx.buf.clear();
-            Ok(None)
-        }
+        // A miss leaves the buffer empty; callers treat it as the current
+        // (empty) value.
+        None => Ok(None),
     }
 }
 
@@ -232,13 +229,32 @@ pub fn getset(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
 }
 
 /// GETDEL key.
+///
+/// Atomic: the delete is conditional on the version read, and a write in
+/// between makes it read again.
 pub fn getdel(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
-    let m = read_string(ctx, a[1])?;
-    if m.is_some() {
-        ctx.shared.store.delete(a[1])?;
+    loop {
+        let Some(m) = read_string(ctx, a[1])? else {
+            r.opt_bulk(None);
+            return Ok(());
+        };
+        match ctx
+            .shared
+            .store
+            .delete_if(a[1], nibble::Condition::IfVersion(m.version))
+        {
+            Ok(()) => {
+                r.opt_bulk(Some(&ctx.buf[..]));
+                return Ok(());
+            }
+            Err(nibble::Error::VersionMismatch { .. }) => continue,
+            Err(nibble::Error::NotFound) => {
+                r.opt_bulk(None);
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
-    r.opt_bulk(m.map(|_| &ctx.buf[..]));
-    Ok(())
 }
 
 /// GETEX key [EX s|PX ms|EXAT t|PXAT t|PERSIST].

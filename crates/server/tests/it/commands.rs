@@ -74,7 +74,12 @@ fn get_set_and_options() {
         err(&mut c, &["GET"]),
         "ERR wrong number of arguments for 'get' command"
     );
-    assert!(err(&mut c, &["SET", "", "v"]).starts_with("ERR empty keys"));
+    // The empty key is a key, as in Redis.
+    assert_eq!(cmd(&mut c, &["SET", "", "v"]).unwrap(), redis::Value::Okay);
+    assert_eq!(
+        cmd(&mut c, &["GET", ""]).unwrap(),
+        redis::Value::BulkString(b"v".to_vec())
+    );
 }
 
 #[test]
