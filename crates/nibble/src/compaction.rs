@@ -6,6 +6,13 @@
 //! (default 20 % of the client budget, as in the paper) or someone asks it to
 //! run; it wakes every `IDLE_TICK_MS` only to free retired segments.
 //!
+//! Idle defragmentation: once no segment has closed for `Config::decay_ms`
+//! (writes are quiet), a worker also compacts segments at most 90 % live
+//! even when free space is plentiful, until a pass finds nothing; their
+//! blocks then go back to the OS after the decay time (see `memory`). This
+//! keeps RSS near the live data after a burst of deletes without competing
+//! with writes for CPU.
+//!
 //! One pass:
 //! 1. Candidates are closed segments whose closing stamp the epoch table has
 //!    passed (every append that wrote into the segment has published its
@@ -38,6 +45,8 @@ use crate::store::Inner;
 const IDLE_TICK_MS: u64 = 20;
 /// Segments more utilised than this are not worth compacting.
 const MAX_UTILISATION_PERMILLE: u64 = 980;
+/// Idle defragmentation compacts only segments at most this utilised.
+const IDLE_DEFRAG_MAX_UTILISATION_PERMILLE: u64 = 900;
 /// Objects whose index buckets are prefetched together during compaction.
 const PREFETCH_BATCH: usize = 16;
 /// Bounce buffer for copying objects.
@@ -71,6 +80,10 @@ struct Candidate {
 pub struct WorkerState {
     cands: Vec<SegId>,
     retired: RetireList<SegId>,
+    /// When this worker last received a closed segment (Unix ms).
+    last_closed_ms: u64,
+    /// Idle defragmentation found nothing more since the last activity.
+    defrag_done: bool,
 }
 
 /// What one step of a worker did.
@@ -86,8 +99,11 @@ enum Step {
 /// retired segments the epoch has passed, release cold free blocks, and run
 /// one compaction pass if free space is short.
 fn step(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState) -> Step {
+    let now = now_ms();
     while let Some(s) = inner.logs[node].closed[worker].pop() {
         st.cands.push(s);
+        st.last_closed_ms = now;
+        st.defrag_done = false;
     }
     let freed = st.retired.collect(&inner.epochs);
     if !freed.is_empty() {
@@ -97,10 +113,39 @@ fn step(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState) -> Step
         inner.notify_space();
     }
     // Free blocks unused for the decay time go back to the OS.
-    inner.mem.purge(now_ms().saturating_sub(inner.cfg.decay_ms));
+    inner.mem.purge(now.saturating_sub(inner.cfg.decay_ms));
+    // Idle defragmentation: when no segment has closed for the decay time,
+    // segments left sparse by deletes are compacted even though free space
+    // is plentiful, so that their blocks can go back to the OS (like
+    // Redis's active defrag, but only while writes are quiet, so it never
+    // competes with them).
+    let idle = now.saturating_sub(st.last_closed_ms) >= inner.cfg.decay_ms;
+    let defrag = idle && !st.defrag_done && !inner.should_compact();
+    if defrag {
+        inner.stats.passes.fetch_add(1, Ordering::AcqRel);
+        match compact_once(
+            inner,
+            &mut st.cands,
+            &mut st.retired,
+            IDLE_DEFRAG_MAX_UTILISATION_PERMILLE,
+        ) {
+            Pass::Progress => return Step::Progress,
+            Pass::Waiting => {
+                return Step::Idle {
+                    retired_pending: true,
+                }
+            }
+            Pass::Nothing => st.defrag_done = true,
+        }
+    }
     if inner.should_compact() {
         let pass = inner.stats.passes.fetch_add(1, Ordering::AcqRel) + 1;
-        let outcome = compact_once(inner, &mut st.cands, &mut st.retired);
+        let outcome = compact_once(
+            inner,
+            &mut st.cands,
+            &mut st.retired,
+            MAX_UTILISATION_PERMILLE,
+        );
         if outcome == Pass::Progress {
             inner.nothing_to_compact.store(false, Ordering::Release);
             inner.last_progress_pass.fetch_max(pass, Ordering::AcqRel);
@@ -170,6 +215,7 @@ pub fn compact_once(
     inner: &Inner,
     cands: &mut Vec<SegId>,
     retired: &mut RetireList<SegId>,
+    max_util_permille: u64,
 ) -> Pass {
     let mem = &inner.mem;
     let now_tsc = topology::rdtsc();
@@ -190,7 +236,7 @@ pub fn compact_once(
         let cap = (m.blocks.len() * BLOCK_BYTES) as u64;
         let expiring = mem.seg(seg).min_expiry_ms.load(Ordering::Acquire) <= now;
         // The unused tail of a segment is reclaimable too.
-        if !expiring && live * 1000 > cap * MAX_UTILISATION_PERMILLE {
+        if !expiring && live * 1000 > cap * max_util_permille {
             continue;
         }
         // An expiring segment's live bytes overstate it: score it as empty.
