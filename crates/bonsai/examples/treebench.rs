@@ -8,7 +8,12 @@
 //! cargo run --release -p bonsai --example treebench -- \
 //!     [--readers 1] [--writers 0,1] [--secs 1] [--runs 3] [--json] [--quick]
 //! ```
-//! Keys are page numbers below 2^20 (4 GiB of address space), so the radix
+//! `bonsai-pin64` and `radix-pin64` share one read-side section (epoch
+//! pin) among 64 lookups; `radix-nocollapse` is the map without collapse
+//! (sv6: no counts, no pins, nodes never freed). Threads are pinned to
+//! CPUs; cells with `0+1busy` writers add a thread spinning on private
+//! work, the control for a reader slowed by sharing the machine rather
+//! than by a writer. Keys are page numbers below 2^20 (4 GiB of address space), so the radix
 //! map's node count stays bounded. `lookups_per_sec_per_reader` and
 //! `writes_per_sec_per_writer` (one write = one insert + one delete) are
 //! medians over runs; `spread_pct` is (max - min) / median of lookups.
@@ -28,6 +33,8 @@ const KEY_SPACE_PAGES: u64 = 1 << 20;
 
 trait BenchMap: Sync {
     fn lookup(&self, key: u64) -> bool;
+    /// A writer thread's view (per-thread state, if the system has any).
+    fn writer(&self) -> Box<dyn BenchWriter + '_>;
     /// Looks up every key; returns how many were present. A system may
     /// share one read-side section among them.
     fn lookup_batch(&self, keys: &[u64]) -> usize {
@@ -37,7 +44,36 @@ trait BenchMap: Sync {
     fn remove(&self, key: u64);
 }
 
+trait BenchWriter {
+    fn insert(&self, key: u64);
+    fn remove(&self, key: u64);
+}
+
+/// A writer for systems without per-thread state.
+struct Shared<'a, M: BenchMap + ?Sized>(&'a M);
+
+impl<M: BenchMap + ?Sized> BenchWriter for Shared<'_, M> {
+    fn insert(&self, key: u64) {
+        self.0.insert(key);
+    }
+    fn remove(&self, key: u64) {
+        self.0.remove(key);
+    }
+}
+
+impl BenchWriter for radix::Handle<'_> {
+    fn insert(&self, key: u64) {
+        self.set(key..key + 1, key);
+    }
+    fn remove(&self, key: u64) {
+        self.unset(key..key + 1);
+    }
+}
+
 impl BenchMap for BonsaiTree<u64, u64> {
+    fn writer(&self) -> Box<dyn BenchWriter + '_> {
+        Box::new(Shared(self))
+    }
     fn lookup(&self, key: u64) -> bool {
         self.reader().get(&key).is_some()
     }
@@ -55,6 +91,9 @@ impl BenchMap for BonsaiTree<u64, u64> {
 struct BonsaiPinned(BonsaiTree<u64, u64>);
 
 impl BenchMap for BonsaiPinned {
+    fn writer(&self) -> Box<dyn BenchWriter + '_> {
+        Box::new(Shared(self))
+    }
     fn lookup(&self, key: u64) -> bool {
         self.0.reader().get(&key).is_some()
     }
@@ -70,7 +109,32 @@ impl BenchMap for BonsaiPinned {
     }
 }
 
+/// The radix map with one read-side section per 64 lookups (collapse on).
+struct RadixPinned(RadixMap);
+
+impl BenchMap for RadixPinned {
+    fn writer(&self) -> Box<dyn BenchWriter + '_> {
+        Box::new(self.0.handle())
+    }
+    fn lookup(&self, key: u64) -> bool {
+        self.0.lookup(key).is_some()
+    }
+    fn lookup_batch(&self, keys: &[u64]) -> usize {
+        let reader = self.0.reader();
+        keys.iter().filter(|&&k| reader.lookup(k).is_some()).count()
+    }
+    fn insert(&self, key: u64) {
+        self.0.set(key..key + 1, key);
+    }
+    fn remove(&self, key: u64) {
+        self.0.unset(key..key + 1);
+    }
+}
+
 impl BenchMap for RadixMap {
+    fn writer(&self) -> Box<dyn BenchWriter + '_> {
+        Box::new(self.handle())
+    }
     fn lookup(&self, key: u64) -> bool {
         RadixMap::lookup(self, key).is_some()
     }
@@ -83,6 +147,9 @@ impl BenchMap for RadixMap {
 }
 
 impl BenchMap for RwLock<BTreeMap<u64, u64>> {
+    fn writer(&self) -> Box<dyn BenchWriter + '_> {
+        Box::new(Shared(self))
+    }
     fn lookup(&self, key: u64) -> bool {
         self.read().contains_key(&key)
     }
@@ -95,6 +162,9 @@ impl BenchMap for RwLock<BTreeMap<u64, u64>> {
 }
 
 impl BenchMap for SkipMap<u64, u64> {
+    fn writer(&self) -> Box<dyn BenchWriter + '_> {
+        Box::new(Shared(self))
+    }
     fn lookup(&self, key: u64) -> bool {
         self.get(&key).is_some()
     }
@@ -162,13 +232,14 @@ fn measure(
             s.spawn(move || {
                 pin(readers + w);
                 let mut state = 1000 + w as u64;
+                let writer = map.writer();
                 barrier.wait();
                 let mut n = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     // Present keys are even; absent ones odd.
                     let key = (rng(&mut state) % KEY_SPACE_PAGES) | 1;
-                    map.insert(key);
-                    map.remove(key);
+                    writer.insert(key);
+                    writer.remove(key);
                     n += 1;
                 }
                 writes.fetch_add(n, Ordering::Relaxed);
@@ -208,6 +279,11 @@ fn build(system: &str, present: &[u64]) -> Box<dyn BenchMap> {
         "bonsai" => Box::new(BonsaiTree::<u64, u64>::new()),
         "bonsai-pin64" => Box::new(BonsaiPinned(BonsaiTree::new())),
         "radix" => Box::new(RadixMap::default()),
+        "radix-pin64" => Box::new(RadixPinned(RadixMap::default())),
+        "radix-nocollapse" => Box::new(RadixMap::new(radix::Config {
+            collapse: false,
+            ..radix::Config::default()
+        })),
         "rwlock-btree" => Box::new(RwLock::new(BTreeMap::new())),
         "skiplist" => Box::new(SkipMap::new()),
         other => panic!("unknown system {other}"),
@@ -236,6 +312,8 @@ fn main() {
         "bonsai",
         "bonsai-pin64",
         "radix",
+        "radix-pin64",
+        "radix-nocollapse",
         "rwlock-btree",
         "skiplist",
     ];

@@ -35,25 +35,59 @@
 //!   ... A and B now share nothing ...
 //! ```
 //!
-//! Lookups take no locks and write nothing: they follow node pointers and
-//! read the slot, ignoring its lock bit (a locked slot still holds the
-//! value in force until the locker replaces it).
+//! Lookups take no locks and write no shared cache line: they follow node
+//! pointers and read the slot, ignoring its lock bit (a locked slot still
+//! holds the value in force until the locker replaces it). With collapse
+//! on they also pin an epoch, a store to the thread's own slot.
 //!
 //! Values are 61-bit integers ([`MAX_VALUE`]) stored in the slot word
 //! itself, so a lookup is one load per level and a set is one store per
 //! slot; callers keep richer metadata elsewhere and store an index or a
-//! packed descriptor. Nodes are never freed while the map lives (as in
-//! sv6).
+//! packed descriptor.
+//!
+//! Collapse (the paper's design, beyond sv6, which never frees nodes):
+//! every node's used slots are counted with [`refcache`], so the count
+//! costs a writer no shared cache line; a writer's range lock also holds a
+//! reference to each node it works in. Parents reach children through
+//! Refcache weak references (the node's header word). When a node's count
+//! has stayed zero for two Refcache epochs, Refcache frees the count and
+//! kills the weak reference; a writer that later descends through the
+//! parent slot finds `try_get` failing, unlinks the node with one CAS (node
+//! slots are never locked) and retires its memory through the `epoch`
+//! crate, since lookups take no references. A writer that reaches an empty
+//! node before that revives it instead, so nodes whose pages churn are not
+//! freed and re-made at the churn's rate: each costs at least two epochs
+//! of disuse.
+//!
+//! ```text
+//!  epoch e     unset: leaf count -> 0 (cached)     .. flushed: global 0, queued
+//!  epoch e+2   review: still 0, weak killed -> Refcache frees the count
+//!  later       writer descends root[i]: try_get fails -> CAS root[i]: NODE -> EMPTY,
+//!              parent count -1, leaf memory retired; lookups already inside it
+//!              read EMPTY slots (a dead node is empty) until they unpin
+//! ```
+//!
+//! Writers go through a per-thread [`Handle`] (its Refcache cache); a
+//! handle held by an idle thread holds up collapse (never correctness)
+//! until the thread calls [`Handle::flush`] or drops it. With
+//! [`Config::collapse`] off, no counting and no epoch pin happen, as in
+//! sv6.
+//!
+//! The slot protocol is `no_std`-clean (`core` atomics, `alloc`); collapse
+//! brings `std` in through the `epoch` crate's per-thread table and a
+//! mutex around the retire list.
 
 #![no_std]
 #![warn(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 extern crate alloc;
+extern crate std;
 
 mod map;
 mod sync;
 
 pub use map::{
-    Config, RadixMap, RangeGuard, Run, BITS_PER_LEVEL, DEFAULT_LEVELS, MAX_VALUE, SLOTS_PER_NODE,
+    Config, Handle, RadixMap, RangeGuard, Reader, Run, BITS_PER_LEVEL, DEFAULT_LEVELS, MAX_VALUE,
+    NODE_COUNT_CACHE_SLOTS, NODE_COUNT_OPS_PER_TICK, SLOTS_PER_NODE,
 };

@@ -17,6 +17,7 @@ fn tiny() -> RadixMap {
     RadixMap::new(Config {
         levels: 2,
         bits_per_level: 1,
+        collapse: false,
     })
 }
 
@@ -31,7 +32,8 @@ fn expand_under_lock() {
         let spawn = |keys: std::ops::Range<u64>, value: u64| {
             let (map, holders) = (map.clone(), holders.clone());
             thread::spawn(move || {
-                let guard = map.lock(keys.clone());
+                let handle = map.handle();
+                let guard = handle.lock(keys.clone());
                 if keys.contains(&1) {
                     assert_eq!(
                         holders.fetch_add(1, Ordering::SeqCst),
@@ -56,6 +58,6 @@ fn expand_under_lock() {
         assert_eq!(map.lookup(0), Some(9));
         assert_eq!(map.lookup(2), Some(9));
         assert_eq!(map.lookup(3), Some(5));
-        drop(map.lock(0..4)); // nothing left locked
+        drop(map.handle().lock(0..4)); // nothing left locked
     });
 }

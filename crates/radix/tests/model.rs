@@ -38,18 +38,19 @@ fn model_runs(model: &BTreeMap<u64, u64>) -> Vec<Run> {
 
 fn check(config: Config, ops: Vec<Op>) {
     let map = RadixMap::new(config);
+    let writer = map.handle();
     let limit = map.key_limit();
     let mut model = BTreeMap::new();
     for op in ops {
         match op {
             Op::Set(r, v) => {
-                map.set(r.clone(), v);
+                writer.set(r.clone(), v);
                 for k in r {
                     model.insert(k, v);
                 }
             }
             Op::Unset(r) => {
-                map.unset(r.clone());
+                writer.unset(r.clone());
                 for k in r {
                     model.remove(&k);
                 }
@@ -62,7 +63,28 @@ fn check(config: Config, ops: Vec<Op>) {
     }
     assert_eq!(map.runs(0..limit), model_runs(&model));
     // Nothing is left locked: locking everything does not block.
-    drop(map.lock(0..limit));
+    // (One handle per thread: an idle second one would hold up epochs.)
+    let handle = writer;
+    drop(handle.lock(0..limit));
+    if config.collapse {
+        // Empty the map. A node that stays empty and unvisited for two
+        // Refcache epochs is freed by Refcache; the next writer passing
+        // through its parent unlinks it (a visit before that revives it).
+        // Parents empty out once their children are unlinked: one round
+        // per level.
+        handle.unset(0..limit);
+        for _ in 0..8 {
+            for _ in 0..4 {
+                handle.flush();
+            }
+            drop(handle.lock(0..limit));
+            if map.node_count() == 1 {
+                break;
+            }
+        }
+        assert_eq!(map.node_count(), 1, "empty nodes were not collapsed");
+        assert_eq!(map.runs(0..limit), vec![]);
+    }
 }
 
 proptest! {
@@ -71,31 +93,33 @@ proptest! {
     /// 3 levels of 3 bits: 512 keys, deep enough for two expansions.
     #[test]
     fn small_tree_matches_model(ops in proptest::collection::vec(op(512), 0..40)) {
-        check(Config { levels: 3, bits_per_level: 3 }, ops);
+        check(Config { levels: 3, bits_per_level: 3, collapse: false }, ops.clone());
+        check(Config { levels: 3, bits_per_level: 3, collapse: true }, ops);
     }
 
     /// Two levels of the real fanout (512 x 512 keys), small ranges.
     #[test]
     fn real_fanout_matches_model(ops in proptest::collection::vec(op(4096), 0..20)) {
-        check(Config { levels: 2, bits_per_level: 9 }, ops);
+        check(Config { levels: 2, bits_per_level: 9, collapse: true }, ops);
     }
 }
 
 #[test]
 fn folding_writes_one_slot_per_aligned_block() {
     let map = RadixMap::default();
+    let handle = map.handle();
     // A root slot covers 2^27 pages: one store maps them all.
-    let guard = map.lock(0..(1 << 27));
+    let guard = handle.lock(0..(1 << 27));
     assert_eq!(guard.slot_count(), 1);
     guard.set(7);
     drop(guard);
     assert_eq!(map.node_count(), 1, "nothing expanded");
     // Three level-1 slots (2^18 pages each): root slot 0 expands once.
-    map.set(0..3 << 18, 7);
+    handle.set(0..3 << 18, 7);
     assert_eq!(map.node_count(), 2);
     assert_eq!(map.lookup(12345), Some(7));
     // Unaligned: 1 expansion per level on each edge.
-    map.set(3..5, 9);
+    handle.set(3..5, 9);
     assert_eq!(map.lookup(2), Some(7));
     assert_eq!(map.lookup(3), Some(9));
     assert_eq!(map.lookup(5), Some(7));
@@ -117,4 +141,52 @@ fn folding_writes_one_slot_per_aligned_block() {
             }
         ]
     );
+}
+
+#[test]
+fn a_node_revived_before_review_is_not_freed() {
+    let map = RadixMap::new(Config {
+        levels: 2,
+        bits_per_level: 9,
+        collapse: true,
+    });
+    let handle = map.handle();
+    handle.set(5..6, 1); // expands root slot 0
+    assert_eq!(map.node_count(), 2);
+    handle.unset(5..6); // the leaf is empty: its count drops to zero
+    handle.flush();
+    handle.set(7..8, 2); // used again before Refcache's review
+    for _ in 0..8 {
+        handle.flush();
+    }
+    drop(handle.lock(0..1 << 18));
+    assert_eq!(map.node_count(), 2);
+    assert_eq!(map.lookup(7), Some(2));
+    assert_eq!(map.collapsed_count(), 0);
+}
+
+#[test]
+fn an_empty_unvisited_node_is_freed_and_unlinked() {
+    let map = RadixMap::new(Config {
+        levels: 2,
+        bits_per_level: 9,
+        collapse: true,
+    });
+    let handle = map.handle();
+    handle.set(5..6, 1);
+    handle.unset(5..6);
+    assert_eq!(map.node_count(), 2);
+    for _ in 0..4 {
+        handle.flush();
+    }
+    assert_eq!(
+        map.refcache().unwrap().objects_freed(),
+        1,
+        "Refcache freed the count"
+    );
+    assert_eq!(map.lookup(5), None, "a dead node still reads as empty");
+    handle.set(9..10, 3); // passes root slot 0: unlinks, then re-expands
+    assert_eq!(map.collapsed_count(), 1);
+    assert_eq!(map.node_count(), 2);
+    assert_eq!(map.lookup(9), Some(3));
 }

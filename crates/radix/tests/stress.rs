@@ -30,6 +30,7 @@ fn overlapping_locks_serialize_and_never_deadlock() {
     let map = RadixMap::new(Config {
         levels: 2,
         bits_per_level: 9,
+        collapse: true,
     });
     let counters: Vec<AtomicU64> = (0..KEYS).map(|_| AtomicU64::new(0)).collect();
     let stop = AtomicBool::new(false);
@@ -39,11 +40,12 @@ fn overlapping_locks_serialize_and_never_deadlock() {
             let (map, counters, stop, done) = (&map, &counters, &stop, &done);
             s.spawn(move || {
                 let mut state = t + 1;
+                let handle = map.handle();
                 while !stop.load(Ordering::Relaxed) {
                     let a = rng(&mut state) % KEYS;
                     let len = 1 + rng(&mut state) % 700;
                     let range = a..(a + len).min(KEYS);
-                    let guard = map.lock(range.clone());
+                    let guard = handle.lock(range.clone());
                     guard.set(t);
                     for k in range.clone() {
                         // Not an atomic increment: lost updates would show
@@ -79,11 +81,13 @@ fn lookups_see_stable_keys_while_writers_expand() {
         let (map, stable, stop) = (&map, &stable, &stop);
         s.spawn(move || {
             let mut state = 99;
+            let handle = map.handle();
             while !stop.load(Ordering::Relaxed) {
-                // Absent keys between stable ones, anywhere in 36 bits.
+                // Absent keys between stable ones: leaves come and go, and
+                // with collapse on, empty ones are unlinked and freed.
                 let k = (rng(&mut state) % 4096) * 1000 + 500;
-                map.set(k..k + 3, 1);
-                map.unset(k..k + 3);
+                handle.set(k..k + 3, 1);
+                handle.unset(k..k + 3);
             }
         });
         s.spawn(move || {
@@ -99,4 +103,7 @@ fn lookups_see_stable_keys_while_writers_expand() {
         std::thread::sleep(budget());
         stop.store(true, Ordering::Relaxed);
     });
+    // The churned leaves empty out and are revisited later: some of them
+    // were collapsed (unlinked and freed) under the readers' feet.
+    assert!(map.collapsed_count() > 0, "{map:?}");
 }

@@ -558,6 +558,21 @@ impl<'d> Local<'d> {
         self.apply(object.header_ptr(), -1);
     }
 
+    /// Adds `count` references no handle stands for (`count` calls of
+    /// [`inc`](Local::inc) in one cache update).
+    pub fn add<T>(&self, object: &Counted<T>, count: u32) {
+        self.apply(object.header_ptr(), i64::from(count));
+    }
+
+    /// Drops `count` references added by [`inc`](Local::inc) or
+    /// [`add`](Local::add).
+    ///
+    /// # Safety
+    /// As for [`dec`](Local::dec), `count` times.
+    pub unsafe fn sub<T>(&self, object: &Counted<T>, count: u32) {
+        self.apply(object.header_ptr(), -i64::from(count));
+    }
+
     /// `flush()` and `review()` of Figure 2 for this thread, now; then an
     /// attempt to end the epoch. A thread that stays registered while idle
     /// should call this now and then, or it holds up every free.
