@@ -51,4 +51,4 @@
 
 mod tree;
 
-pub use tree::{BonsaiTree, Reader, Stats, COLLECT_EVERY_RETIRED, WEIGHT};
+pub use tree::{BonsaiTree, Reader, Stats, COLLECT_EVERY_RETIRED_NODES, WEIGHT};

@@ -19,7 +19,7 @@ use parking_lot::Mutex;
 pub const WEIGHT: usize = 4;
 
 /// Retired nodes a writer accumulates before it tries to free some.
-pub const COLLECT_EVERY_RETIRED: usize = 128;
+pub const COLLECT_EVERY_RETIRED_NODES: usize = 128;
 
 #[repr(C)]
 struct Node<K, V> {
@@ -244,7 +244,7 @@ impl<K: Ord + Clone, V: Clone, S: EpochScheme> BonsaiTree<K, V, S> {
     }
 
     fn maybe_collect(&self, writer: &mut Writer<K, V>) {
-        if writer.retired.len() >= COLLECT_EVERY_RETIRED {
+        if writer.retired.len() >= COLLECT_EVERY_RETIRED_NODES {
             self.collect_locked(writer);
         }
     }
