@@ -55,7 +55,7 @@
 
 use alloc::boxed::Box;
 use alloc::vec::Vec;
-use core::cell::RefCell;
+use core::cell::UnsafeCell;
 use core::fmt;
 use core::marker::PhantomData;
 use core::ops::Deref;
@@ -304,10 +304,11 @@ impl Refcache {
             domain: self,
             core,
             index,
-            state: RefCell::new(LocalState {
+            state: UnsafeCell::new(LocalState {
                 guard: state,
                 until_tick,
             }),
+            _not_send: PhantomData,
         }
     }
 
@@ -467,7 +468,9 @@ pub struct Local<'d> {
     domain: &'d Refcache,
     core: &'d Core,
     index: usize,
-    state: RefCell<LocalState<'d>>,
+    /// Touched only through [`Local::with_state`].
+    state: UnsafeCell<LocalState<'d>>,
+    _not_send: PhantomData<*const ()>,
 }
 
 struct LocalState<'d> {
@@ -579,20 +582,27 @@ impl<'d> Local<'d> {
     pub fn flush(&self) {
         let epoch = self.domain.global_epoch.load(Ordering::Acquire);
         let mut frees = FreeList::new();
-        {
-            let mut state = self.state.borrow_mut();
+        self.with_state(|state| {
             self.domain.flush_locked(self.core, &mut state.guard, epoch);
             self.domain.review_locked(&mut state.guard, &mut frees);
-        }
+        });
         self.domain.free_all(frees);
         self.domain.tick();
     }
 
+    /// Runs `body` on this thread's cache state. `body` must not call back
+    /// into `with_state` (nothing in this module does: user code, the
+    /// destructors of freed objects, runs only after it returns).
+    #[inline]
+    fn with_state<R>(&self, body: impl FnOnce(&mut LocalState<'d>) -> R) -> R {
+        // SAFETY: `Local` is neither `Send` nor `Sync`, so only the thread
+        // that registered it gets here, and `body` does not re-enter: this
+        // is the only reference to the state while it runs.
+        body(unsafe { &mut *self.state.get() })
+    }
+
     fn apply(&self, object: HeaderPtr, delta: i64) {
-        let (tick, frees) = {
-            let mut state = self.state.borrow_mut();
-            self.apply_locked(&mut state, object, delta)
-        };
+        let (tick, frees) = self.with_state(|state| self.apply_locked(state, object, delta));
         if let Some(frees) = frees {
             self.domain.free_all(frees);
         }
@@ -784,26 +794,27 @@ impl<T> Weak<T> {
         // thread does not flush, so the epoch advances at most once and
         // the object (freed only two epochs after its dying bit is set
         // again) stays live meanwhile.
-        let mut state = local.state.borrow_mut();
-        let word = loop {
-            let word = self.slot.word.load(Ordering::Acquire);
-            if word == 0 {
-                return None;
-            }
-            if self
-                .slot
-                .word
-                .compare_exchange(word, word & !DYING_BIT, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                break word & !DYING_BIT;
-            }
-        };
-        let Some(object) = NonNull::new(word as *mut Header) else {
-            unreachable!("a non-zero weak word holds a pointer");
-        };
-        let (tick, frees) = local.apply_locked(&mut state, HeaderPtr(object), 1);
-        drop(state);
+        let (object, tick, frees) = local.with_state(|state| {
+            let word = loop {
+                let word = self.slot.word.load(Ordering::Acquire);
+                if word == 0 {
+                    return None;
+                }
+                if self
+                    .slot
+                    .word
+                    .compare_exchange(word, word & !DYING_BIT, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    break word & !DYING_BIT;
+                }
+            };
+            let Some(object) = NonNull::new(word as *mut Header) else {
+                unreachable!("a non-zero weak word holds a pointer");
+            };
+            let (tick, frees) = local.apply_locked(state, HeaderPtr(object), 1);
+            Some((object, tick, frees))
+        })?;
         if let Some(frees) = frees {
             local.domain.free_all(frees);
         }
