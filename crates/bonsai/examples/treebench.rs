@@ -1,298 +1,13 @@
-//! RadixVM Figures 6-7 and the Bonsai claim as a micro-benchmark: 1,000
-//! present keys; readers look up random present keys while writers insert
-//! and then delete random absent keys. Systems: the Bonsai tree, the radix
-//! map, `RwLock<BTreeMap>` (the Linux-style baseline) and
-//! `crossbeam-skiplist` (the lock-free skip list of RadixVM §5.5).
+//! RadixVM Figures 6-7 and the Bonsai claim as a micro-benchmark (see
+//! `bonsai::bench`).
 //!
 //! ```text
-//! cargo run --release -p bonsai --example treebench -- \
-//!     [--readers 1] [--writers 0,1] [--secs 1] [--runs 3] [--json] [--quick]
+//! cargo run --release -p bonsai --features bench --example treebench -- \
+//!     [--readers 1] [--writers 0,1] [--systems bonsai,radix,...] [--no-control] \
+//!     [--secs 1] [--runs 3] [--json] [--quick]
 //! ```
-//! `bonsai-pin64` and `radix-pin64` share one read-side section (epoch
-//! pin) among 64 lookups; `radix-nocollapse` is the map without collapse
-//! (sv6: no counts, no pins, nodes never freed). Threads are pinned to
-//! CPUs; cells with `0+1busy` writers add a thread spinning on private
-//! work, the control for a reader slowed by sharing the machine rather
-//! than by a writer. Keys are page numbers below 2^20 (4 GiB of address space), so the radix
-//! map's node count stays bounded. `lookups_per_sec_per_reader` and
-//! `writes_per_sec_per_writer` (one write = one insert + one delete) are
-//! medians over runs; `spread_pct` is (max - min) / median of lookups.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Barrier;
-use std::time::{Duration, Instant};
-
-use bonsai::BonsaiTree;
-use crossbeam_skiplist::SkipMap;
-use parking_lot::RwLock;
-use radix::RadixMap;
-
-const PRESENT_KEYS: usize = 1000;
-const KEY_SPACE_PAGES: u64 = 1 << 20;
-
-trait BenchMap: Sync {
-    fn lookup(&self, key: u64) -> bool;
-    /// A writer thread's view (per-thread state, if the system has any).
-    fn writer(&self) -> Box<dyn BenchWriter + '_>;
-    /// Looks up every key; returns how many were present. A system may
-    /// share one read-side section among them.
-    fn lookup_batch(&self, keys: &[u64]) -> usize {
-        keys.iter().filter(|&&k| self.lookup(k)).count()
-    }
-    fn insert(&self, key: u64);
-    fn remove(&self, key: u64);
-}
-
-trait BenchWriter {
-    fn insert(&self, key: u64);
-    fn remove(&self, key: u64);
-}
-
-/// A writer for systems without per-thread state.
-struct Shared<'a, M: BenchMap + ?Sized>(&'a M);
-
-impl<M: BenchMap + ?Sized> BenchWriter for Shared<'_, M> {
-    fn insert(&self, key: u64) {
-        self.0.insert(key);
-    }
-    fn remove(&self, key: u64) {
-        self.0.remove(key);
-    }
-}
-
-impl BenchWriter for radix::Handle<'_> {
-    fn insert(&self, key: u64) {
-        self.set(key..key + 1, key);
-    }
-    fn remove(&self, key: u64) {
-        self.unset(key..key + 1);
-    }
-}
-
-impl BenchMap for BonsaiTree<u64, u64> {
-    fn writer(&self) -> Box<dyn BenchWriter + '_> {
-        Box::new(Shared(self))
-    }
-    fn lookup(&self, key: u64) -> bool {
-        self.reader().get(&key).is_some()
-    }
-    fn insert(&self, key: u64) {
-        BonsaiTree::insert(self, key, key);
-    }
-    fn remove(&self, key: u64) {
-        BonsaiTree::remove(self, &key);
-    }
-}
-
-/// The Bonsai tree with one read-side section (epoch pin) per 64 lookups:
-/// what the pin costs per lookup, and what a kernel's free
-/// `rcu_read_lock` would give.
-struct BonsaiPinned(BonsaiTree<u64, u64>);
-
-impl BenchMap for BonsaiPinned {
-    fn writer(&self) -> Box<dyn BenchWriter + '_> {
-        Box::new(Shared(self))
-    }
-    fn lookup(&self, key: u64) -> bool {
-        self.0.reader().get(&key).is_some()
-    }
-    fn lookup_batch(&self, keys: &[u64]) -> usize {
-        let reader = self.0.reader();
-        keys.iter().filter(|&&k| reader.get(&k).is_some()).count()
-    }
-    fn insert(&self, key: u64) {
-        self.0.insert(key, key);
-    }
-    fn remove(&self, key: u64) {
-        self.0.remove(&key);
-    }
-}
-
-/// The radix map with one read-side section per 64 lookups (collapse on).
-struct RadixPinned(RadixMap);
-
-impl BenchMap for RadixPinned {
-    fn writer(&self) -> Box<dyn BenchWriter + '_> {
-        Box::new(self.0.handle())
-    }
-    fn lookup(&self, key: u64) -> bool {
-        self.0.lookup(key).is_some()
-    }
-    fn lookup_batch(&self, keys: &[u64]) -> usize {
-        let reader = self.0.reader();
-        keys.iter().filter(|&&k| reader.lookup(k).is_some()).count()
-    }
-    fn insert(&self, key: u64) {
-        self.0.set(key..key + 1, key);
-    }
-    fn remove(&self, key: u64) {
-        self.0.unset(key..key + 1);
-    }
-}
-
-impl BenchMap for RadixMap {
-    fn writer(&self) -> Box<dyn BenchWriter + '_> {
-        Box::new(self.handle())
-    }
-    fn lookup(&self, key: u64) -> bool {
-        RadixMap::lookup(self, key).is_some()
-    }
-    fn insert(&self, key: u64) {
-        self.set(key..key + 1, key);
-    }
-    fn remove(&self, key: u64) {
-        self.unset(key..key + 1);
-    }
-}
-
-impl BenchMap for RwLock<BTreeMap<u64, u64>> {
-    fn writer(&self) -> Box<dyn BenchWriter + '_> {
-        Box::new(Shared(self))
-    }
-    fn lookup(&self, key: u64) -> bool {
-        self.read().contains_key(&key)
-    }
-    fn insert(&self, key: u64) {
-        self.write().insert(key, key);
-    }
-    fn remove(&self, key: u64) {
-        self.write().remove(&key);
-    }
-}
-
-impl BenchMap for SkipMap<u64, u64> {
-    fn writer(&self) -> Box<dyn BenchWriter + '_> {
-        Box::new(Shared(self))
-    }
-    fn lookup(&self, key: u64) -> bool {
-        self.get(&key).is_some()
-    }
-    fn insert(&self, key: u64) {
-        SkipMap::insert(self, key, key);
-    }
-    fn remove(&self, key: u64) {
-        SkipMap::remove(self, &key);
-    }
-}
-
-fn rng(state: &mut u64) -> u64 {
-    *state = state
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    *state >> 20
-}
-
-struct Cell {
-    lookups_per_reader: f64,
-    writes_per_writer: f64,
-}
-
-fn pin(thread: usize) {
-    let cpus = topology::allowed_cpus();
-    if !cpus.is_empty() {
-        let _ = topology::pin_current_thread(cpus[thread % cpus.len()]);
-    }
-}
-
-fn measure(
-    map: &dyn BenchMap,
-    present: &[u64],
-    readers: usize,
-    writers: usize,
-    busy: usize,
-    secs: f64,
-) -> Cell {
-    let stop = AtomicBool::new(false);
-    let lookups = AtomicU64::new(0);
-    let writes = AtomicU64::new(0);
-    let barrier = Barrier::new(readers + writers + busy + 1);
-    let mut elapsed = Duration::ZERO;
-    std::thread::scope(|s| {
-        for r in 0..readers {
-            let (stop, lookups, barrier) = (&stop, &lookups, &barrier);
-            s.spawn(move || {
-                pin(r);
-                let mut state = 17 + r as u64;
-                barrier.wait();
-                let mut n = 0u64;
-                let mut keys = [0u64; 64];
-                while !stop.load(Ordering::Relaxed) {
-                    for key in &mut keys {
-                        *key = present[rng(&mut state) as usize % present.len()];
-                    }
-                    assert_eq!(map.lookup_batch(&keys), keys.len(), "a present key missed");
-                    n += 64;
-                }
-                lookups.fetch_add(n, Ordering::Relaxed);
-            });
-        }
-        for w in 0..writers {
-            let (stop, writes, barrier) = (&stop, &writes, &barrier);
-            s.spawn(move || {
-                pin(readers + w);
-                let mut state = 1000 + w as u64;
-                let writer = map.writer();
-                barrier.wait();
-                let mut n = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    // Present keys are even; absent ones odd.
-                    let key = (rng(&mut state) % KEY_SPACE_PAGES) | 1;
-                    writer.insert(key);
-                    writer.remove(key);
-                    n += 1;
-                }
-                writes.fetch_add(n, Ordering::Relaxed);
-            });
-        }
-        for b in 0..busy {
-            // A control: a thread that keeps a core busy with private work
-            // (no access to the map), so a reader's slowdown from sharing a
-            // machine can be told apart from its slowdown from a writer.
-            let (stop, barrier) = (&stop, &barrier);
-            s.spawn(move || {
-                pin(readers + writers + b);
-                let mut state = 7 + b as u64;
-                barrier.wait();
-                while !stop.load(Ordering::Relaxed) {
-                    for _ in 0..1024 {
-                        std::hint::black_box(rng(&mut state));
-                    }
-                }
-            });
-        }
-        barrier.wait();
-        let start = Instant::now();
-        std::thread::sleep(Duration::from_secs_f64(secs));
-        stop.store(true, Ordering::Relaxed);
-        elapsed = start.elapsed();
-    });
-    let secs = elapsed.as_secs_f64();
-    Cell {
-        lookups_per_reader: lookups.load(Ordering::Relaxed) as f64 / secs / readers.max(1) as f64,
-        writes_per_writer: writes.load(Ordering::Relaxed) as f64 / secs / writers.max(1) as f64,
-    }
-}
-
-fn build(system: &str, present: &[u64]) -> Box<dyn BenchMap> {
-    let map: Box<dyn BenchMap> = match system {
-        "bonsai" => Box::new(BonsaiTree::<u64, u64>::new()),
-        "bonsai-pin64" => Box::new(BonsaiPinned(BonsaiTree::new())),
-        "radix" => Box::new(RadixMap::default()),
-        "radix-pin64" => Box::new(RadixPinned(RadixMap::default())),
-        "radix-nocollapse" => Box::new(RadixMap::new(radix::Config {
-            collapse: false,
-            ..radix::Config::default()
-        })),
-        "rwlock-btree" => Box::new(RwLock::new(BTreeMap::new())),
-        "skiplist" => Box::new(SkipMap::new()),
-        other => panic!("unknown system {other}"),
-    };
-    for &k in present {
-        map.insert(k);
-    }
-    map
-}
+use bonsai::bench::{self, Options, Row};
 
 fn list(arg: Option<String>) -> Vec<usize> {
     arg.expect("a comma-separated list")
@@ -302,102 +17,33 @@ fn list(arg: Option<String>) -> Vec<usize> {
 }
 
 fn main() {
-    let mut readers = vec![1];
-    let mut writers = vec![0, 1];
-    let mut busy_control = true;
-    let mut secs = 1.0;
-    let mut runs = 3;
+    let mut options = Options::default();
     let mut json = false;
-    let mut systems = vec![
-        "bonsai",
-        "bonsai-pin64",
-        "radix",
-        "radix-pin64",
-        "radix-nocollapse",
-        "rwlock-btree",
-        "skiplist",
-    ];
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
-            "--readers" => readers = list(args.next()),
-            "--writers" => writers = list(args.next()),
-            "--secs" => secs = args.next().and_then(|s| s.parse().ok()).expect("--secs S"),
-            "--runs" => runs = args.next().and_then(|s| s.parse().ok()).expect("--runs N"),
+            "--readers" => options.readers = list(args.next()),
+            "--writers" => options.writers = list(args.next()),
+            "--secs" => options.secs = args.next().and_then(|s| s.parse().ok()).expect("--secs S"),
+            "--runs" => options.runs = args.next().and_then(|s| s.parse().ok()).expect("--runs N"),
             "--systems" => {
                 let s = args.next().expect("--systems LIST");
-                systems = s
-                    .split(',')
-                    .map(|x| &*Box::leak(x.to_owned().into_boxed_str()))
-                    .collect();
+                options.systems = s.split(',').map(str::to_owned).collect();
             }
             "--json" => json = true,
-            "--no-control" => busy_control = false,
-            "--quick" => {
-                secs = 0.3;
-                runs = 3;
-            }
+            "--no-control" => options.busy_control = false,
+            "--quick" => options.secs = Options::quick().secs,
             other => panic!("unknown argument {other}"),
         }
     }
-    let mut state = 5;
-    let mut present: Vec<u64> = Vec::new();
-    while present.len() < PRESENT_KEYS {
-        let k = (rng(&mut state) % KEY_SPACE_PAGES) & !1;
-        if !present.contains(&k) {
-            present.push(k);
-        }
-    }
     if !json {
-        println!(
-            "{:<13} {:>7} {:>7} {:>16} {:>9} {:>15}",
-            "system", "readers", "writers", "lookups/s/reader", "spread%", "writes/s/writer"
-        );
+        println!("{}", Row::TABLE_HEADER);
     }
-    for system in &systems {
-        for &r in &readers {
-            let mut configs: Vec<(usize, usize)> = writers.iter().map(|&w| (w, 0)).collect();
-            if busy_control {
-                for &w in &writers {
-                    if w > 0 {
-                        configs.push((0, w));
-                    }
-                }
-                configs.sort_unstable();
-            }
-            for (w, busy) in configs {
-                let mut cells = Vec::new();
-                for _ in 0..runs.max(1) {
-                    let map = build(system, &present);
-                    cells.push(measure(&*map, &present, r, w, busy, secs));
-                }
-                let mut l: Vec<f64> = cells.iter().map(|c| c.lookups_per_reader).collect();
-                let mut wr: Vec<f64> = cells.iter().map(|c| c.writes_per_writer).collect();
-                l.sort_by(f64::total_cmp);
-                wr.sort_by(f64::total_cmp);
-                let (lm, wm) = (l[l.len() / 2], if w == 0 { 0.0 } else { wr[wr.len() / 2] });
-                let spread = if lm > 0.0 {
-                    (l[l.len() - 1] - l[0]) / lm * 100.0
-                } else {
-                    0.0
-                };
-                if json {
-                    println!(
-                        "{{\"bench\":\"tree\",\"system\":\"{system}\",\"threads\":{},\"readers\":{r},\
-                         \"writers\":{w},\"busy\":{busy},\"lookups_per_sec_per_reader\":{lm:.0},\
-                         \"writes_per_sec_per_writer\":{wm:.0},\"spread_pct\":{spread:.1},\"runs\":{}}}",
-                        r + w + busy,
-                        l.len()
-                    );
-                } else {
-                    let wcol = if busy > 0 {
-                        format!("0+{busy}busy")
-                    } else {
-                        w.to_string()
-                    };
-                    println!("{system:<13} {r:>7} {wcol:>7} {lm:>16.0} {spread:>9.1} {wm:>15.0}");
-                }
-            }
+    bench::run(&options, |row| {
+        if json {
+            println!("{}", row.to_json());
+        } else {
+            println!("{}", row.to_table_line());
         }
-    }
+    });
 }

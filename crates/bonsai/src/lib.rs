@@ -44,11 +44,15 @@
 //! as well but would add a second scheme to reason about.
 //!
 //! The algorithm core needs `std` only through `epoch` and the writer's
-//! lock.
+//! lock. Feature `bench` adds [`bench`]: RadixVM Figures 6-7 (this tree,
+//! the radix map, `RwLock<BTreeMap>`, crossbeam-skiplist) as a library
+//! function for `memlab tree` and `examples/treebench.rs`.
 
 #![warn(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+#[cfg(feature = "bench")]
+pub mod bench;
 mod tree;
 
 pub use tree::{BonsaiTree, Reader, Stats, COLLECT_EVERY_RETIRED_NODES, WEIGHT};

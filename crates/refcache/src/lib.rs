@@ -18,6 +18,8 @@
 //! * [`scheme`] — one trait over all three, [`RefCounter`], and the
 //!   parameter that picks one, [`CounterKind`]; what benchmarks vary.
 //! * `ticker` (feature `std`) — a background thread that ends epochs.
+//! * `bench` (feature `std`) — RadixVM Figure 8 as a library function,
+//!   for `memlab refcache` and `examples/refbench.rs`.
 //!
 //! ```
 //! use refcache::{Config, Refcache};
@@ -52,6 +54,8 @@ extern crate alloc;
 extern crate std;
 
 pub mod baseline;
+#[cfg(all(feature = "std", not(loom)))]
+pub mod bench;
 pub mod cache;
 pub mod scheme;
 mod sync;
