@@ -507,13 +507,19 @@ impl Memory {
     /// Compare the key of the object at `off` with `key`.
     #[inline]
     pub fn key_equals(&self, off: u64, key: &[u8]) -> bool {
-        const CHUNK_BYTES: usize = 256;
         // The length first: a stored key that merely starts with `key` is
         // another key.
         match self.header(off) {
-            Some(h) if h.key_len as usize == key.len() => {}
-            _ => return false,
+            Some(h) if h.key_len as usize == key.len() => self.key_bytes_equal(off, key),
+            _ => false,
         }
+    }
+
+    /// Compare the key bytes of the object at `off` with `key`, for a caller
+    /// that has already checked the header's key length.
+    #[inline]
+    pub fn key_bytes_equal(&self, off: u64, key: &[u8]) -> bool {
+        const CHUNK_BYTES: usize = 256;
         let mut buf = [0u8; CHUNK_BYTES];
         let mut skip = HEADER_BYTES;
         for chunk in key.chunks(CHUNK_BYTES) {

@@ -782,7 +782,7 @@ impl Store {
             .read(hash, |l| {
                 let off = off_of(l);
                 let h = mem.header(off)?;
-                (h.key_len as usize == key.len() && mem.key_equals(off, key)).then_some(h)
+                (h.key_len as usize == key.len() && mem.key_bytes_equal(off, key)).then_some(h)
             })
             .filter(|h| !h.expired())
     }
@@ -797,7 +797,7 @@ impl Store {
         let found = inner.index.read(hash, |l| {
             let off = off_of(l);
             let h = mem.header(off)?;
-            if !mem.key_equals(off, key) {
+            if h.key_len as usize != key.len() || !mem.key_bytes_equal(off, key) {
                 return None;
             }
             // Bound lengths read from racing memory before using them.
