@@ -55,4 +55,4 @@
 pub mod bench;
 mod tree;
 
-pub use tree::{BonsaiTree, Reader, Stats, COLLECT_EVERY_RETIRED_NODES, WEIGHT};
+pub use tree::{BonsaiTree, Range, Reader, Stats, COLLECT_EVERY_RETIRED_NODES, WEIGHT};
