@@ -44,7 +44,7 @@
 //! as well but would add a second scheme to reason about.
 //!
 //! The algorithm core needs `std` only through `epoch` and the writer's
-//! lock. Feature `bench` adds [`bench`]: RadixVM Figures 6-7 (this tree,
+//! lock. Feature `bench` adds the `bench` module: RadixVM Figures 6-7 (this tree,
 //! the radix map, `RwLock<BTreeMap>`, crossbeam-skiplist) as a library
 //! function for `memlab tree` and `examples/treebench.rs`.
 
