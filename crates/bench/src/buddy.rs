@@ -411,9 +411,7 @@ fn local(
                 rep.emit(
                     Row::new(BENCH, kind.name(), threads)
                         .set("size_frames", size)
-                        .set_f("ops_per_sec", ops.median, 0)
-                        .set_f("ops_per_sec_min", ops.min, 0)
-                        .set_f("ops_per_sec_max", ops.max, 0)
+                        .set_spread("ops_per_sec", &ops, 0)
                         .set("p50_ns", ns(0.5))
                         .set("p99_ns", ns(0.99))
                         .set("heaps", ok[0].heaps)
@@ -442,9 +440,7 @@ fn local(
                 rep.emit(
                     Row::new("buddy-local-ratio", &format!("{kind}/global-lock"), threads)
                         .set("size_frames", size)
-                        .set_f("ratio", s.median, 3)
-                        .set_f("ratio_min", s.min, 3)
-                        .set_f("ratio_max", s.max, 3),
+                        .set_spread("ratio", &s, 3),
                 )?;
             }
         }
@@ -775,9 +771,7 @@ fn imbalance(
                         .set("order", order)
                         .set("queue_frames", queue)
                         .set("t_ms", runs[0].samples[i].t_ms)
-                        .set_f("ops_per_sec", ops.median, 0)
-                        .set_f("ops_per_sec_min", ops.min, 0)
-                        .set_f("ops_per_sec_max", ops.max, 0);
+                        .set_spread("ops_per_sec", &ops, 0);
                     for (j, name) in SERIES_FIELDS.iter().enumerate() {
                         let v = Spread::of(
                             &runs
@@ -1041,9 +1035,7 @@ fn exhaustion(
                         .set("order", order)
                         .set("allocated_frames", w.allocated_frames)
                         .set("total_frames", w.fin.total_frames)
-                        .set_f("oom_detect_ns", oom.median, 0)
-                        .set_f("oom_detect_ns_min", oom.min, 0)
-                        .set_f("oom_detect_ns_max", oom.max, 0)
+                        .set_spread("oom_detect_ns", &oom, 0)
                         .set("fully_coalesced", w.fin.fully_coalesced())
                         .set("free_blocks_at_max_order", max_order_blocks(&w.fin))
                         .set(

@@ -336,19 +336,15 @@ pub fn run(o: &ChurnOpts, rep: &mut Reporter) -> std::io::Result<()> {
             }
             for (r, c) in runs.iter().enumerate() {
                 let what = format!("{BENCH} {system} threads={threads} run {}", r + 1);
-                if c.misses > 0 || c.bad_values > 0 {
-                    rep.fail(format!(
-                        "{what}: {} operations on live files missed, {} read a wrong value",
-                        c.misses, c.bad_values
-                    ));
-                }
-                if c.put_errors > 0 {
-                    rep.error(format!(
-                        "{what}: {} writes failed, first: {}",
-                        c.put_errors,
-                        c.first_error.as_deref().unwrap_or("?")
-                    ));
-                }
+                crate::report::check_run(
+                    rep,
+                    &what,
+                    "operations on live files",
+                    c.misses,
+                    c.bad_values,
+                    c.put_errors,
+                    c.first_error.as_deref(),
+                );
             }
             let time = Spread::of(&runs.iter().map(|c| c.secs).collect::<Vec<_>>());
             let ops = Spread::of(
@@ -358,12 +354,8 @@ pub fn run(o: &ChurnOpts, rep: &mut Reporter) -> std::io::Result<()> {
                     .collect::<Vec<_>>(),
             );
             let mut row = Row::new(BENCH, system.name(), threads)
-                .set_f("time_s", time.median, 3)
-                .set_f("time_s_min", time.min, 3)
-                .set_f("time_s_max", time.max, 3)
-                .set_f("ops_per_sec", ops.median, 0)
-                .set_f("ops_per_sec_min", ops.min, 0)
-                .set_f("ops_per_sec_max", ops.max, 0)
+                .set_spread("time_s", &time, 3)
+                .set_spread("ops_per_sec", &ops, 0)
                 .set("ops", runs[0].ops);
             if let Some(one) = one {
                 let base = &cells[one][si];

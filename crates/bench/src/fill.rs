@@ -270,19 +270,15 @@ pub fn run(o: &FillOpts, rep: &mut Reporter) -> std::io::Result<()> {
                         p.utilization_pct,
                         r + 1
                     );
-                    if c.misses > 0 || c.bad_values > 0 {
-                        rep.fail(format!(
-                            "{what}: {} reads of loaded keys missed, {} returned a wrong value",
-                            c.misses, c.bad_values
-                        ));
-                    }
-                    if c.put_errors > 0 {
-                        rep.error(format!(
-                            "{what}: {} updates failed, first: {}",
-                            c.put_errors,
-                            c.first_error.as_deref().unwrap_or("?")
-                        ));
-                    }
+                    crate::report::check_run(
+                        rep,
+                        &what,
+                        "reads of loaded keys",
+                        c.misses,
+                        c.bad_values,
+                        c.put_errors,
+                        c.first_error.as_deref(),
+                    );
                 }
                 let ops = Spread::of(&runs.iter().map(|c| c.ops_per_sec).collect::<Vec<_>>());
                 let med = |f: &dyn Fn(&FillCell) -> Option<f64>| -> Option<f64> {
@@ -293,9 +289,7 @@ pub fn run(o: &FillOpts, rep: &mut Reporter) -> std::io::Result<()> {
                 let p99 = med(&|c| Some(c.p99_ns as f64)).unwrap_or(f64::NAN);
                 let mut row = Row::new(BENCH, system.name(), threads)
                     .set("utilization", p.utilization_pct)
-                    .set_f("ops_per_sec", ops.median, 0)
-                    .set_f("ops_per_sec_min", ops.min, 0)
-                    .set_f("ops_per_sec_max", ops.max, 0)
+                    .set_spread("ops_per_sec", &ops, 0)
                     .set_f("p50_ns", p50, 0)
                     .set_f("p99_ns", p99, 0)
                     .set("records", p.records);
@@ -349,9 +343,7 @@ pub fn run(o: &FillOpts, rep: &mut Reporter) -> std::io::Result<()> {
                 rep.emit(
                     Row::new(RATIO, system.name(), threads)
                         .set("utilization", p.utilization_pct)
-                        .set_f("ratio", s.median, 3)
-                        .set_f("ratio_min", s.min, 3)
-                        .set_f("ratio_max", s.max, 3),
+                        .set_spread("ratio", &s, 3),
                 )?;
             }
         }

@@ -452,14 +452,12 @@ pub fn run(o: &FragOpts, rep: &mut Reporter) -> std::io::Result<()> {
                 .set("size_b", b)
                 .set_f("live_bytes", med(&|c| c.live_bytes as f64), 0)
                 .set_f("rss_bytes", med(&|c| c.rss_bytes as f64), 0)
-                .set_f("bloat", bloat.median, 3)
+                .set_spread("bloat", &bloat, 3)
                 .set_f(
                     "bloat_untrimmed",
                     med(&|c| c.rss_untrimmed_bytes as f64 / c.live_bytes.max(1) as f64),
                     3,
                 )
-                .set_f("bloat_min", bloat.min, 3)
-                .set_f("bloat_max", bloat.max, 3)
                 .set("completed", completed)
                 .set_f("rss_empty_bytes", med(&|c| c.rss_empty_bytes as f64), 0)
                 .set_f("secs", med(&|c| c.secs), 1);

@@ -57,6 +57,13 @@ impl Row {
         self.set(key, v)
     }
 
+    /// `key` = the median, `key_min` and `key_max` = the spread.
+    pub fn set_spread(self, key: &str, s: &crate::util::Spread, decimals: i32) -> Row {
+        self.set_f(key, s.median, decimals)
+            .set_f(&format!("{key}_min"), s.min, decimals)
+            .set_f(&format!("{key}_max"), s.max, decimals)
+    }
+
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.fields.iter().find(|(k, _)| k == key).map(|(_, v)| v)
     }
@@ -426,6 +433,31 @@ fn render_table(t: &Table) -> String {
         s.push('\n');
     }
     s
+}
+
+/// Report one run's correctness counters: a read that missed or returned a
+/// wrong value fails the run (exit status 1); failed writes are errors.
+/// `missed` names what was read ("reads of loaded keys").
+pub fn check_run(
+    rep: &mut Reporter,
+    what: &str,
+    missed: &str,
+    misses: u64,
+    bad_values: u64,
+    put_errors: u64,
+    first_error: Option<&str>,
+) {
+    if misses > 0 || bad_values > 0 {
+        rep.fail(format!(
+            "{what}: {misses} {missed} missed, {bad_values} returned a wrong value"
+        ));
+    }
+    if put_errors > 0 {
+        rep.error(format!(
+            "{what}: {put_errors} writes failed, first: {}",
+            first_error.unwrap_or("?")
+        ));
+    }
 }
 
 #[cfg(test)]

@@ -858,9 +858,7 @@ fn emit(
                 .set("pipeline", o.pipeline)
                 .set("keys", o.keys)
                 .set("value_size", o.value_size)
-                .set_f("ops_per_sec", ops.median, 0)
-                .set_f("ops_per_sec_min", ops.min, 0)
-                .set_f("ops_per_sec_max", ops.max, 0);
+                .set_spread("ops_per_sec", &ops, 0);
             row = match phase.as_str() {
                 "load" => row
                     .set("p50_ns", None::<u64>)
@@ -917,9 +915,7 @@ fn emit(
                     .set("clients", 50)
                     .set("pipeline", 16)
                     .set("requests", o.rb_requests)
-                    .set_f("ops_per_sec", ops.median, 0)
-                    .set_f("ops_per_sec_min", ops.min, 0)
-                    .set_f("ops_per_sec_max", ops.max, 0)
+                    .set_spread("ops_per_sec", &ops, 0)
                     .set_f("p50_ns", p50.map_or(f64::NAN, |s| s.median), 0)
                     .set("runs", v.len()),
             )?;
@@ -1021,16 +1017,11 @@ fn ratio_row(
     let mut row = Row::new(RATIO, sys, threads)
         .set("vs", peer)
         .set("phase", phase)
-        .set_f("ratio", ops.median, 3)
-        .set_f("ratio_min", ops.min, 3)
-        .set_f("ratio_max", ops.max, 3);
+        .set_spread("ratio", &ops, 3);
     let mut met = ops.median >= GOAL_OPS;
     let mut goal = format!("ops >= {GOAL_OPS}x");
     if let Some(p) = p99 {
-        row = row
-            .set_f("p99_ratio", p.median, 3)
-            .set_f("p99_ratio_min", p.min, 3)
-            .set_f("p99_ratio_max", p.max, 3);
+        row = row.set_spread("p99_ratio", &p, 3);
         met &= p.median <= GOAL_P99;
         goal.push_str(&format!(", p99 <= {GOAL_P99}x"));
     }
@@ -1050,10 +1041,7 @@ fn set_mem(row: Row, v: &[&Sample]) -> Row {
         .set("rss_peak_bytes", int(hwm))
         .set("live_bytes", int(live));
     row = match bloat {
-        Some(b) => row
-            .set_f("bloat", b.median, 3)
-            .set_f("bloat_min", b.min, 3)
-            .set_f("bloat_max", b.max, 3),
+        Some(b) => row.set_spread("bloat", &b, 3),
         None => row.set("bloat", None::<f64>),
     };
     if used.is_some() {

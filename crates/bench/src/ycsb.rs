@@ -905,19 +905,15 @@ pub fn run(o: &YcsbOpts, rep: &mut Reporter) -> std::io::Result<()> {
             c.threads,
             r + 1
         );
-        if c.misses > 0 || c.bad_values > 0 {
-            rep.fail(format!(
-                "{what}: {} reads of loaded keys missed, {} returned a wrong value",
-                c.misses, c.bad_values
-            ));
-        }
-        if c.put_errors > 0 {
-            rep.error(format!(
-                "{what}: {} writes failed, first: {}",
-                c.put_errors,
-                c.first_error.as_deref().unwrap_or("?")
-            ));
-        }
+        crate::report::check_run(
+            rep,
+            &what,
+            "reads of loaded keys",
+            c.misses,
+            c.bad_values,
+            c.put_errors,
+            c.first_error.as_deref(),
+        );
     }
     // Rows, grouped by cell then threads then system; the ratios after them.
     let mut ratio_rows = Vec::new();
@@ -956,9 +952,7 @@ pub fn run(o: &YcsbOpts, rep: &mut Reporter) -> std::io::Result<()> {
                     .set("workload", wl.as_str())
                     .set("distribution", dist.clone());
                 rep.emit(
-                    row.set_f("ops_per_sec", ops.median, 0)
-                        .set_f("ops_per_sec_min", ops.min, 0)
-                        .set_f("ops_per_sec_max", ops.max, 0)
+                    row.set_spread("ops_per_sec", &ops, 0)
                         .set_f("p50_ns", p50.median, 0)
                         .set_f("p99_ns", p99.median, 0)
                         .set("records", o.records)
@@ -996,9 +990,7 @@ pub fn run(o: &YcsbOpts, rep: &mut Reporter) -> std::io::Result<()> {
                     .set("workload", wl.as_str())
                     .set("distribution", dist.clone());
                 ratio_rows.push(
-                    row.set_f("ratio", s.median, 3)
-                        .set_f("ratio_min", s.min, 3)
-                        .set_f("ratio_max", s.max, 3)
+                    row.set_spread("ratio", &s, 3)
                         .set("baseline", systems[best].name()),
                 );
             }

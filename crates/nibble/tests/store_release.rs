@@ -6,16 +6,8 @@ use std::time::Duration;
 
 use nibble::{Config, Store};
 
-fn rss_bytes() -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    line.split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse::<u64>()
-        .unwrap()
-        * 1024
-}
+mod common;
+use common::rss_bytes;
 
 /// After most of the data is deleted, compaction plus `release_memory`
 /// (or the decay time on its own) gives the freed blocks back: RSS follows

@@ -11,16 +11,8 @@ use nibble::{Config, Error, Mode, Store};
 /// buffers and allocator slack (documented in docs/BENCHMARKS.md).
 const RSS_SLACK_BYTES: u64 = 8 << 20;
 
-fn rss_bytes() -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    line.split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse::<u64>()
-        .unwrap()
-        * 1024
-}
+mod common;
+use common::rss_bytes;
 
 #[test]
 fn rss_within_capacity_under_churn() {
