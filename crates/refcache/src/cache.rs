@@ -71,6 +71,9 @@ pub const DEFAULT_MAX_THREADS: usize = 64;
 /// Operations by one thread between the epoch ticks it drives itself
 /// (0: operations never tick; a [`Refcache::tick`] caller must).
 pub const DEFAULT_OPS_PER_TICK: u64 = 1 << 16;
+/// Passes over the registry `register` makes before deciding every core is
+/// owned (a core may be held for a moment by a ticker).
+pub const REGISTER_ATTEMPTS: usize = 1000;
 /// Epoch boundaries between queueing an object and reviewing it (§3.1).
 pub const REVIEW_DELAY_EPOCHS: u64 = 2;
 
@@ -266,12 +269,30 @@ impl Refcache {
     /// Registers the calling thread: its own delta cache and review queue.
     /// `None` when `max_threads` threads are registered already.
     pub fn register(&self) -> Option<Local<'_>> {
+        for _ in 0..REGISTER_ATTEMPTS {
+            if let Some(local) = self.try_register() {
+                return Some(local);
+            }
+            // Every core was taken; one may only be held for a moment by
+            // a ticker or a racing `register`.
+            core::hint::spin_loop();
+            #[cfg(loom)]
+            loom::thread::yield_now();
+        }
+        None
+    }
+
+    fn try_register(&self) -> Option<Local<'_>> {
         // Reuse a released core first (its cache and queue carry over),
         // else claim a fresh one.
         let in_use = self.cores_in_use.load(Ordering::Acquire);
         for (index, core) in self.cores[..in_use].iter().enumerate() {
             if let Some(state) = core.state.try_lock() {
-                return Some(self.local(index, state));
+                // An empty cache is a fresh core a racing `register` has
+                // claimed but not locked yet: leave it to that thread.
+                if !state.cache.is_empty() {
+                    return Some(self.local(index, state));
+                }
             }
         }
         let mut index = self.cores_in_use.load(Ordering::Acquire);

@@ -65,7 +65,7 @@ pub mod ticker;
 pub use baseline::{SharedCount, Snzi, DEFAULT_SNZI_LEAVES, SNZI_FANOUT};
 pub use cache::{
     Config, Counted, Local, Refcache, Weak, DEFAULT_CACHE_SLOTS, DEFAULT_MAX_THREADS,
-    DEFAULT_OPS_PER_TICK, REVIEW_DELAY_EPOCHS,
+    DEFAULT_OPS_PER_TICK, REGISTER_ATTEMPTS, REVIEW_DELAY_EPOCHS,
 };
 pub use scheme::{CounterKind, ParseCounterKindError, RefCounter, ThreadCount};
 #[cfg(all(feature = "std", not(loom)))]

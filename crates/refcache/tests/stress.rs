@@ -152,3 +152,33 @@ fn shared_object_counts_balance_under_every_scheme() {
     });
     assert_eq!(tree.root(), 1);
 }
+
+#[test]
+fn threads_register_and_leave_concurrently() {
+    let domain = Refcache::new(Config {
+        max_threads: 4,
+        ..Config::default()
+    });
+    let object = {
+        let local = domain.register().unwrap();
+        local.alloc(7_u32)
+    };
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            let (domain, object) = (&domain, &object);
+            s.spawn(move || {
+                for _ in 0..200 {
+                    let local = domain.register().expect("a core is free");
+                    let r = local.clone_ref(object);
+                    assert_eq!(*r, 7);
+                    local.release(r);
+                }
+            });
+        }
+    });
+    let local = domain.register().unwrap();
+    local.release(object);
+    drop(local);
+    assert!(domain.quiesce(16));
+    assert_eq!(domain.objects_freed(), 1);
+}
