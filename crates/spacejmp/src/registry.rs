@@ -242,7 +242,8 @@ impl Registry {
         let res = (|| {
             let path = self.dir.join("registry");
             let mut st = match std::fs::read_to_string(&path) {
-                Ok(t) => RegState::parse(&t).ok_or_else(|| Error::HeaderMismatch {
+                // (On hugetlbfs the file is padded with NULs to a page.)
+                Ok(t) => RegState::parse(t.trim_end_matches('\0')).ok_or_else(|| Error::HeaderMismatch {
                     name: path.display().to_string(),
                     what: "unparsable registry".into(),
                 })?,
@@ -254,7 +255,13 @@ impl Registry {
                 let tmp = self
                     .dir
                     .join(format!("registry.tmp.{}", std::process::id()));
-                std::fs::write(&tmp, st.render()).map_err(|e| Error::io("write", &tmp, e))?;
+                let text = st.render();
+                if self.huge {
+                    write_mapped(&tmp, text.as_bytes(), self.page)
+                } else {
+                    std::fs::write(&tmp, text)
+                }
+                .map_err(|e| Error::io("write", &tmp, e))?;
                 std::fs::rename(&tmp, &path).map_err(|e| Error::io("rename", &path, e))?;
             }
             Ok(r)
@@ -473,6 +480,40 @@ impl Registry {
             Ok(())
         })
     }
+}
+
+/// Write `data` to a new file at `path` through a shared mapping, padded
+/// with NULs to whole pages of `page` bytes: hugetlbfs has no `write(2)`.
+fn write_mapped(path: &Path, data: &[u8], page: u64) -> std::io::Result<()> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)?;
+    let len = (data.len() as u64).div_ceil(page).max(1) * page;
+    f.set_len(len)?;
+    // SAFETY: a fresh shared mapping of the file we just sized to `len`.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the mapping is `len >= data.len()` bytes, writable, and not
+    // aliased; it is unmapped right after.
+    unsafe {
+        std::ptr::copy_nonoverlapping(data.as_ptr(), p.cast::<u8>(), data.len());
+        libc::munmap(p, len as usize);
+    }
+    Ok(())
 }
 
 fn fs_page(dir: &Path) -> Result<(u64, bool)> {
