@@ -100,12 +100,19 @@ fn bind_all(
     Ok(port)
 }
 
+/// Longest a write waits for the engine to free space, ms.
+const SERVER_MAX_WRITE_WAIT_MS: u64 = 100;
+
 impl Server {
     /// Create the engine, bind every listener, start the workers.
     pub fn start(cfg: ServerConfig) -> io::Result<Server> {
         let mut ncfg = nibble::Config::new(cfg.capacity as usize);
         ncfg.mode = cfg.mode;
         ncfg.compaction_workers = cfg.compaction_workers;
+        // A worker thread serves many connections: a write that finds the
+        // store full may wait for compaction (helping it) only briefly, or
+        // every client of that worker stalls; then it gets -OOM.
+        ncfg.max_write_wait_ms = SERVER_MAX_WRITE_WAIT_MS;
         let store = nibble::Store::new(ncfg)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("engine: {e}")))?;
         let settings = Settings::new(&cfg, store.config().max_value_bytes as u64);
