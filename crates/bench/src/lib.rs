@@ -36,6 +36,7 @@ mod child;
 mod churn;
 mod fill;
 mod frag;
+mod jmp;
 mod kv;
 mod plot;
 mod report;
@@ -70,6 +71,7 @@ use crate::report::Reporter;
         memlab ycsb --quick --systems nibble,nibble2,dashmap-mimalloc\n  \
         memlab frag --quick --out results/frag.jsonl\n  \
         memlab server --quick --out results/server.jsonl\n  \
+        memlab jmp --quick --out results/jmp.jsonl\n  \
         memlab plot results/buddy.jsonl -o results/buddy.png",
     arg_required_else_help = true
 )]
@@ -112,6 +114,10 @@ enum Command {
     /// load generator (throughput, p50/p99/p99.9, RSS), churn, redis-benchmark
     #[command(long_about = server::ABOUT)]
     Server(server::ServerArgs),
+    /// SpaceJMP on Linux: VAS switch vs mmap, 1 GiB attach (4 KiB / 2 MiB pages),
+    /// GUPS over windows (MAP, MP, VAS), time to first query of a persisted index
+    #[command(long_about = jmp::ABOUT)]
+    Jmp(jmp::JmpArgs),
     /// Draw a JSON-lines result file (PNG or SVG): panels per bench, lines per system
     Plot(PlotArgs),
     /// (internal) run one measurement in this process and print its results
@@ -119,6 +125,13 @@ enum Command {
     Cell {
         /// The job, as JSON
         spec: String,
+    },
+    /// (internal) a child process of `memlab jmp`
+    #[command(name = "__jmp", hide = true)]
+    JmpChild {
+        /// ROLE ARG N
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
 }
 
@@ -560,8 +573,10 @@ pub fn main_entry(alloc: Alloc) -> ExitCode {
         Command::Churn(a) => run_churn(a),
         Command::Fill(a) => run_fill(a),
         Command::Server(a) => server::run_cli(a),
+        Command::Jmp(a) => jmp::run(a),
         Command::Plot(a) => run_plot(a),
         Command::Cell { spec } => Ok(child::child_main(&spec)),
+        Command::JmpChild { args } => jmp::child(&args),
     };
     match result {
         Ok(code) => ExitCode::from(code as u8),

@@ -252,9 +252,11 @@ impl Row {
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
-        f.extend(self.figures.iter().map(|x| {
-            format!("{}={:.*}", x.name, x.decimals.clamp(0, 2) as usize, x.value)
-        }));
+        f.extend(
+            self.figures
+                .iter()
+                .map(|x| format!("{}={:.*}", x.name, x.decimals.clamp(0, 2) as usize, x.value)),
+        );
         format!(
             "{:<12} {:<22} {}  ({})",
             self.bench,
@@ -326,7 +328,8 @@ const HUGE_WINDOW: (u64, u64) = (0x3800_0000_0000, 0x100_0000_0000);
 pub fn run(opts: &Options, sink: &mut dyn Sink) -> Result<(), BenchError> {
     let _ = std::fs::remove_dir_all(&opts.scratch);
     let res = (|| -> Res<()> {
-        let jmp = Jmp::open(Config::with_store(&opts.scratch).window(BENCH_WINDOW.0, BENCH_WINDOW.1))?;
+        let jmp =
+            Jmp::open(Config::with_store(&opts.scratch).window(BENCH_WINDOW.0, BENCH_WINDOW.1))?;
         for w in &opts.workloads {
             match w {
                 Workload::Switch => bench_switch(&jmp, opts, sink)?,
@@ -590,9 +593,14 @@ fn attach_huge(opts: &Options, sink: &mut dyn Sink) -> Res<()> {
         },
     };
     if let Some(what) = &setup.changed {
-        sink.note(ATTACH_BENCH, &format!("2 MiB pages: {what} (restored afterwards)"));
+        sink.note(
+            ATTACH_BENCH,
+            &format!("2 MiB pages: {what} (restored afterwards)"),
+        );
     }
-    let store = setup.store.join(format!("sjmp-bench-{}", std::process::id()));
+    let store = setup
+        .store
+        .join(format!("sjmp-bench-{}", std::process::id()));
     let res = (|| -> Res<()> {
         let hj = Jmp::open(Config::with_store(&store).window(HUGE_WINDOW.0, HUGE_WINDOW.1))?;
         bench_attach(&hj, opts, sink, "2MiB")
@@ -617,7 +625,14 @@ fn meminfo(field: &str) -> Option<u64> {
     std::fs::read_to_string("/proc/meminfo")
         .ok()?
         .lines()
-        .find_map(|l| l.strip_prefix(field)?.trim().split(' ').next()?.parse().ok())
+        .find_map(|l| {
+            l.strip_prefix(field)?
+                .trim()
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()
+        })
 }
 
 impl HugeSetup {
@@ -640,9 +655,8 @@ impl HugeSetup {
         let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
         let existing = mounts.lines().find_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            (f.get(2) == Some(&"hugetlbfs")
-                && f.get(3).is_some_and(|o| !o.contains("pagesize=1G")))
-            .then(|| PathBuf::from(f[1]))
+            (f.get(2) == Some(&"hugetlbfs") && f.get(3).is_some_and(|o| !o.contains("pagesize=1G")))
+                .then(|| PathBuf::from(f[1]))
         });
         match existing {
             Some(dir) => s.store = dir,
@@ -851,13 +865,7 @@ fn bench_gups(jmp: &Jmp, opts: &Options, sink: &mut dyn Sink) -> Res<()> {
 }
 
 /// MAP: remap the window's file at one fixed address per batch.
-fn gups_map(
-    jmp: &Jmp,
-    opts: &Options,
-    sink: &mut dyn Sink,
-    w: u64,
-    windows: &[String],
-) -> Res<()> {
+fn gups_map(jmp: &Jmp, opts: &Options, sink: &mut dyn Sink, w: u64, windows: &[String]) -> Res<()> {
     let (win, batch, updates) = gups_sizes(opts);
     let files: Vec<std::fs::File> = windows
         .iter()
@@ -968,13 +976,7 @@ fn child_command(opts: &Options) -> Command {
 
 /// MP: one process per window; the driver sends update values over a
 /// shared-memory ring per process.
-fn gups_mp(
-    jmp: &Jmp,
-    opts: &Options,
-    sink: &mut dyn Sink,
-    w: u64,
-    windows: &[String],
-) -> Res<()> {
+fn gups_mp(jmp: &Jmp, opts: &Options, sink: &mut dyn Sink, w: u64, windows: &[String]) -> Res<()> {
     let (_, batch, updates) = gups_sizes(opts);
     let mut rings = Vec::new();
     let mut handles = Vec::new();

@@ -243,9 +243,11 @@ impl Registry {
             let path = self.dir.join("registry");
             let mut st = match std::fs::read_to_string(&path) {
                 // (On hugetlbfs the file is padded with NULs to a page.)
-                Ok(t) => RegState::parse(t.trim_end_matches('\0')).ok_or_else(|| Error::HeaderMismatch {
-                    name: path.display().to_string(),
-                    what: "unparsable registry".into(),
+                Ok(t) => RegState::parse(t.trim_end_matches('\0')).ok_or_else(|| {
+                    Error::HeaderMismatch {
+                        name: path.display().to_string(),
+                        what: "unparsable registry".into(),
+                    }
                 })?,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => RegState::default(),
                 Err(e) => return Err(Error::io("read", &path, e)),

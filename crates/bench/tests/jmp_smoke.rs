@@ -1,0 +1,88 @@
+//! Smoke test of `memlab jmp`: every workload at a tiny size, through the
+//! real binary (clap options, the reporter, and the `__jmp` child
+//! processes), in a few seconds. Figures are not checked, only that each
+//! workload produced its rows and the persisted index answered.
+
+use std::process::Command;
+
+#[test]
+fn jmp_every_workload_tiny() {
+    let out = Command::new(env!("CARGO_BIN_EXE_memlab"))
+        .args([
+            "jmp",
+            "--json",
+            "--repeat",
+            "1",
+            "--switch-iters",
+            "200",
+            "--attach-mib",
+            "4",
+            "--huge",
+            "off",
+            "--window-kib",
+            "256",
+            "--updates",
+            "16384",
+            "--windows",
+            "1,2",
+            "--records",
+            "2000",
+        ])
+        .output()
+        .expect("run memlab");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "memlab jmp failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    let rows: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON row"))
+        .collect();
+    let count = |bench: &str, system: &str| {
+        rows.iter()
+            .filter(|r| r["bench"] == bench && r["system"] == system)
+            .count()
+    };
+    for system in [
+        "vas-disjoint+locks",
+        "vas-disjoint",
+        "vas-overlap-remap",
+        "mmap+munmap",
+    ] {
+        assert_eq!(count("jmp-switch", system), 1, "switch {system}: {stdout}");
+    }
+    assert_eq!(count("jmp-attach", "vas_attach"), 1, "{stdout}");
+    assert_eq!(count("jmp-attach", "vas_attach+populate"), 1, "{stdout}");
+    for system in ["VAS-overlap", "VAS-disjoint", "MAP", "MP"] {
+        assert_eq!(count("jmp-gups", system), 2, "gups {system}: {stdout}");
+    }
+    for system in [
+        "process-spawn",
+        "spacejmp-segment",
+        "mmap-offset-pointers",
+        "bincode-hashmap",
+        "ratio",
+    ] {
+        assert_eq!(
+            count("jmp-persist", system),
+            1,
+            "persist {system}: {stdout}"
+        );
+    }
+    // Overlapping VASes switch by remapping, and say so (all but the first
+    // switch remap: the first VAS is mapped at attach).
+    let remap = rows
+        .iter()
+        .find(|r| r["system"] == "vas-overlap-remap")
+        .expect("remap row");
+    assert!(remap["remaps_per_switch"].as_f64().unwrap_or(0.0) >= 0.5);
+    let disjoint = rows
+        .iter()
+        .find(|r| r["system"] == "vas-disjoint+locks")
+        .expect("disjoint row");
+    assert_eq!(disjoint["remaps_per_switch"].as_f64(), Some(0.0));
+    assert!(rows.iter().all(|r| r["threads"] == 1));
+}
