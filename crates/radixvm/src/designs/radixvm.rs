@@ -1,0 +1,416 @@
+//! RadixVM (Clements, Kaashoek, Zeldovich, EuroSys 2013, §3.3-3.4):
+//! operations on non-overlapping ranges share no cache lines and send no
+//! shootdowns to CPUs that never touched the pages.
+//!
+//! *Metadata.* The address space is the `radix` map from page number to
+//! per-page metadata. An mmap'ed page that was never touched holds a
+//! pointer to its mapping's descriptor (`Desc`: protection, backing,
+//! first page; one descriptor per mmap, folded across the range, counted
+//! by the pages that refer to it). The first fault replaces it with the
+//! page's own `PageMeta`: protection, frame, and the set of CPUs that may
+//! cache the translation (§3.3: "the radix tree records which CPUs have
+//! the page mapped"). Values are tagged pointers (low bit 0: `Desc`,
+//! 1: `PageMeta`).
+//!
+//! *Locking (§3.4).* Every operation locks exactly the radix slots of its
+//! range, left to right ([`radix::RangeGuard`]): mmap and munmap their
+//! range, a fault its one page, mprotect its pages one by one. Operations
+//! on disjoint ranges touch disjoint slots; operations on overlapping
+//! ranges serialize. Metadata is read and written only under the lock
+//! covering it.
+//!
+//! *Per-CPU page tables (§3.3).* CPU `i` walks only table `i`, which the
+//! fault handler on CPU `i` fills, adding `i` to the page's CPU set. So
+//! the CPUs whose TLBs may hold a translation are exactly those in the
+//! set, and munmap shoots down only them: a page touched by one CPU is
+//! unmapped with no shootdown at all (its own TLB is flushed locally).
+//!
+//! *munmap* (and an mmap over existing pages):
+//!
+//! ```text
+//!  lock range ─ collect: CPU sets ∪, frames, metadata ─ unset slots
+//!             ─ clear entries in the tables of those CPUs
+//!             ─ shootdown(∪ of the sets) ── every target acknowledged
+//!             ─ free frames and metadata ─ unlock
+//! ```
+//!
+//! Frames are freed only after the shootdown completes, so no TLB can
+//! still reach them (the paper frees through Refcache; here the munmap
+//! that removed the last mapping of an anonymous frame frees it, segment
+//! frames belong to their segment).
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+
+use buddy::FrameNo;
+use radix::{Config, RadixMap, RangeGuard};
+
+use super::count;
+use crate::mmu::sw::SoftMmu;
+use crate::mmu::{Counter, Mmu, Pte};
+use crate::shootdown::cpus_in;
+use crate::space::{page_range, AddrAlloc};
+use crate::{Access, AddressSpace, Backing, Design, Frames, MapAt, Prot, VmError, PAGE_SIZE_BYTES};
+
+/// Marks a frame slot as empty.
+const NO_FRAME: u64 = u64::MAX;
+/// Tag bit of a `PageMeta` value (a `Desc` value has it clear).
+const TAG_PAGE: u64 = 1;
+
+/// One mmap's descriptor, shared by its untouched pages.
+struct Desc {
+    prot: Prot,
+    backing: Backing,
+    /// First page of the mapping (the backing's offset applies there).
+    start: u64,
+    /// Pages whose value or metadata refers to this descriptor.
+    refs: AtomicU64,
+}
+
+/// One touched (or mprotect'ed) page's metadata.
+struct PageMeta {
+    desc: *const Desc,
+    prot: AtomicU8,
+    frame: AtomicU64,
+    /// CPUs whose page tables (and so TLBs) may hold the translation.
+    cpus: AtomicU64,
+}
+
+enum Value {
+    Desc(*const Desc),
+    Page(*const PageMeta),
+}
+
+fn decode(v: u64) -> Value {
+    if v & TAG_PAGE != 0 {
+        Value::Page((v & !TAG_PAGE) as *const PageMeta)
+    } else {
+        Value::Desc(v as *const Desc)
+    }
+}
+
+fn encode_desc(d: *const Desc) -> u64 {
+    let v = d as u64;
+    debug_assert!(v & TAG_PAGE == 0 && v <= radix::MAX_VALUE);
+    v
+}
+
+fn encode_page(m: *const PageMeta) -> u64 {
+    let v = m as u64;
+    debug_assert!(v & TAG_PAGE == 0 && v <= radix::MAX_VALUE);
+    v | TAG_PAGE
+}
+
+/// What an unmap took out of the map, to release after the shootdown.
+#[derive(Default)]
+struct Taken {
+    targets: u64,
+    frames: Vec<FrameNo>,
+    metas: Vec<*mut PageMeta>,
+    descs: Vec<(*const Desc, u64)>,
+}
+
+/// The RadixVM address space.
+pub struct RadixVm {
+    mmu: SoftMmu,
+    map: RadixMap,
+    addrs: AddrAlloc,
+}
+
+// SAFETY: the raw pointers in the map are owned by the map's entries and
+// only dereferenced under the range lock covering them (module essay);
+// the descriptors' and metadata's contents are Send + Sync.
+unsafe impl Send for RadixVm {}
+// SAFETY: as above.
+unsafe impl Sync for RadixVm {}
+
+impl std::fmt::Debug for RadixVm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RadixVm").finish_non_exhaustive()
+    }
+}
+
+impl RadixVm {
+    /// An empty address space with per-CPU page tables.
+    pub fn new(frames: &Arc<Frames>) -> RadixVm {
+        RadixVm {
+            mmu: SoftMmu::new(frames, true),
+            // sv6 never frees radix nodes; collapse would add an epoch pin
+            // and a Refcache registration to every operation.
+            map: RadixMap::new(Config {
+                collapse: false,
+                ..Config::default()
+            }),
+            addrs: AddrAlloc::default(),
+        }
+    }
+
+    /// Radix-map node bytes (the metadata structure's size).
+    pub fn map_bytes(&self) -> usize {
+        self.map.node_bytes()
+    }
+
+    /// The frame for page `vpn` of descriptor `d`.
+    fn obtain(&self, cpu: usize, d: &Desc, vpn: u64) -> Result<FrameNo, VmError> {
+        match &d.backing {
+            Backing::Anonymous => self.mmu.frames().alloc_zeroed(cpu),
+            Backing::Segment {
+                segment,
+                offset_pages,
+            } => segment.frame(cpu, offset_pages + (vpn - d.start)),
+        }
+    }
+
+    /// Collects what `vpns` maps and clears its page-table entries; the
+    /// caller holds the range lock of `vpns` and replaces the values next.
+    fn take(&self, vpns: &Range<u64>) -> Taken {
+        let mut taken = Taken::default();
+        let mut scratch = Vec::new();
+        self.map
+            .for_each_run(vpns.clone(), |run| match decode(run.value) {
+                Value::Desc(d) => taken.descs.push((d, run.keys.end - run.keys.start)),
+                Value::Page(m) => {
+                    for vpn in run.keys.clone() {
+                        // SAFETY: the caller holds the lock of `vpn`, so the
+                        // metadata its slot points to is alive and ours.
+                        let meta = unsafe { &*m };
+                        let cpus = meta.cpus.load(Ordering::Relaxed);
+                        for cpu in cpus_in(cpus) {
+                            self.mmu.clear(cpu, vpn..vpn + 1, &mut scratch);
+                        }
+                        scratch.clear();
+                        taken.targets |= cpus;
+                        let frame = meta.frame.load(Ordering::Relaxed);
+                        // SAFETY: a page's metadata holds a reference to its
+                        // descriptor, so it is alive.
+                        let desc = unsafe { &*meta.desc };
+                        if frame != NO_FRAME && matches!(desc.backing, Backing::Anonymous) {
+                            taken.frames.push(frame);
+                        }
+                        taken.metas.push(m.cast_mut());
+                        taken.descs.push((meta.desc, 1));
+                    }
+                }
+            });
+        taken
+    }
+
+    /// Shoots down what `take` collected, then frees it. The caller still
+    /// holds the range lock (§3.4: the shootdown happens under it).
+    fn release(&self, cpu: usize, vpns: Range<u64>, taken: Taken) {
+        self.mmu.shootdown(cpu, taken.targets, vpns);
+        for frame in taken.frames {
+            self.mmu.frames().free(cpu, frame);
+        }
+        for m in taken.metas {
+            // SAFETY: `take` collected it from a slot since replaced under
+            // the lock we hold; nothing else can reach it.
+            drop(unsafe { Box::from_raw(m) });
+        }
+        for (d, pages) in taken.descs {
+            // SAFETY: the descriptor is alive while its count is non-zero;
+            // these pages' references are being given back now.
+            let last = unsafe { &*d }.refs.fetch_sub(pages, Ordering::AcqRel) == pages;
+            if last {
+                // SAFETY: the count reached zero: no slot or metadata
+                // refers to it any more.
+                drop(unsafe { Box::from_raw(d.cast_mut()) });
+            }
+        }
+    }
+
+    fn install(&self, cpu: usize, vpn: u64, frame: FrameNo, prot: Prot) {
+        let pte = Pte::new(frame, prot);
+        self.mmu
+            .update_pte(self.mmu.table_of(cpu), vpn, &mut |_| pte);
+    }
+
+    /// Whether every page of the locked range is unmapped.
+    fn is_free(&self, guard: &RangeGuard<'_, '_>) -> bool {
+        let mut free = true;
+        self.map.for_each_run(guard.keys(), |_| free = false);
+        free
+    }
+}
+
+impl AddressSpace for RadixVm {
+    fn design(&self) -> Design {
+        Design::RadixVm
+    }
+
+    fn mmu(&self) -> &dyn Mmu {
+        &self.mmu
+    }
+
+    fn mmap(
+        &self,
+        cpu: usize,
+        at: MapAt,
+        len_bytes: u64,
+        prot: Prot,
+        backing: Backing,
+    ) -> Result<u64, VmError> {
+        count(&self.mmu, cpu, Counter::Mmaps);
+        page_range(0, len_bytes)?;
+        let handle = self.map.handle();
+        let (addr, guard) = match at {
+            MapAt::Fixed(a) => (a, handle.lock(page_range(a, len_bytes)?)),
+            MapAt::Hint(a) => {
+                let hinted = page_range(a, len_bytes)
+                    .ok()
+                    .map(|vpns| handle.lock(vpns))
+                    .filter(|g| self.is_free(g));
+                match hinted {
+                    Some(g) => (a, g),
+                    None => {
+                        let a = self.addrs.alloc(cpu, len_bytes)?;
+                        (a, handle.lock(page_range(a, len_bytes)?))
+                    }
+                }
+            }
+            MapAt::Anywhere => {
+                let a = self.addrs.alloc(cpu, len_bytes)?;
+                (a, handle.lock(page_range(a, len_bytes)?))
+            }
+        };
+        let vpns = guard.keys();
+        let pages = vpns.end - vpns.start;
+        if let Backing::Segment {
+            segment,
+            offset_pages,
+        } = &backing
+        {
+            if offset_pages + pages > segment.len_pages() {
+                return Err(VmError::PastSegmentEnd);
+            }
+        }
+        let desc = Box::into_raw(Box::new(Desc {
+            prot,
+            backing,
+            start: vpns.start,
+            refs: AtomicU64::new(pages),
+        }));
+        let taken = self.take(&vpns);
+        guard.set(encode_desc(desc));
+        self.release(cpu, vpns, taken);
+        drop(guard);
+        Ok(addr)
+    }
+
+    fn munmap(&self, cpu: usize, addr: u64, len_bytes: u64) -> Result<(), VmError> {
+        count(&self.mmu, cpu, Counter::Munmaps);
+        let vpns = page_range(addr, len_bytes)?;
+        let handle = self.map.handle();
+        let guard = handle.lock(vpns.clone());
+        let taken = self.take(&vpns);
+        guard.unset();
+        self.release(cpu, vpns, taken);
+        drop(guard);
+        Ok(())
+    }
+
+    fn mprotect(&self, cpu: usize, addr: u64, len_bytes: u64, prot: Prot) -> Result<(), VmError> {
+        count(&self.mmu, cpu, Counter::Mprotects);
+        let vpns = page_range(addr, len_bytes)?;
+        let handle = self.map.handle();
+        // Page by page, left to right (each page's value changes on its
+        // own); the guards together lock the range.
+        let guards: Vec<_> = vpns.clone().map(|v| handle.lock(v..v + 1)).collect();
+        if let Some(g) = guards.iter().find(|g| g.get(g.keys().start).is_none()) {
+            return Err(VmError::Unmapped(g.keys().start * PAGE_SIZE_BYTES));
+        }
+        let mut targets = 0;
+        let mut scratch = Vec::new();
+        for guard in &guards {
+            let vpn = guard.keys().start;
+            match decode(guard.get(vpn).expect("checked above")) {
+                Value::Desc(d) => {
+                    // The page's reference to `d` moves into its metadata.
+                    let meta = Box::into_raw(Box::new(PageMeta {
+                        desc: d,
+                        prot: AtomicU8::new(prot.bits()),
+                        frame: AtomicU64::new(NO_FRAME),
+                        cpus: AtomicU64::new(0),
+                    }));
+                    guard.set(encode_page(meta));
+                }
+                Value::Page(m) => {
+                    // SAFETY: we hold the page's lock.
+                    let meta = unsafe { &*m };
+                    meta.prot.store(prot.bits(), Ordering::Relaxed);
+                    let cpus = meta.cpus.swap(0, Ordering::Relaxed);
+                    for c in cpus_in(cpus) {
+                        self.mmu.clear(c, vpn..vpn + 1, &mut scratch);
+                    }
+                    targets |= cpus;
+                }
+            }
+        }
+        self.mmu.shootdown(cpu, targets, vpns);
+        drop(guards);
+        Ok(())
+    }
+
+    fn pagefault(&self, cpu: usize, addr: u64, access: Access) -> Result<(), VmError> {
+        count(&self.mmu, cpu, Counter::Faults);
+        let vpn = addr / PAGE_SIZE_BYTES;
+        if vpn >= self.map.key_limit() {
+            return Err(VmError::Unmapped(addr));
+        }
+        let handle = self.map.handle();
+        let guard = handle.lock(vpn..vpn + 1);
+        let value = guard.get(vpn).ok_or(VmError::Unmapped(addr))?;
+        match decode(value) {
+            Value::Desc(d) => {
+                // SAFETY: the slot refers to `d` and we hold its lock.
+                let desc = unsafe { &*d };
+                if !desc.prot.allows(access) {
+                    return Err(VmError::Protection(addr));
+                }
+                let frame = self.obtain(cpu, desc, vpn)?;
+                let meta = Box::into_raw(Box::new(PageMeta {
+                    desc: d,
+                    prot: AtomicU8::new(desc.prot.bits()),
+                    frame: AtomicU64::new(frame),
+                    cpus: AtomicU64::new(1 << cpu),
+                }));
+                guard.set(encode_page(meta));
+                self.install(cpu, vpn, frame, desc.prot);
+            }
+            Value::Page(m) => {
+                // SAFETY: the slot refers to `m` and we hold its lock.
+                let meta = unsafe { &*m };
+                let prot = Prot::from_bits(meta.prot.load(Ordering::Relaxed));
+                if !prot.allows(access) {
+                    return Err(VmError::Protection(addr));
+                }
+                let mut frame = meta.frame.load(Ordering::Relaxed);
+                if frame == NO_FRAME {
+                    // SAFETY: metadata holds a reference to its descriptor.
+                    frame = self.obtain(cpu, unsafe { &*meta.desc }, vpn)?;
+                    meta.frame.store(frame, Ordering::Relaxed);
+                }
+                meta.cpus.fetch_or(1 << cpu, Ordering::Relaxed);
+                self.install(cpu, vpn, frame, prot);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for RadixVm {
+    fn drop(&mut self) {
+        // No CPU is attached any more (every `Cpu` borrows the space), so
+        // no shootdown is needed: free what is still mapped.
+        let all = 0..self.map.key_limit();
+        let taken = self.take(&all);
+        self.map.unset(all.clone());
+        let cpu = 0;
+        let taken = Taken {
+            targets: 0,
+            ..taken
+        };
+        self.release(cpu, all, taken);
+    }
+}

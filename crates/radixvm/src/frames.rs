@@ -1,0 +1,194 @@
+//! Physical frames and segments.
+//!
+//! "Physical memory" is a `buddy` frame pool (one anonymous mapping cut
+//! into 4 KiB frames) with the distributed buddy allocator over it: a
+//! frame is real memory, "physical" means "pool offset" (BRIEF, "Kernel
+//! ideas on Linux, honestly"). A frame is zeroed when allocated, as a
+//! kernel zeroes an anonymous page before mapping it.
+//!
+//! Beside the allocator, [`Frames`] keeps one state byte per frame (live
+//! or free) so that a touch through a simulated TLB can check that the
+//! frame it reaches is still allocated: the test suite's "frames are never
+//! freed while a TLB may still map them" is that check counting zero
+//! violations. Live-frame counts are per CPU (cache-padded) so that
+//! counting costs no shared cache line.
+//!
+//! A [`Segment`] is a file of frames: its pages are allocated on first
+//! use, shared by every mapping of it, and freed when the last `Arc` to
+//! the segment drops (SpaceJMP's segments, in miniature).
+
+use std::io;
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+
+use buddy::pool::{PoolConfig, PooledAllocator};
+use buddy::{AllocatorKind, BuddyConfig, FrameNo};
+use crossbeam_utils::CachePadded;
+
+use crate::{VmError, MAX_CPUS, PAGE_SIZE_BYTES};
+
+const FRAME_FREE: u8 = 0;
+const FRAME_LIVE: u8 = 1;
+
+/// The frame pool shared by address spaces.
+pub struct Frames {
+    alloc: PooledAllocator,
+    state: Box<[AtomicU8]>,
+    live_per_cpu: Box<[CachePadded<AtomicI64>]>,
+}
+
+impl std::fmt::Debug for Frames {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Frames")
+            .field("frames", &self.alloc.pool().frames())
+            .field("live", &self.live_frames())
+            .finish()
+    }
+}
+
+impl Frames {
+    /// A pool of `bytes` (rounded down to frames) with the distributed
+    /// buddy allocator over it.
+    pub fn new(bytes: usize) -> io::Result<Arc<Frames>> {
+        Frames::with_allocator(bytes, AllocatorKind::Distributed)
+    }
+
+    /// A pool of `bytes` with allocator `kind`.
+    pub fn with_allocator(bytes: usize, kind: AllocatorKind) -> io::Result<Arc<Frames>> {
+        let config = BuddyConfig {
+            check_frees: false,
+            ..BuddyConfig::default()
+        };
+        let pool = PoolConfig {
+            bytes,
+            ..PoolConfig::default()
+        };
+        let alloc = PooledAllocator::new(&pool, kind, &config)?;
+        let frames = alloc.pool().frames() as usize;
+        Ok(Arc::new(Frames {
+            alloc,
+            state: (0..frames).map(|_| AtomicU8::new(FRAME_FREE)).collect(),
+            live_per_cpu: (0..MAX_CPUS)
+                .map(|_| CachePadded::new(AtomicI64::new(0)))
+                .collect(),
+        }))
+    }
+
+    /// A zeroed frame, allocated on behalf of `cpu`.
+    pub fn alloc_zeroed(&self, cpu: usize) -> Result<FrameNo, VmError> {
+        let block = self
+            .alloc
+            .alloc_block(0)
+            .map_err(|_| VmError::OutOfMemory)?;
+        // SAFETY: the block is ours alone (just allocated) and spans one
+        // frame of the pool's mapping.
+        unsafe { std::ptr::write_bytes(block.ptr.as_ptr(), 0, PAGE_SIZE_BYTES as usize) };
+        let was = self.state[block.frame as usize].swap(FRAME_LIVE, Ordering::Release);
+        assert_eq!(was, FRAME_FREE, "frame {} handed out twice", block.frame);
+        self.live_per_cpu[cpu % MAX_CPUS].fetch_add(1, Ordering::Relaxed);
+        Ok(block.frame)
+    }
+
+    /// Frees `frame` on behalf of `cpu`. The caller guarantees that no TLB
+    /// or page table maps it any more.
+    pub fn free(&self, cpu: usize, frame: FrameNo) {
+        let was = self.state[frame as usize].swap(FRAME_FREE, Ordering::Release);
+        assert_eq!(was, FRAME_LIVE, "frame {frame} freed twice");
+        self.live_per_cpu[cpu % MAX_CPUS].fetch_sub(1, Ordering::Relaxed);
+        let block = buddy::pool::Block {
+            frame,
+            order: 0,
+            ptr: self.alloc.pool().frame_ptr(frame),
+        };
+        self.alloc
+            .free_block(block)
+            .expect("a live frame frees cleanly");
+    }
+
+    /// Whether `frame` is allocated.
+    pub fn is_live(&self, frame: FrameNo) -> bool {
+        self.state[frame as usize].load(Ordering::Acquire) == FRAME_LIVE
+    }
+
+    /// Address of `frame`'s first byte.
+    pub fn ptr(&self, frame: FrameNo) -> *mut u8 {
+        self.alloc.pool().frame_ptr(frame).as_ptr()
+    }
+
+    /// Frames allocated and not freed.
+    pub fn live_frames(&self) -> i64 {
+        self.live_per_cpu
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Frames in the pool.
+    pub fn capacity_frames(&self) -> u64 {
+        self.alloc.pool().frames()
+    }
+}
+
+/// A file of frames: pages allocated on first use and shared by every
+/// mapping of the segment.
+pub struct Segment {
+    frames: Arc<Frames>,
+    /// Frame number + 1 of each page, 0 while not yet allocated.
+    pages: Box<[AtomicU64]>,
+}
+
+impl std::fmt::Debug for Segment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Segment")
+            .field("pages", &self.pages.len())
+            .finish()
+    }
+}
+
+impl Segment {
+    /// A segment of `pages` pages drawing frames from `frames`.
+    pub fn new(frames: &Arc<Frames>, pages: u64) -> Arc<Segment> {
+        Arc::new(Segment {
+            frames: frames.clone(),
+            pages: (0..pages).map(|_| AtomicU64::new(0)).collect(),
+        })
+    }
+
+    /// Length in pages.
+    pub fn len_pages(&self) -> u64 {
+        self.pages.len() as u64
+    }
+
+    /// The frame holding page `page`, allocated (zeroed) on first use.
+    pub fn frame(&self, cpu: usize, page: u64) -> Result<FrameNo, VmError> {
+        let slot = self
+            .pages
+            .get(page as usize)
+            .ok_or(VmError::PastSegmentEnd)?;
+        let word = slot.load(Ordering::Acquire);
+        if word != 0 {
+            return Ok(word - 1);
+        }
+        let frame = self.frames.alloc_zeroed(cpu)?;
+        match slot.compare_exchange(0, frame + 1, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => Ok(frame),
+            Err(won) => {
+                self.frames.free(cpu, frame);
+                Ok(won - 1)
+            }
+        }
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // Every mapping holds an `Arc` to the segment, so no page table
+        // maps these frames any more.
+        for slot in self.pages.iter() {
+            let word = slot.load(Ordering::Acquire);
+            if word != 0 {
+                self.frames.free(0, word - 1);
+            }
+        }
+    }
+}

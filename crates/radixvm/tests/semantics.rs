@@ -1,0 +1,392 @@
+//! The semantics every design must have (issue 7, "Tests"), one suite run
+//! against each design. TLB simulated (software MMU).
+//!
+//! Set `RADIXVM_STRESS=1` for the long random workload.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+
+use radixvm::{
+    new_space, Access, Backing, Cpu, Design, Frames, MapAt, Prot, Segment, VmError, PAGE_SIZE_BYTES,
+};
+use rand::{Rng, SeedableRng};
+
+const POOL_BYTES: usize = 64 << 20;
+const PAGE: u64 = PAGE_SIZE_BYTES;
+const BASE: u64 = 0x1000_0000;
+
+fn frames() -> Arc<Frames> {
+    Frames::new(POOL_BYTES).expect("frame pool")
+}
+
+fn stress() -> bool {
+    std::env::var_os("RADIXVM_STRESS").is_some()
+}
+
+fn munmap_revokes_on_every_cpu(design: Design) {
+    let frames = frames();
+    let space = new_space(design, &frames);
+    let pages = 8;
+    let barrier = Barrier::new(2);
+    let unmapped = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let cpu = Cpu::attach(&*space, 1);
+            barrier.wait(); // mapped
+            for p in 0..pages {
+                cpu.write(BASE + p * PAGE, 7).unwrap(); // TLB now holds them
+            }
+            barrier.wait(); // touched
+            barrier.wait(); // unmapped
+            assert!(unmapped.load(Ordering::SeqCst));
+            for p in 0..pages {
+                assert_eq!(
+                    cpu.read(BASE + p * PAGE),
+                    Err(VmError::Unmapped(BASE + p * PAGE))
+                );
+            }
+        });
+        let cpu = Cpu::attach(&*space, 0);
+        cpu.mmap(
+            MapAt::Fixed(BASE),
+            pages * PAGE,
+            Prot::READ_WRITE,
+            Backing::Anonymous,
+        )
+        .unwrap();
+        barrier.wait();
+        barrier.wait();
+        for p in 0..pages {
+            assert_eq!(cpu.read(BASE + p * PAGE).unwrap(), 7);
+        }
+        cpu.munmap(BASE, pages * PAGE).unwrap();
+        unmapped.store(true, Ordering::SeqCst);
+        for p in 0..pages {
+            assert!(cpu.read(BASE + p * PAGE).is_err());
+        }
+        barrier.wait();
+    });
+    assert_eq!(space.stats().stale_touches, 0);
+    drop(space);
+    assert_eq!(frames.live_frames(), 0);
+}
+
+fn mmap_is_visible_to_every_cpu(design: Design) {
+    let frames = frames();
+    let space = new_space(design, &frames);
+    let barrier = Barrier::new(2);
+    let addr = std::sync::Mutex::new(0);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let cpu = Cpu::attach(&*space, 3);
+            barrier.wait();
+            let a = *addr.lock().unwrap();
+            for p in 0..4 {
+                assert_eq!(cpu.read(a + p * PAGE).unwrap(), 0, "fresh pages are zero");
+                cpu.write(a + p * PAGE + 5, p as u8 + 1).unwrap();
+            }
+            barrier.wait();
+        });
+        let cpu = Cpu::attach(&*space, 0);
+        let a = cpu
+            .mmap(
+                MapAt::Anywhere,
+                4 * PAGE,
+                Prot::READ_WRITE,
+                Backing::Anonymous,
+            )
+            .unwrap();
+        *addr.lock().unwrap() = a;
+        barrier.wait();
+        barrier.wait();
+        for p in 0..4 {
+            assert_eq!(cpu.read(a + p * PAGE + 5).unwrap(), p as u8 + 1);
+        }
+    });
+    assert_eq!(space.stats().stale_touches, 0);
+}
+
+fn mprotect_and_partial_unmap(design: Design) {
+    let frames = frames();
+    let space = new_space(design, &frames);
+    let cpu = Cpu::attach(&*space, 0);
+    let a = cpu
+        .mmap(
+            MapAt::Hint(BASE),
+            6 * PAGE,
+            Prot::READ_WRITE,
+            Backing::Anonymous,
+        )
+        .unwrap();
+    assert_eq!(a, BASE, "a free hint is taken");
+    for p in 0..6 {
+        cpu.write(a + p * PAGE, 1).unwrap();
+    }
+    cpu.mprotect(a + 2 * PAGE, 2 * PAGE, Prot::READ).unwrap();
+    assert_eq!(
+        cpu.write(a + 2 * PAGE, 2),
+        Err(VmError::Protection(a + 2 * PAGE))
+    );
+    assert_eq!(
+        cpu.read(a + 3 * PAGE).unwrap(),
+        1,
+        "contents survive mprotect"
+    );
+    cpu.write(a + 4 * PAGE, 2).unwrap();
+    cpu.mprotect(a, PAGE, Prot::NONE).unwrap();
+    assert_eq!(cpu.read(a), Err(VmError::Protection(a)));
+    cpu.mprotect(a, PAGE, Prot::READ_WRITE).unwrap();
+    assert_eq!(cpu.read(a).unwrap(), 1);
+    cpu.munmap(a + PAGE, PAGE).unwrap();
+    assert!(cpu.read(a + PAGE).is_err());
+    assert_eq!(cpu.read(a + 5 * PAGE).unwrap(), 1);
+    assert!(
+        cpu.mprotect(a, 3 * PAGE, Prot::READ).is_err(),
+        "hole in range"
+    );
+    let b = cpu
+        .mmap(
+            MapAt::Hint(BASE),
+            PAGE,
+            Prot::READ_WRITE,
+            Backing::Anonymous,
+        )
+        .unwrap();
+    assert_ne!(b, BASE, "a taken hint is not");
+    cpu.munmap(a, 6 * PAGE).unwrap();
+    cpu.munmap(b, PAGE).unwrap();
+    drop(cpu);
+    assert_eq!(frames.live_frames(), 0);
+}
+
+fn segments_share_frames(design: Design) {
+    let frames = frames();
+    let segment = Segment::new(&frames, 4);
+    {
+        let space = new_space(design, &frames);
+        let cpu = Cpu::attach(&*space, 0);
+        let seg = |offset_pages| Backing::Segment {
+            segment: segment.clone(),
+            offset_pages,
+        };
+        let a = cpu
+            .mmap(MapAt::Anywhere, 4 * PAGE, Prot::READ_WRITE, seg(0))
+            .unwrap();
+        let b = cpu
+            .mmap(MapAt::Anywhere, 2 * PAGE, Prot::READ, seg(2))
+            .unwrap();
+        cpu.write(a + 3 * PAGE, 9).unwrap();
+        assert_eq!(cpu.read(b + PAGE).unwrap(), 9);
+        assert!(cpu.write(b, 1).is_err());
+        assert_eq!(
+            cpu.mmap(MapAt::Anywhere, 4 * PAGE, Prot::READ, seg(1)),
+            Err(VmError::PastSegmentEnd)
+        );
+        cpu.munmap(a, 4 * PAGE).unwrap();
+        assert_eq!(
+            cpu.read(b + PAGE).unwrap(),
+            9,
+            "the segment keeps its frames"
+        );
+    }
+    assert_eq!(frames.live_frames(), 1, "one segment page was touched");
+    drop(segment);
+    assert_eq!(frames.live_frames(), 0);
+}
+
+/// Two CPUs replace the same range with mappings of two segments over and
+/// over; a third reads it. If the operations did not serialize, the range
+/// would end up mixing the two.
+fn overlapping_operations_serialize(design: Design) {
+    let frames = frames();
+    let pages = 16;
+    let segments: Vec<_> = (0..2).map(|_| Segment::new(&frames, pages)).collect();
+    let space = new_space(design, &frames);
+    {
+        let cpu = Cpu::attach(&*space, 0);
+        for (i, s) in segments.iter().enumerate() {
+            let backing = Backing::Segment {
+                segment: s.clone(),
+                offset_pages: 0,
+            };
+            let a = cpu
+                .mmap(MapAt::Anywhere, pages * PAGE, Prot::READ_WRITE, backing)
+                .unwrap();
+            for p in 0..pages {
+                cpu.write(a + p * PAGE, i as u8 + 1).unwrap();
+            }
+            cpu.munmap(a, pages * PAGE).unwrap();
+        }
+    }
+    let rounds = if stress() { 5000 } else { 300 };
+    std::thread::scope(|s| {
+        for t in 0..2 {
+            let (space, segments) = (&space, &segments);
+            s.spawn(move || {
+                let cpu = Cpu::attach(&**space, t);
+                for r in 0..rounds {
+                    let backing = Backing::Segment {
+                        segment: segments[(r + t) % 2].clone(),
+                        offset_pages: 0,
+                    };
+                    cpu.mmap(MapAt::Fixed(BASE), pages * PAGE, Prot::READ, backing)
+                        .unwrap();
+                    let _ = cpu.read(BASE + (r as u64 % pages) * PAGE);
+                }
+            });
+        }
+        s.spawn(|| {
+            let cpu = Cpu::attach(&*space, 2);
+            for r in 0..rounds as u64 {
+                let v = cpu.read(BASE + (r % pages) * PAGE);
+                assert!(
+                    matches!(v, Ok(1) | Ok(2) | Err(VmError::Unmapped(_))),
+                    "{v:?}"
+                );
+            }
+        });
+    });
+    let cpu = Cpu::attach(&*space, 0);
+    let first = cpu.read(BASE).unwrap();
+    for p in 0..pages {
+        assert_eq!(
+            cpu.read(BASE + p * PAGE).unwrap(),
+            first,
+            "page {p} mixes mappings"
+        );
+    }
+    assert_eq!(space.stats().stale_touches, 0);
+}
+
+/// Random mixed workload on two CPUs (a third just touches): afterwards
+/// nothing leaked and no touch ever reached a freed frame.
+fn random_workload_leaks_nothing(design: Design) {
+    let frames = frames();
+    let space = new_space(design, &frames);
+    let ops = if stress() { 200_000 } else { 3_000 };
+    let slots = 32u64;
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for t in 0..2usize {
+            let space = &space;
+            s.spawn(move || {
+                let cpu = Cpu::attach(&**space, t);
+                let mut rng = rand::rngs::StdRng::seed_from_u64(t as u64 + 17);
+                for _ in 0..ops {
+                    let start = BASE + rng.gen_range(0..slots) * PAGE;
+                    let len = rng.gen_range(1..5) * PAGE;
+                    match rng.gen_range(0..10) {
+                        0..=1 => {
+                            cpu.mmap(
+                                MapAt::Fixed(start),
+                                len,
+                                Prot::READ_WRITE,
+                                Backing::Anonymous,
+                            )
+                            .unwrap();
+                        }
+                        2..=3 => cpu.munmap(start, len).unwrap(),
+                        4 => {
+                            let _ = cpu.mprotect(start, len, Prot::READ);
+                        }
+                        5..=7 => {
+                            let _ = cpu.write(start, 1);
+                        }
+                        _ => {
+                            let _ = cpu.read(start);
+                        }
+                    }
+                }
+            });
+        }
+        s.spawn(|| {
+            let cpu = Cpu::attach(&*space, 5);
+            let mut rng = rand::rngs::StdRng::seed_from_u64(99);
+            while !stop.load(Ordering::Relaxed) {
+                let _ = cpu.touch(
+                    BASE + rng.gen_range(0..slots) * PAGE,
+                    Access::Read,
+                    &mut |_| {},
+                );
+                std::thread::yield_now();
+            }
+        });
+        // The toucher stops when the workers are done.
+        while space.stats().mmaps + space.stats().munmaps < 1 {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert_eq!(space.stats().stale_touches, 0);
+    {
+        let cpu = Cpu::attach(&*space, 0);
+        cpu.munmap(BASE, (slots + 8) * PAGE).unwrap();
+    }
+    assert_eq!(frames.live_frames(), 0, "{design}: frames leaked");
+    drop(space);
+    assert_eq!(frames.live_frames(), 0);
+}
+
+macro_rules! suite {
+    ($($name:ident),*) => {
+        mod radixvm_design { $( #[test] fn $name() { super::$name(radixvm::Design::RadixVm) } )* }
+        mod bonsai_design { $( #[test] fn $name() { super::$name(radixvm::Design::Bonsai) } )* }
+        mod linux_design { $( #[test] fn $name() { super::$name(radixvm::Design::Linux) } )* }
+    };
+}
+
+suite!(
+    munmap_revokes_on_every_cpu,
+    mmap_is_visible_to_every_cpu,
+    mprotect_and_partial_unmap,
+    segments_share_frames,
+    overlapping_operations_serialize,
+    random_workload_leaks_nothing
+);
+
+/// RadixVM §5: pages touched by one CPU are unmapped with no shootdown.
+#[test]
+fn radixvm_local_unmap_needs_no_shootdown() {
+    let frames = frames();
+    let space = new_space(Design::RadixVm, &frames);
+    std::thread::scope(|s| {
+        for t in 0..2usize {
+            let space = &space;
+            s.spawn(move || {
+                let cpu = Cpu::attach(&**space, t);
+                for _ in 0..50 {
+                    let a = cpu
+                        .mmap(
+                            MapAt::Anywhere,
+                            8 * PAGE,
+                            Prot::READ_WRITE,
+                            Backing::Anonymous,
+                        )
+                        .unwrap();
+                    for p in 0..8 {
+                        cpu.write(a + p * PAGE, 1).unwrap();
+                    }
+                    cpu.munmap(a, 8 * PAGE).unwrap();
+                }
+            });
+        }
+    });
+    let stats = space.stats();
+    assert_eq!(stats.shootdowns, 0);
+    assert_eq!(stats.faults, 2 * 50 * 8);
+    let shared = new_space(Design::Linux, &frames);
+    let _idle = Cpu::attach(&*shared, 1);
+    let cpu = Cpu::attach(&*shared, 0);
+    let a = cpu
+        .mmap(MapAt::Anywhere, PAGE, Prot::READ_WRITE, Backing::Anonymous)
+        .unwrap();
+    cpu.write(a, 1).unwrap();
+    cpu.munmap(a, PAGE).unwrap();
+    assert_eq!(
+        shared.stats().shootdowns,
+        1,
+        "a shared table shoots down every CPU"
+    );
+    assert_eq!(shared.stats().shootdown_targets, 1);
+}
