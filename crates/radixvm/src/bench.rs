@@ -1,1 +1,851 @@
-//! `mapbench` (RadixVM §5) and `faultbench` (Bonsai Fig. 16-18): in progress.
+//! `mapbench` (RadixVM §5, Figures 9-11: local, pipeline, global) and
+//! `faultbench` (Bonsai §7.3, Figures 16-18) as library functions, for
+//! `memlab mapbench` / `memlab faultbench` and the examples.
+//!
+//! Every design runs over the software MMU: its rows say `tlb:
+//! "simulated"`. `mapbench` also runs the same workload with the
+//! process's own `mmap`/`munmap` and real stores (`native-linux`, `tlb:
+//! "real"`), in the same run, as the yardstick.
+//!
+//! mapbench workloads (region size in pages, per thread):
+//! * `local` — each thread maps its own region at a fixed address,
+//!   writes every page, unmaps it. One iteration = map+touch+unmap.
+//! * `pipeline` — each thread maps and writes a region, hands it to the
+//!   next thread (a ring), and writes and unmaps the region handed to it.
+//! * `global` — rounds: each thread maps its slice of one shared region;
+//!   all threads write every page of the whole region in random order;
+//!   each unmaps its slice. One iteration = one thread's share of a round.
+//!
+//! faultbench: one thread spends a given fraction of each
+//! [`FAULT_PERIOD_US`] in mmap/munmap of its own page while the others
+//! take soft page faults on a segment (frames exist, as page-cache pages
+//! do): they read every page of their region, then drop their own
+//! translations the way page reclaim would (page-table clear and a local
+//! TLB flush, no address-space lock) and start over. The figure is the
+//! mean cost of one faulting access.
+//!
+//! Each cell runs `runs` times; rows report the median and the spread
+//! ((max - min) / median, percent). Threads are pinned to the allowed
+//! CPUs in turn; on a 2-core machine rows above 2 threads measure
+//! time-sharing, not scaling.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+
+use crate::space::stats_of;
+use crate::{
+    new_space, Access, AddressSpace, Backing, Cpu, Design, Frames, MapAt, Prot, Segment, Stats,
+    PAGE_SIZE_BYTES,
+};
+
+/// Fixed addresses used by the benchmarks start here.
+pub const BENCH_BASE_BYTES: u64 = 1 << 32;
+/// Gap between threads' fixed regions, so they never share a radix leaf.
+pub const REGION_STRIDE_BYTES: u64 = 1 << 30;
+/// faultbench: the mapper's duty-cycle period.
+pub const FAULT_PERIOD_US: u64 = 200;
+/// faultbench: pages per faulting thread's region.
+pub const FAULT_REGION_PAGES: u64 = 256;
+/// Frame pool per run.
+pub const POOL_BYTES: usize = 256 << 20;
+
+/// A system under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum System {
+    /// One of the designs, over the software MMU.
+    Design(Design),
+    /// The process's own mmap/munmap and real page faults.
+    Native,
+}
+
+impl System {
+    /// Every design, then native.
+    pub const ALL: [System; 4] = [
+        System::Design(Design::RadixVm),
+        System::Design(Design::Bonsai),
+        System::Design(Design::Linux),
+        System::Native,
+    ];
+
+    /// Name in output.
+    pub fn name(self) -> &'static str {
+        match self {
+            System::Design(d) => d.name(),
+            System::Native => "native-linux",
+        }
+    }
+
+    /// `"simulated"` or `"real"`.
+    pub fn tlb(self) -> &'static str {
+        match self {
+            System::Design(_) => "simulated",
+            System::Native => "real",
+        }
+    }
+}
+
+/// A mapbench workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    /// Private regions.
+    Local,
+    /// Regions handed round a ring.
+    Pipeline,
+    /// One shared region.
+    Global,
+}
+
+impl Workload {
+    /// All three.
+    pub const ALL: [Workload; 3] = [Workload::Local, Workload::Pipeline, Workload::Global];
+
+    /// Name in output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Local => "local",
+            Workload::Pipeline => "pipeline",
+            Workload::Global => "global",
+        }
+    }
+}
+
+impl std::str::FromStr for Workload {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Workload::ALL
+            .into_iter()
+            .find(|w| w.name() == s)
+            .ok_or_else(|| format!("unknown workload {s:?} (local, pipeline, global)"))
+    }
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Thread counts.
+    pub threads: Vec<usize>,
+    /// Seconds per run.
+    pub secs: f64,
+    /// Runs per cell.
+    pub runs: usize,
+    /// Region size in pages (mapbench; per thread).
+    pub pages: u64,
+    /// mapbench workloads.
+    pub workloads: Vec<Workload>,
+    /// Systems.
+    pub systems: Vec<System>,
+    /// faultbench: fractions of the mapper's time in mmap/munmap.
+    pub map_fractions: Vec<f64>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            threads: vec![1, 2],
+            secs: 1.0,
+            runs: 3,
+            pages: 4,
+            workloads: Workload::ALL.to_vec(),
+            systems: System::ALL.to_vec(),
+            map_fractions: vec![0.0, 0.1, 0.25, 0.5, 0.9],
+        }
+    }
+}
+
+impl Options {
+    /// `--quick`: mapbench under 30 s, faultbench under 20 s on 2 cores.
+    pub fn quick() -> Options {
+        Options {
+            secs: 0.2,
+            runs: 3,
+            map_fractions: vec![0.0, 0.25, 0.5, 0.9],
+            ..Options::default()
+        }
+    }
+}
+
+/// One mapbench result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MapRow {
+    /// Workload.
+    pub workload: Workload,
+    /// System.
+    pub system: System,
+    /// Threads.
+    pub threads: usize,
+    /// Region pages.
+    pub pages: u64,
+    /// Median iterations per second, all threads.
+    pub iters_per_sec: f64,
+    /// Median page touches per second, all threads.
+    pub touches_per_sec: f64,
+    /// Page faults per iteration.
+    pub faults_per_iter: f64,
+    /// Shootdowns per iteration (designs only).
+    pub shootdowns_per_iter: Option<f64>,
+    /// Remote targets per shootdown (designs only).
+    pub targets_per_shootdown: Option<f64>,
+    /// Page-table pages at the end of the last run (designs only).
+    pub page_table_pages: Option<u64>,
+    /// Spread in percent.
+    pub spread_pct: f64,
+    /// Runs.
+    pub runs: usize,
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map_or("null".into(), |v| format!("{v:.3}"))
+}
+
+impl MapRow {
+    /// One JSON object (memlab's convention).
+    pub fn to_json(&self) -> String {
+        format!(
+            "{{\"bench\":\"mapbench\",\"system\":\"{}\",\"tlb\":\"{}\",\"workload\":\"{}\",\"threads\":{},\
+             \"pages\":{},\"ops_per_sec\":{:.0},\"touches_per_sec\":{:.0},\"faults_per_iter\":{:.3},\
+             \"shootdowns_per_iter\":{},\"targets_per_shootdown\":{},\"page_table_pages\":{},\
+             \"spread_pct\":{:.1},\"runs\":{}}}",
+            self.system.name(),
+            self.system.tlb(),
+            self.workload.name(),
+            self.threads,
+            self.pages,
+            self.iters_per_sec,
+            self.touches_per_sec,
+            self.faults_per_iter,
+            opt(self.shootdowns_per_iter),
+            opt(self.targets_per_shootdown),
+            self.page_table_pages.map_or("null".into(), |p| p.to_string()),
+            self.spread_pct,
+            self.runs
+        )
+    }
+
+    /// Header of [`MapRow::to_table_line`].
+    pub const TABLE_HEADER: &'static str = "workload system        tlb        threads pages      iters/s    touches/s faults/it shoot/it tgt/shoot  pt-pages spread%";
+
+    /// One table line.
+    pub fn to_table_line(&self) -> String {
+        let dash = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));
+        format!(
+            "{:<8} {:<14} {:<10} {:>7} {:>5} {:>12.0} {:>12.0} {:>9.2} {:>8} {:>9} {:>9} {:>7.1}",
+            self.workload.name(),
+            self.system.name(),
+            self.system.tlb(),
+            self.threads,
+            self.pages,
+            self.iters_per_sec,
+            self.touches_per_sec,
+            self.faults_per_iter,
+            dash(self.shootdowns_per_iter),
+            dash(self.targets_per_shootdown),
+            self.page_table_pages.map_or("-".into(), |p| p.to_string()),
+            self.spread_pct
+        )
+    }
+}
+
+/// One faultbench result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FaultRow {
+    /// Design.
+    pub design: Design,
+    /// Threads (one mapper, the rest fault).
+    pub threads: usize,
+    /// Fraction of the mapper's time in mmap/munmap.
+    pub map_fraction: f64,
+    /// Median faults per second, all faulting threads.
+    pub faults_per_sec: f64,
+    /// Median nanoseconds per faulting access.
+    pub fault_ns: f64,
+    /// mmap+munmap pairs per second by the mapper.
+    pub maps_per_sec: f64,
+    /// Spread of `fault_ns` in percent.
+    pub spread_pct: f64,
+    /// Runs.
+    pub runs: usize,
+}
+
+impl FaultRow {
+    /// One JSON object.
+    pub fn to_json(&self) -> String {
+        format!(
+            "{{\"bench\":\"faultbench\",\"system\":\"{}\",\"tlb\":\"simulated\",\"threads\":{},\
+             \"map_fraction\":{:.2},\"faults_per_sec\":{:.0},\"fault_ns\":{:.1},\"maps_per_sec\":{:.0},\
+             \"spread_pct\":{:.1},\"runs\":{}}}",
+            self.design,
+            self.threads,
+            self.map_fraction,
+            self.faults_per_sec,
+            self.fault_ns,
+            self.maps_per_sec,
+            self.spread_pct,
+            self.runs
+        )
+    }
+
+    /// Header of [`FaultRow::to_table_line`].
+    pub const TABLE_HEADER: &'static str =
+        "system   tlb        threads map-frac     faults/s  ns/fault    maps/s spread%";
+
+    /// One table line.
+    pub fn to_table_line(&self) -> String {
+        format!(
+            "{:<8} {:<10} {:>7} {:>8.2} {:>12.0} {:>9.1} {:>9.0} {:>7.1}",
+            self.design.name(),
+            "simulated",
+            self.threads,
+            self.map_fraction,
+            self.faults_per_sec,
+            self.fault_ns,
+            self.maps_per_sec,
+            self.spread_pct
+        )
+    }
+}
+
+fn pin(thread: usize) {
+    let cpus = topology::allowed_cpus();
+    if !cpus.is_empty() {
+        let _ = topology::pin_current_thread(cpus[thread % cpus.len()]);
+    }
+}
+
+/// Median and spread (percent) of `values`.
+fn median_spread(mut values: Vec<f64>) -> (f64, f64) {
+    values.sort_by(f64::total_cmp);
+    let median = values[values.len() / 2];
+    let spread = if median > 0.0 {
+        (values[values.len() - 1] - values[0]) / median * 100.0
+    } else {
+        0.0
+    };
+    (median, spread)
+}
+
+/// What one timed run measured.
+#[derive(Default, Clone, Copy)]
+struct Sample {
+    iters: u64,
+    touches: u64,
+    secs: f64,
+    faults: u64,
+    stats: Stats,
+}
+
+/// The operations a workload needs, for a design or native.
+trait Vm: Sync {
+    type Cpu<'a>
+    where
+        Self: 'a;
+    fn attach(&self, cpu: usize) -> Self::Cpu<'_>;
+    fn map(cpu: &Self::Cpu<'_>, at: Option<u64>, len: u64) -> u64;
+    fn unmap(cpu: &Self::Cpu<'_>, addr: u64, len: u64);
+    fn write(cpu: &Self::Cpu<'_>, addr: u64);
+}
+
+struct DesignVm(Arc<dyn AddressSpace>);
+
+impl Vm for DesignVm {
+    type Cpu<'a> = Cpu<'a>;
+    fn attach(&self, cpu: usize) -> Cpu<'_> {
+        Cpu::attach(&*self.0, cpu)
+    }
+    fn map(cpu: &Cpu<'_>, at: Option<u64>, len: u64) -> u64 {
+        let at = at.map_or(MapAt::Anywhere, MapAt::Fixed);
+        cpu.mmap(at, len, Prot::READ_WRITE, Backing::Anonymous)
+            .expect("bench mmap")
+    }
+    fn unmap(cpu: &Cpu<'_>, addr: u64, len: u64) {
+        cpu.munmap(addr, len).expect("bench munmap");
+    }
+    fn write(cpu: &Cpu<'_>, addr: u64) {
+        cpu.write(addr, 1).expect("bench touch");
+    }
+}
+
+/// The process's own virtual memory.
+struct NativeVm {
+    /// A reservation holding every fixed address the run uses.
+    base: u64,
+    len: usize,
+}
+
+impl NativeVm {
+    fn new(len: usize) -> NativeVm {
+        // SAFETY: a fresh PROT_NONE reservation; nothing else uses it.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED, "reservation");
+        NativeVm {
+            base: p as u64,
+            len,
+        }
+    }
+}
+
+impl Drop for NativeVm {
+    fn drop(&mut self) {
+        // SAFETY: our reservation; no thread uses it any more.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+    }
+}
+
+impl Vm for NativeVm {
+    type Cpu<'a> = u64;
+    fn attach(&self, _cpu: usize) -> u64 {
+        self.base
+    }
+    fn map(base: &u64, at: Option<u64>, len: u64) -> u64 {
+        let (addr, flags) = match at {
+            Some(a) => (base + a - BENCH_BASE_BYTES, libc::MAP_FIXED),
+            None => (0, 0),
+        };
+        // SAFETY: either anywhere, or inside our own reservation.
+        let p = unsafe {
+            libc::mmap(
+                addr as *mut libc::c_void,
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED, "mmap");
+        p as u64
+    }
+    fn unmap(base: &u64, addr: u64, len: u64) {
+        let inside = addr >= *base && addr < base + (REGION_STRIDE_BYTES * 64);
+        // SAFETY: a mapping this benchmark made; inside the reservation it
+        // is replaced by PROT_NONE (freeing the pages, keeping the hole
+        // reserved), elsewhere unmapped.
+        let rc = unsafe {
+            if inside {
+                let p = libc::mmap(
+                    addr as *mut libc::c_void,
+                    len as usize,
+                    libc::PROT_NONE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
+                    -1,
+                    0,
+                );
+                if p == libc::MAP_FAILED {
+                    -1
+                } else {
+                    0
+                }
+            } else {
+                libc::munmap(addr as *mut libc::c_void, len as usize)
+            }
+        };
+        assert_eq!(rc, 0, "munmap");
+    }
+    fn write(_base: &u64, addr: u64) {
+        // SAFETY: a page of a live read-write mapping of this benchmark.
+        unsafe { (addr as *mut u8).write_volatile(1) };
+    }
+}
+
+fn minor_faults() -> u64 {
+    // SAFETY: getrusage writes the struct we pass.
+    unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut u);
+        u.ru_minflt as u64
+    }
+}
+
+/// Runs `workload` on `vm` for `secs`.
+fn run_workload<V: Vm>(
+    vm: &V,
+    workload: Workload,
+    threads: usize,
+    pages: u64,
+    secs: f64,
+) -> Sample {
+    let len = pages * PAGE_SIZE_BYTES;
+    let stop = AtomicBool::new(false);
+    let iters = AtomicU64::new(0);
+    let touches = AtomicU64::new(0);
+    let start = Barrier::new(threads + 1);
+    let round = Barrier::new(threads);
+    let go = AtomicBool::new(true);
+    let rings: Vec<Mutex<VecDeque<u64>>> =
+        (0..threads).map(|_| Mutex::new(VecDeque::new())).collect();
+    let faults_before = minor_faults();
+    let mut elapsed = Duration::ZERO;
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (stop, iters, touches, start, round, go, rings) =
+                (&stop, &iters, &touches, &start, &round, &go, &rings);
+            s.spawn(move || {
+                pin(t);
+                let cpu = vm.attach(t);
+                let mut rng = rand::rngs::StdRng::seed_from_u64(t as u64);
+                let mut order: Vec<u64> = (0..pages * threads as u64).collect();
+                let (mut my_iters, mut my_touches) = (0u64, 0u64);
+                start.wait();
+                match workload {
+                    Workload::Local => {
+                        let at = BENCH_BASE_BYTES + t as u64 * REGION_STRIDE_BYTES;
+                        while !stop.load(Ordering::Relaxed) {
+                            let a = V::map(&cpu, Some(at), len);
+                            for p in 0..pages {
+                                V::write(&cpu, a + p * PAGE_SIZE_BYTES);
+                            }
+                            V::unmap(&cpu, a, len);
+                            my_iters += 1;
+                            my_touches += pages;
+                        }
+                    }
+                    Workload::Pipeline => {
+                        let next = &rings[(t + 1) % threads];
+                        while !stop.load(Ordering::Relaxed) {
+                            let a = V::map(&cpu, None, len);
+                            for p in 0..pages {
+                                V::write(&cpu, a + p * PAGE_SIZE_BYTES);
+                            }
+                            next.lock().unwrap().push_back(a);
+                            my_touches += pages;
+                            // Take what the previous thread handed over.
+                            loop {
+                                let got = rings[t].lock().unwrap().pop_front();
+                                if let Some(b) = got {
+                                    for p in 0..pages {
+                                        V::write(&cpu, b + p * PAGE_SIZE_BYTES);
+                                    }
+                                    V::unmap(&cpu, b, len);
+                                    my_touches += pages;
+                                    my_iters += 1;
+                                    break;
+                                }
+                                if stop.load(Ordering::Relaxed) {
+                                    break;
+                                }
+                                std::thread::yield_now();
+                            }
+                        }
+                    }
+                    Workload::Global => {
+                        let region = BENCH_BASE_BYTES;
+                        let mine = region + t as u64 * len;
+                        loop {
+                            round.wait();
+                            if !go.load(Ordering::Acquire) {
+                                break;
+                            }
+                            // Where the region really is (native: in
+                            // the reservation).
+                            let base = V::map(&cpu, Some(mine), len) - t as u64 * len;
+                            round.wait();
+                            order.shuffle(&mut rng);
+                            for &p in &order {
+                                V::write(&cpu, base + p * PAGE_SIZE_BYTES);
+                            }
+                            my_touches += order.len() as u64;
+                            round.wait();
+                            V::unmap(&cpu, base + t as u64 * len, len);
+                            my_iters += 1;
+                            if t == 0 {
+                                go.store(!stop.load(Ordering::Relaxed), Ordering::Release);
+                            }
+                        }
+                    }
+                }
+                iters.fetch_add(my_iters, Ordering::Relaxed);
+                touches.fetch_add(my_touches, Ordering::Relaxed);
+            });
+        }
+        start.wait();
+        let t0 = Instant::now();
+        std::thread::sleep(Duration::from_secs_f64(secs));
+        stop.store(true, Ordering::Relaxed);
+        elapsed = t0.elapsed();
+    });
+    // Regions still in the pipeline rings stay mapped; the caller drops
+    // the address space (or the process keeps a few pages).
+    Sample {
+        iters: iters.load(Ordering::Relaxed),
+        touches: touches.load(Ordering::Relaxed),
+        secs: elapsed.as_secs_f64(),
+        faults: minor_faults() - faults_before,
+        stats: Stats::default(),
+    }
+}
+
+/// One mapbench run of `system`.
+fn map_sample(system: System, workload: Workload, threads: usize, pages: u64, secs: f64) -> Sample {
+    match system {
+        System::Design(design) => {
+            let frames = Frames::new(POOL_BYTES).expect("frame pool");
+            let space = new_space(design, &frames);
+            let vm = DesignVm(space.clone());
+            let mut sample = run_workload(&vm, workload, threads, pages, secs);
+            sample.stats = stats_of(space.mmu());
+            sample.faults = sample.stats.faults;
+            sample
+        }
+        System::Native => {
+            let vm = NativeVm::new((REGION_STRIDE_BYTES * 64) as usize);
+            run_workload(&vm, workload, threads, pages, secs)
+        }
+    }
+}
+
+/// Runs mapbench, calling `row` as each row completes.
+pub fn mapbench(options: &Options, mut row: impl FnMut(&MapRow)) -> Vec<MapRow> {
+    let mut rows = Vec::new();
+    for &workload in &options.workloads {
+        for &threads in &options.threads {
+            for &system in &options.systems {
+                let samples: Vec<Sample> = (0..options.runs.max(1))
+                    .map(|_| map_sample(system, workload, threads, options.pages, options.secs))
+                    .collect();
+                let (iters_per_sec, spread_pct) =
+                    median_spread(samples.iter().map(|s| s.iters as f64 / s.secs).collect());
+                let (touches_per_sec, _) =
+                    median_spread(samples.iter().map(|s| s.touches as f64 / s.secs).collect());
+                let iters: u64 = samples.iter().map(|s| s.iters).sum::<u64>().max(1);
+                let faults: u64 = samples.iter().map(|s| s.faults).sum();
+                let shootdowns: u64 = samples.iter().map(|s| s.stats.shootdowns).sum();
+                let targets: u64 = samples.iter().map(|s| s.stats.shootdown_targets).sum();
+                let design = matches!(system, System::Design(_));
+                let r = MapRow {
+                    workload,
+                    system,
+                    threads,
+                    pages: options.pages,
+                    iters_per_sec,
+                    touches_per_sec,
+                    faults_per_iter: faults as f64 / iters as f64,
+                    shootdowns_per_iter: design.then(|| shootdowns as f64 / iters as f64),
+                    targets_per_shootdown: design.then(|| {
+                        if shootdowns == 0 {
+                            0.0
+                        } else {
+                            targets as f64 / shootdowns as f64
+                        }
+                    }),
+                    page_table_pages: design
+                        .then(|| samples.last().map_or(0, |s| s.stats.page_table_pages)),
+                    spread_pct,
+                    runs: samples.len(),
+                };
+                row(&r);
+                rows.push(r);
+            }
+        }
+    }
+    rows
+}
+
+/// One faultbench run: (faults per second, ns per fault, maps per second).
+fn fault_sample(design: Design, threads: usize, fraction: f64, secs: f64) -> (f64, f64, f64) {
+    let frames = Frames::new(POOL_BYTES).expect("frame pool");
+    let space = new_space(design, &frames);
+    let faulters = threads.saturating_sub(1).max(1);
+    let segment = Segment::new(&frames, FAULT_REGION_PAGES * faulters as u64);
+    let stop = AtomicBool::new(false);
+    let faults = AtomicU64::new(0);
+    let fault_nanos = AtomicU64::new(0);
+    let maps = AtomicU64::new(0);
+    let start = Barrier::new(faulters + 2);
+    let mut elapsed = Duration::ZERO;
+    let len = FAULT_REGION_PAGES * PAGE_SIZE_BYTES;
+    std::thread::scope(|s| {
+        let (space, stop, start, maps) = (&space, &stop, &start, &maps);
+        s.spawn(move || {
+            pin(0);
+            let cpu = Cpu::attach(&**space, 0);
+            let at = BENCH_BASE_BYTES;
+            let period = Duration::from_micros(FAULT_PERIOD_US);
+            let busy = period.mul_f64(fraction);
+            start.wait();
+            while !stop.load(Ordering::Relaxed) {
+                let t0 = Instant::now();
+                while t0.elapsed() < busy {
+                    cpu.mmap(
+                        MapAt::Fixed(at),
+                        PAGE_SIZE_BYTES,
+                        Prot::READ_WRITE,
+                        Backing::Anonymous,
+                    )
+                    .expect("mapper mmap");
+                    cpu.munmap(at, PAGE_SIZE_BYTES).expect("mapper munmap");
+                    maps.fetch_add(1, Ordering::Relaxed);
+                }
+                while t0.elapsed() < period {
+                    std::hint::spin_loop();
+                }
+            }
+        });
+        for f in 0..faulters {
+            let (faults, fault_nanos, segment) = (&faults, &fault_nanos, &segment);
+            s.spawn(move || {
+                let id = f + 1;
+                pin(id);
+                let cpu = Cpu::attach(&**space, id);
+                let backing = Backing::Segment {
+                    segment: segment.clone(),
+                    offset_pages: f as u64 * FAULT_REGION_PAGES,
+                };
+                let a = cpu
+                    .mmap(
+                        MapAt::Fixed(BENCH_BASE_BYTES + id as u64 * REGION_STRIDE_BYTES),
+                        len,
+                        Prot::READ,
+                        backing,
+                    )
+                    .expect("faulter mmap");
+                // First pass allocates the segment's frames: not measured.
+                for p in 0..FAULT_REGION_PAGES {
+                    let _ = cpu.read(a + p * PAGE_SIZE_BYTES);
+                }
+                let mmu = space.mmu();
+                let vpns = a / PAGE_SIZE_BYTES..a / PAGE_SIZE_BYTES + FAULT_REGION_PAGES;
+                let mut scratch = Vec::new();
+                let (mut n, mut nanos) = (0u64, 0u64);
+                start.wait();
+                while !stop.load(Ordering::Relaxed) {
+                    // Reclaim our translations (no address-space lock).
+                    mmu.clear(mmu.table_of(id), vpns.clone(), &mut scratch);
+                    scratch.clear();
+                    mmu.shootdown(id, 1 << id, vpns.clone());
+                    let t0 = Instant::now();
+                    for p in 0..FAULT_REGION_PAGES {
+                        cpu.touch(a + p * PAGE_SIZE_BYTES, Access::Read, &mut |_| {})
+                            .expect("faulter read");
+                    }
+                    nanos += t0.elapsed().as_nanos() as u64;
+                    n += FAULT_REGION_PAGES;
+                }
+                faults.fetch_add(n, Ordering::Relaxed);
+                fault_nanos.fetch_add(nanos, Ordering::Relaxed);
+            });
+        }
+        start.wait();
+        let t0 = Instant::now();
+        std::thread::sleep(Duration::from_secs_f64(secs));
+        stop.store(true, Ordering::Relaxed);
+        elapsed = t0.elapsed();
+    });
+    let n = faults.load(Ordering::Relaxed).max(1) as f64;
+    let secs = elapsed.as_secs_f64();
+    (
+        n / secs,
+        fault_nanos.load(Ordering::Relaxed) as f64 / n,
+        maps.load(Ordering::Relaxed) as f64 / secs,
+    )
+}
+
+/// Runs faultbench (designs only: native faults cannot be isolated from
+/// the mapper's lock in one process), calling `row` per row.
+pub fn faultbench(options: &Options, mut row: impl FnMut(&FaultRow)) -> Vec<FaultRow> {
+    let mut rows = Vec::new();
+    for &threads in &options.threads {
+        for &fraction in &options.map_fractions {
+            for system in &options.systems {
+                let System::Design(design) = *system else {
+                    continue;
+                };
+                let samples: Vec<_> = (0..options.runs.max(1))
+                    .map(|_| fault_sample(design, threads.max(2), fraction, options.secs))
+                    .collect();
+                let (fault_ns, spread_pct) = median_spread(samples.iter().map(|s| s.1).collect());
+                let (faults_per_sec, _) = median_spread(samples.iter().map(|s| s.0).collect());
+                let (maps_per_sec, _) = median_spread(samples.iter().map(|s| s.2).collect());
+                let r = FaultRow {
+                    design,
+                    threads: threads.max(2),
+                    map_fraction: fraction,
+                    faults_per_sec,
+                    fault_ns,
+                    maps_per_sec,
+                    spread_pct,
+                    runs: samples.len(),
+                };
+                row(&r);
+                rows.push(r);
+            }
+        }
+    }
+    rows
+}
+
+/// Parses the command-line flags shared by the examples (and usable by
+/// `memlab`): `--threads 1,2 --secs S --runs N --pages P --workloads
+/// local,pipeline --systems radixvm,native-linux --fractions 0,0.5
+/// --quick --json`. Returns the options and whether `--json` was given.
+pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<(Options, bool), String> {
+    let mut options = Options::default();
+    let mut json = false;
+    let mut args = args.into_iter();
+    fn list<T>(v: Option<String>, f: impl Fn(&str) -> Result<T, String>) -> Result<Vec<T>, String> {
+        v.ok_or("missing value")?.split(',').map(f).collect()
+    }
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--threads" => {
+                options.threads = list(args.next(), |t| t.parse().map_err(|e| format!("{e}")))?
+            }
+            "--secs" => {
+                options.secs = args
+                    .next()
+                    .ok_or("--secs S")?
+                    .parse()
+                    .map_err(|e| format!("{e}"))?
+            }
+            "--runs" => {
+                options.runs = args
+                    .next()
+                    .ok_or("--runs N")?
+                    .parse()
+                    .map_err(|e| format!("{e}"))?
+            }
+            "--pages" => {
+                options.pages = args
+                    .next()
+                    .ok_or("--pages P")?
+                    .parse()
+                    .map_err(|e| format!("{e}"))?
+            }
+            "--workloads" => options.workloads = list(args.next(), |w| w.parse())?,
+            "--systems" => {
+                options.systems = list(args.next(), |s| {
+                    if s == "native-linux" {
+                        Ok(System::Native)
+                    } else {
+                        s.parse().map(System::Design)
+                    }
+                })?
+            }
+            "--fractions" => {
+                options.map_fractions =
+                    list(args.next(), |f| f.parse().map_err(|e| format!("{e}")))?
+            }
+            "--quick" => {
+                let q = Options::quick();
+                options.secs = q.secs;
+                options.runs = q.runs;
+                options.map_fractions = q.map_fractions;
+            }
+            "--json" => json = true,
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok((options, json))
+}
