@@ -39,6 +39,7 @@ mod frag;
 mod jmp;
 mod kv;
 mod plot;
+mod prims;
 mod report;
 mod server;
 mod util;
@@ -118,6 +119,10 @@ enum Command {
     /// GUPS over windows (MAP, MP, VAS), time to first query of a persisted index
     #[command(long_about = jmp::ABOUT)]
     Jmp(jmp::JmpArgs),
+    /// Refcache vs shared atomic counter vs SNZI on one shared object (RadixVM Fig. 8)
+    Refcache(RefcacheArgs),
+    /// Lookups with concurrent writers: Bonsai tree, radix map, skip list, RwLock<BTreeMap>
+    Tree(TreeArgs),
     /// Draw a JSON-lines result file (PNG or SVG): panels per bench, lines per system
     Plot(PlotArgs),
     /// (internal) run one measurement in this process and print its results
@@ -562,6 +567,67 @@ fn run_plot(a: PlotArgs) -> Result<i32, String> {
     Ok(0)
 }
 
+#[derive(Args)]
+struct RefcacheArgs {
+    #[command(flatten)]
+    run: RunOpts,
+    /// Seconds per run [default: 1; --quick: 0.3]
+    #[arg(long, value_parser = parse_seconds)]
+    seconds: Option<f64>,
+}
+
+fn run_refcache(a: RefcacheArgs) -> Result<i32, String> {
+    let opts = prims::RefcacheOpts {
+        threads: a.run.threads(),
+        secs: a.seconds.unwrap_or(if a.run.quick { 0.3 } else { 1.0 }),
+        runs: a.run.repeat(3),
+    };
+    let mut rep = a.run.reporter()?;
+    prims::run_refcache(&opts, &mut rep).map_err(|e| format!("output error: {e}"))?;
+    Ok(rep.exit_code())
+}
+
+#[derive(Args)]
+struct TreeArgs {
+    #[command(flatten)]
+    run: RunOpts,
+    /// Systems, comma-separated [default: all]: bonsai, bonsai-pin64, radix,
+    /// radix-nocollapse, skiplist, rwlock-btree, ...
+    #[arg(long, value_delimiter = ',')]
+    systems: Option<Vec<String>>,
+    /// Writer counts, comma-separated
+    #[arg(long, value_delimiter = ',', default_value = "0,1")]
+    writers: Vec<usize>,
+    /// Seconds per run [default: 1; --quick: 0.3]
+    #[arg(long, value_parser = parse_seconds)]
+    seconds: Option<f64>,
+}
+
+fn run_tree(a: TreeArgs) -> Result<i32, String> {
+    if let Some(bad) = a
+        .systems
+        .iter()
+        .flatten()
+        .find(|s| !bonsai::bench::SYSTEMS.contains(&s.as_str()))
+    {
+        return Err(format!(
+            "unknown system {bad:?}; the systems are {}",
+            bonsai::bench::SYSTEMS.join(", ")
+        ));
+    }
+    let opts = prims::TreeOpts {
+        // --threads gives reader counts here.
+        readers: a.run.threads.as_ref().map_or(vec![1], |_| a.run.threads()),
+        writers: a.writers.clone(),
+        secs: a.seconds.unwrap_or(if a.run.quick { 0.3 } else { 1.0 }),
+        runs: a.run.repeat(3),
+        systems: a.systems.clone(),
+    };
+    let mut rep = a.run.reporter()?;
+    prims::run_tree(&opts, &mut rep).map_err(|e| format!("output error: {e}"))?;
+    Ok(rep.exit_code())
+}
+
 /// The whole program; `alloc` is the global allocator of the calling binary.
 pub fn main_entry(alloc: Alloc) -> ExitCode {
     child::set_self_alloc(alloc);
@@ -574,6 +640,8 @@ pub fn main_entry(alloc: Alloc) -> ExitCode {
         Command::Fill(a) => run_fill(a),
         Command::Server(a) => server::run_cli(a),
         Command::Jmp(a) => jmp::run(a),
+        Command::Refcache(a) => run_refcache(a),
+        Command::Tree(a) => run_tree(a),
         Command::Plot(a) => run_plot(a),
         Command::Cell { spec } => Ok(child::child_main(&spec)),
         Command::JmpChild { args } => jmp::child(&args),
