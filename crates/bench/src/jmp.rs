@@ -34,7 +34,8 @@ pub const ABOUT: &str = "SpaceJMP on Linux (issue 5, crate spacejmp): first-clas
     per cell.\n\
     --quick: 200k switch pairs, 16 MiB GUPS windows with 1M updates at 1,2,4 windows, 1M records \
     (not 10M: building and serializing 10M records alone takes longer than the budget), 1 run; \
-    the 1 GiB attach stays.";
+    the 1 GiB attach stays.\n\n\
+    Plot GUPS with: memlab plot FILE.jsonl --bench jmp-gups --x windows --y mups -o gups.png";
 
 #[derive(Args)]
 pub struct JmpArgs {
