@@ -122,14 +122,18 @@ fn step(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState) -> Step
     let idle = now.saturating_sub(st.last_closed_ms) >= inner.cfg.decay_ms;
     let defrag = idle && !st.defrag_done && !inner.should_compact();
     if defrag {
-        inner.stats.passes.fetch_add(1, Ordering::AcqRel);
+        let pass = inner.stats.passes.fetch_add(1, Ordering::AcqRel) + 1;
         match compact_once(
             inner,
             &mut st.cands,
             &mut st.retired,
             IDLE_DEFRAG_MAX_UTILISATION_PERMILLE,
         ) {
-            Pass::Progress => return Step::Progress,
+            Pass::Progress => {
+                inner.nothing_to_compact.store(false, Ordering::Release);
+                inner.last_progress_pass.fetch_max(pass, Ordering::AcqRel);
+                return Step::Progress;
+            }
             Pass::Waiting => {
                 return Step::Idle {
                     retired_pending: true,

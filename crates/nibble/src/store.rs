@@ -446,6 +446,12 @@ impl Inner {
         // for (at high utilization it is slow but steady); a pass that found
         // nothing, or no progress at all for APPEND_WAIT_ROUNDS, is not.
         let progressed = self.last_progress_pass.load(Ordering::Acquire) > since_pass;
+        // The budget says a whole segment is free: the failure was transient
+        // (blocks in flight between buddy heaps, or taken by a racing
+        // writer), not a full store.
+        let space_exists = self.mem.client_blocks_free() > self.segment_blocks as u64;
+        let gave_up = gave_up && !space_exists;
+        let progressed = progressed || space_exists;
         let max_rounds = (self.cfg.max_write_wait_ms / APPEND_WAIT_ROUND_MS) as u32;
         if round >= max_rounds
             || (round >= APPEND_WAIT_ROUNDS.min(max_rounds) && !progressed)
