@@ -3,8 +3,7 @@
 //!
 //! ```text
 //!  for each utilization u (10 %, 30 %, 50 %, 70 %, 90 %):
-//!    a fresh store of fixed capacity C
-//!    load records until live data = u × the store's block pool   (Nibble's
+//!    a fresh store whose block pool the data fills to u           (Nibble's
 //!      count: 24 B header + key + value per record)
 //!    2 × records random overwrites, unmeasured (`ycsb::condition`)
 //!    YCSB-A, uniform, 2 threads, warm-up + `seconds`              -> one row
@@ -19,6 +18,14 @@
 //! `bytes_relocated`, `compaction_passes`: deltas over warm-up + run), and
 //! `fill-ratio` each utilization's throughput over that of the lowest one,
 //! paired run by run.
+//!
+//! By default the data set is held fixed (the records that fill the lowest
+//! utilization of a `--capacity-mib` store) and the store shrinks
+//! (`--hold data`): throughput then changes only with utilization. With
+//! `--hold capacity` the store is fixed and the data grows, as the paper's
+//! figure is sometimes read; the data set then grows ninefold from 10 % to
+//! 90 %, and cache and TLB misses of the larger index and data mix into
+//! the ratio (at 128 MiB the 10 % point fits this machine's 32 MiB L3).
 //!
 //! The in-process baselines load the same number of records (they have no
 //! capacity, so "utilization" only names the data volume); for them the
@@ -35,11 +42,22 @@ use crate::report::{Reporter, Row};
 use crate::util::{self, Spread, Watchdog};
 use crate::ycsb::{self, Dist, KeyBuf, RunSpec, Workload};
 
+/// What `memlab fill` holds fixed as utilization rises.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Hold {
+    /// The data set; the store shrinks.
+    Data,
+    /// The store; the data set grows.
+    Capacity,
+}
+
 /// One utilization step: the target and the records that reach it.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy)]
 pub struct FillPoint {
     pub utilization_pct: u32,
     pub records: u64,
+    /// Nibble capacity of this step, bytes.
+    pub capacity: usize,
 }
 
 /// One child's work: every utilization for one system.
@@ -106,7 +124,7 @@ pub fn run_job(job: &FillJob, emit: &mut dyn FnMut(FillCell)) -> Result<(), Stri
     );
     for p in &job.points {
         let what = format!("fill {} utilization={}%", job.system, p.utilization_pct);
-        let kv = job.system.build(job.capacity)?;
+        let kv = job.system.build(p.capacity)?;
         let kv: &dyn Kv = &*kv;
         ycsb::load(kv, p.records, job.value_size, job.threads, &cpus, job.seed)
             .map_err(|e| format!("{what}: {e}"))?;
@@ -159,6 +177,9 @@ pub struct FillOpts {
     pub systems: Vec<System>,
     pub threads: Vec<usize>,
     pub capacity: usize,
+    /// Hold the data set and shrink the store (true), or hold the store
+    /// and grow the data set (false).
+    pub fixed_data: bool,
     pub value_size: usize,
     pub utilizations: Vec<u32>,
     pub warmup: Duration,
@@ -181,24 +202,59 @@ pub fn run(o: &FillOpts, rep: &mut Reporter) -> std::io::Result<()> {
             return Ok(());
         }
     };
-    let points: Vec<FillPoint> = o
-        .utilizations
-        .iter()
-        .map(|&u| FillPoint {
-            utilization_pct: u,
-            records: records_for(pool * u as u64 / 100, o.value_size),
-        })
-        .collect();
+    let u_min = o.utilizations.iter().copied().min().unwrap_or(10).max(1) as u64;
+    let mut points = Vec::new();
+    for &u in &o.utilizations {
+        let p = if o.fixed_data {
+            // The data set of the lowest utilization at --capacity; the
+            // store shrinks so that the same data fills u of its pool.
+            let capacity = (o.capacity as u64 * u_min / u as u64) as usize;
+            let pool_u = match pool_bytes(capacity) {
+                Ok(p) => p,
+                Err(e) => {
+                    rep.error(format!("{BENCH}: {e}"));
+                    return Ok(());
+                }
+            };
+            let records = records_for(pool * u_min / 100, o.value_size);
+            // Re-aim at u of this pool (pool size is not exactly linear in
+            // capacity): the data differs by a fraction of a percent.
+            let records = records.min(records_for(pool_u * u as u64 / 100, o.value_size));
+            FillPoint {
+                utilization_pct: u,
+                records,
+                capacity,
+            }
+        } else {
+            FillPoint {
+                utilization_pct: u,
+                records: records_for(pool * u as u64 / 100, o.value_size),
+                capacity: o.capacity,
+            }
+        };
+        points.push(p);
+    }
+    let setup = if o.fixed_data {
+        format!(
+            "a fixed data set (the records that fill {u_min}% of a {:.0} MiB store) on stores shrunk so that it \
+             fills each utilization of their block pool",
+            o.capacity as f64 / (1u64 << 20) as f64
+        )
+    } else {
+        format!(
+            "a store of {:.0} MiB (block pool {:.1} MiB) loaded to each utilization of its block pool",
+            o.capacity as f64 / (1u64 << 20) as f64,
+            pool as f64 / (1u64 << 20) as f64
+        )
+    };
     rep.note(
         BENCH,
         &format!(
-            "YCSB-A (50% read, 50% update), uniform, on a store of {:.0} MiB (block pool {:.1} MiB) loaded to a \
-             utilization of live data ({} B header + key + {} B value per record) / pool, then 2 x records random overwrites (unmeasured); {} ms warm-up + {} ms \
+            "YCSB-A (50% read, 50% update), uniform, on {setup} (utilization = live data ({} B header + key + \
+             {} B value per record) / pool), then 2 x records random overwrites (unmeasured); {} ms warm-up + {} ms \
              measured; fresh store per utilization, one process per (system, run). ops_per_sec: median of {} runs \
              [min, max]. Compaction columns: deltas over warm-up + run (Nibble variants only). Baselines load the \
              same records.",
-            o.capacity as f64 / (1u64 << 20) as f64,
-            pool as f64 / (1u64 << 20) as f64,
             nibble::object::HEADER_BYTES,
             o.value_size,
             o.warmup.as_millis(),
@@ -292,7 +348,8 @@ pub fn run(o: &FillOpts, rep: &mut Reporter) -> std::io::Result<()> {
                     .set_spread("ops_per_sec", &ops, 0)
                     .set_f("p50_ns", p50, 0)
                     .set_f("p99_ns", p99, 0)
-                    .set("records", p.records);
+                    .set("records", p.records)
+                    .set("capacity_bytes", p.capacity);
                 let opt = |row: Row, k: &str, v: Option<f64>, d: i32| match v {
                     Some(x) => row.set_f(k, x, d),
                     None => row.set(k, serde_json::Value::Null),
@@ -379,10 +436,12 @@ mod tests {
                 FillPoint {
                     utilization_pct: 10,
                     records: records_for(pool / 10, 256),
+                    capacity: cap,
                 },
                 FillPoint {
                     utilization_pct: 80,
                     records: records_for(pool * 8 / 10, 256),
+                    capacity: cap,
                 },
             ],
             warmup_ms: 10,

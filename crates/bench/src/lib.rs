@@ -168,10 +168,12 @@ const CHURN_ABOUT: &str = "A Postmark-like trace (dissertation §5.3): per threa
     --quick: 20k files and 400k transactions per thread, 1 run (unless given).";
 
 const FILL_ABOUT: &str = "YCSB-A (uniform) throughput as the store fills (dissertation Fig. 20 and Fig. 29): for each \
-    utilization, a fresh store of --capacity-mib is loaded until live data (header + key + value) is that share of \
-    its block pool, then YCSB-A runs for --seconds at 2 threads. Rows carry Nibble's compaction counters; \
-    fill-ratio: throughput relative to the lowest utilization.\n\n\
-    --quick: 128 MiB, utilizations 10,50,90, 1 s, 1 run (unless given).";
+    utilization, a fresh store whose block pool the live data (header + key + value) fills to that share, then \
+    YCSB-A for --seconds at 2 threads. --hold data (default): one data set (what fills the lowest utilization of a \
+    --capacity-mib store, 1 GiB by default) on ever smaller stores, so only utilization changes; --hold capacity: \
+    one store of --capacity-mib, ever more data. Rows carry Nibble's compaction counters; fill-ratio: throughput \
+    relative to the lowest utilization.\n\n\
+    --quick: utilizations 10,50,90, 1 s, 1 run (unless given).";
 
 /// Options every benchmark subcommand takes.
 #[derive(Args, Clone)]
@@ -385,7 +387,7 @@ struct FillArgs {
     run: RunOpts,
     #[command(flatten)]
     systems: SystemsArg,
-    /// Store capacity, MiB [default: 1024; --quick: 128]
+    /// Store capacity, MiB (with --hold data: of the lowest utilization's store)
     #[arg(long, value_parser = clap::value_parser!(u64).range(16..=65536))]
     capacity_mib: Option<u64>,
     /// Utilizations in percent, comma-separated [default: 10,30,50,70,90; --quick: 10,50,90]
@@ -397,6 +399,10 @@ struct FillArgs {
     /// Value bytes
     #[arg(long, default_value = "1024", value_parser = parse_value_size)]
     value_size: usize,
+    /// What stays fixed as utilization rises: `data` (the store shrinks) or
+    /// `capacity` (the data set grows)
+    #[arg(long, value_enum, default_value = "data")]
+    hold: fill::Hold,
 }
 
 #[derive(Args)]
@@ -536,7 +542,8 @@ fn run_fill(a: FillArgs) -> Result<i32, String> {
             None => vec![2],
             Some(_) => a.run.threads(),
         },
-        capacity: (a.capacity_mib.unwrap_or(if q { 128 } else { 1024 }) << 20) as usize,
+        capacity: (a.capacity_mib.unwrap_or(1024) << 20) as usize,
+        fixed_data: a.hold == fill::Hold::Data,
         value_size: a.value_size,
         utilizations,
         warmup: if q {
