@@ -7,11 +7,11 @@
 //! run; it wakes every `IDLE_TICK_MS` only to free retired segments.
 //!
 //! Idle defragmentation: once no segment has closed for `Config::decay_ms`
-//! (writes are quiet), a worker also compacts segments at most 90 % live
-//! even when free space is plentiful, until a pass finds nothing; their
-//! blocks then go back to the OS after the decay time (see `memory`). This
-//! keeps RSS near the live data after a burst of deletes without competing
-//! with writes for CPU.
+//! (writes are quiet), a worker also compacts segments at most 95 % live
+//! even when free space is plentiful, until a pass finds nothing, and
+//! releases every free block to the OS at once (see `memory`). This keeps
+//! RSS near the live data after a burst of deletes without competing with
+//! writes for CPU.
 //!
 //! One pass:
 //! 1. Candidates are closed segments whose closing stamp the epoch table has
@@ -46,7 +46,7 @@ const IDLE_TICK_MS: u64 = 20;
 /// Segments more utilised than this are not worth compacting.
 const MAX_UTILISATION_PERMILLE: u64 = 980;
 /// Idle defragmentation compacts only segments at most this utilised.
-const IDLE_DEFRAG_MAX_UTILISATION_PERMILLE: u64 = 900;
+const IDLE_DEFRAG_MAX_UTILISATION_PERMILLE: u64 = 950;
 /// Objects whose index buckets are prefetched together during compaction.
 const PREFETCH_BATCH: usize = 16;
 /// Bounce buffer for copying objects.
@@ -112,14 +112,19 @@ fn step(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState) -> Step
         }
         inner.notify_space();
     }
-    // Free blocks unused for the decay time go back to the OS.
-    inner.mem.purge(now.saturating_sub(inner.cfg.decay_ms));
     // Idle defragmentation: when no segment has closed for the decay time,
     // segments left sparse by deletes are compacted even though free space
     // is plentiful, so that their blocks can go back to the OS (like
     // Redis's active defrag, but only while writes are quiet, so it never
     // competes with them).
     let idle = now.saturating_sub(st.last_closed_ms) >= inner.cfg.decay_ms;
+    // Free blocks unused for the decay time go back to the OS; while
+    // writes are quiet nobody will reuse them soon, so all of them do.
+    inner.mem.purge(if idle {
+        u64::MAX
+    } else {
+        now.saturating_sub(inner.cfg.decay_ms)
+    });
     let defrag = idle && !st.defrag_done && !inner.should_compact();
     if defrag {
         let pass = inner.stats.passes.fetch_add(1, Ordering::AcqRel) + 1;
