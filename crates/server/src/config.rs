@@ -160,7 +160,10 @@ impl Default for ServerConfig {
             memcached_port: None,
             unixsocket: None,
             capacity: default_capacity(),
-            mode: Mode::Nibble,
+            // Nibble-2 (dissertation ch. 6): overwrites in place when the
+            // value fits, so SET-heavy traffic makes no compaction work.
+            // `--mode nibble` selects the original append-only design.
+            mode: Mode::Nibble2,
             compaction_workers: None,
             threads: topology::allowed_cpus().len().max(1),
             pin: true,
