@@ -325,3 +325,64 @@ fn only_one_process_creates_a_name() {
     assert_eq!(won, 1);
     assert!(st.open().vas_find("same").is_ok());
 }
+
+/// Runs the `jmp` CLI on this test's store; returns (success, stdout + stderr).
+fn jmp_cli(st: &Store, args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_jmp"))
+        .arg("--store")
+        .arg(&st.dir)
+        .args(args)
+        .output()
+        .expect("run jmp");
+    let mut s = String::from_utf8_lossy(&out.stdout).into_owned();
+    s.push_str(&String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), s)
+}
+
+#[test]
+fn cli_manages_segments_and_recovers_a_dead_holder() {
+    let st = setup("cli", 6, 1 << 20);
+    // Create, list, inspect, refuse a duplicate, VAS, remove.
+    let (ok, out) = jmp_cli(&st, &["create", "extra", "2M"]);
+    assert!(ok, "{out}");
+    let (ok, out) = jmp_cli(&st, &["list"]);
+    assert!(
+        ok && out.contains("extra") && out.contains("vas v"),
+        "{out}"
+    );
+    let (ok, out) = jmp_cli(&st, &["inspect", "extra"]);
+    assert!(
+        ok && out.contains("magic") && out.contains("holders   -"),
+        "{out}"
+    );
+    let (ok, out) = jmp_cli(&st, &["create", "extra", "2M"]);
+    assert!(!ok && out.contains("jmp:"), "duplicate accepted: {out}");
+    let (ok, out) = jmp_cli(&st, &["create", "bad", "lots"]);
+    assert!(!ok && out.contains("usage"), "{out}");
+    let (ok, out) = jmp_cli(&st, &["vas", "vx", "extra:w"]);
+    assert!(ok, "{out}");
+    assert!(jmp_cli(&st, &["rm-vas", "vx"]).0);
+    assert!(jmp_cli(&st, &["rm", "extra"]).0);
+    let (_, out) = jmp_cli(&st, &["list"]);
+    assert!(!out.contains("extra"), "{out}");
+
+    // A writer dies holding the lock: list shows it dead, recover clears it.
+    let mut c = st.child("hold", &[("ACCESS", "w".into())]);
+    let mut rd = BufReader::new(c.stdout.take().unwrap());
+    let mut line = String::new();
+    while line.trim() != "ready" {
+        line.clear();
+        assert!(rd.read_line(&mut line).unwrap() > 0, "child exited early");
+    }
+    c.kill().unwrap();
+    c.wait().unwrap();
+    let (ok, out) = jmp_cli(&st, &["list"]);
+    assert!(ok && out.contains("(dead)"), "{out}");
+    let (ok, out) = jmp_cli(&st, &["recover", "s"]);
+    assert!(ok && out.contains("removed 1 dead holder"), "{out}");
+    let (_, out) = jmp_cli(&st, &["list"]);
+    assert!(
+        !out.contains("(dead)") && !out.contains("INCONSISTENT"),
+        "{out}"
+    );
+}

@@ -1,7 +1,7 @@
 //! `jmp`: inspect and manage a SpaceJMP store.
 //!
 //! ```text
-//! cargo run -p spacejmp --example jmp -- [--store DIR] COMMAND
+//! cargo run -p spacejmp --bin jmp -- [--store DIR] COMMAND
 //!   list                         segments (base, size, lock holders, alive?) and VASes
 //!   create NAME SIZE [--base HEX] [--no-lock]
 //!   vas NAME [SEG:r|SEG:w ...]   create a VAS with segments
