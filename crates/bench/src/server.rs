@@ -83,7 +83,7 @@
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::Args;
 use indicatif::ProgressBar;
@@ -299,6 +299,10 @@ struct Sample {
     live_keys: Option<u64>,
     server_keys: Option<u64>,
     server_used: Option<u64>,
+    /// Server CPU time (user + system, all threads) per request during the
+    /// measured interval: what the server spends, whatever the client and
+    /// other load on the machine do to the throughput.
+    cpu_ns_per_op: Option<f64>,
     completed: bool,
     secs: f64,
 }
@@ -362,7 +366,12 @@ pub fn run_cli(a: ServerArgs) -> Result<i32, String> {
     phases.dedup();
     let o = Opts {
         targets,
-        bins: Bins::find(a.nibble_bin.as_deref(), a.nibble_arg.clone()),
+        bins: {
+            if a.endpoint.is_none() {
+                sut::install_missing_peers();
+            }
+            Bins::find(a.nibble_bin.as_deref(), a.nibble_arg.clone())
+        },
         protocol: a.protocol,
         threads,
         connections,
@@ -485,7 +494,10 @@ fn notes(o: &Opts, rep: &mut Reporter, rb: bool) {
              phase (get 100% GET, set 100% SET, mixed {:.0}% GET). Every system has a {} MiB memory limit; nibble \
              over {}. ops_per_sec: median of {} runs [min, max]; p50/p99/p999_ns: every request in the window, HDR \
              histogram, median over runs; rss_bytes: server VmRSS after the phase; live_bytes = keys x (16 + \
-             value); bloat = rss / live; wire: the protocol the generator spoke.",
+             value); bloat = rss / live; server_cpu_ns_per_op: the server process's user + system CPU time \
+             (all threads, /proc/PID/stat) over the measured window divided by its requests, median over \
+             runs: the server's cost per request, less sensitive than ops/s to the client and other load \
+             sharing the cores; wire: the protocol the generator spoke.",
             o.connections,
             o.pipeline,
             o.keys,
@@ -601,7 +613,11 @@ fn run_target(
                     chooser: KeyChooser::new(o.dist, o.keys),
                     pipeline: o.pipeline,
                 };
+                let cpu = server
+                    .pid()
+                    .map(|pid| sut::CpuWindow::spawn(pid, Instant::now() + o.warmup, o.measure));
                 let r = load::run_phase(&mut conns, threads, &mix, o.warmup, o.measure, seed)?;
+                let cpu_secs = cpu.and_then(sut::CpuWindow::join);
                 let what = format!(
                     "{BENCH} {name} {} threads={threads} run {}",
                     ph.name(),
@@ -633,6 +649,9 @@ fn run_target(
                     rss,
                     hwm,
                     live: Some(live),
+                    cpu_ns_per_op: cpu_secs
+                        .filter(|_| r.ops_per_sec() > 0.0)
+                        .map(|c| c * 1e9 / (r.ops_per_sec() * r.secs)),
                     completed: true,
                     secs: r.secs,
                     ..Sample::default()
@@ -776,12 +795,15 @@ impl Server {
         (0..n).map(|_| Conn::connect(addr, proto)).collect()
     }
 
-    fn rss(&self) -> (Option<u64>, Option<u64>) {
-        let pid = match self {
+    fn pid(&self) -> Option<u32> {
+        match self {
             Server::Proc(p) => Some(p.pid()),
             Server::External { pid, .. } => *pid,
-        };
-        match pid.and_then(sut::proc_rss) {
+        }
+    }
+
+    fn rss(&self) -> (Option<u64>, Option<u64>) {
+        match self.pid().and_then(sut::proc_rss) {
             Some((r, h)) => (Some(r), Some(h)),
             None => (None, None),
         }
@@ -869,6 +891,9 @@ fn emit(
                     .set_f("p99_ns", med(|s| s.p99).map_or(f64::NAN, |x| x.median), 0)
                     .set_f("p999_ns", med(|s| s.p999).map_or(f64::NAN, |x| x.median), 0),
             };
+            if let Some(c) = med(|s| s.cpu_ns_per_op) {
+                row = row.set_spread("server_cpu_ns_per_op", &c, 0);
+            }
             row = set_mem(row, &v);
             rep.emit(row.set("runs", v.len()))?;
         }

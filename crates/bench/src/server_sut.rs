@@ -131,6 +131,49 @@ fn next_to_exe(name: &str) -> Result<PathBuf, String> {
     Err(format!("{name} not found next to {}", exe.display()))
 }
 
+/// Installs the peers from Debian's packages when one is missing, memlab
+/// runs as root and `apt-get` exists (the issue's "installed by the bench
+/// script when missing"); `MEMLAB_NO_INSTALL=1` turns it off. Failure is
+/// not an error: the missing peer is skipped with a note, as before.
+pub fn install_missing_peers() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let missing: Vec<&str> = [
+            ("redis-server", "redis-server"),
+            ("redis-benchmark", "redis-tools"),
+            ("memcached", "memcached"),
+        ]
+        .into_iter()
+        .filter(|(bin, _)| find_in_path(bin).is_none())
+        .map(|(_, pkg)| pkg)
+        .collect();
+        if missing.is_empty()
+            || std::env::var_os("MEMLAB_NO_INSTALL").is_some()
+            || !running_as_root()
+            || find_in_path("apt-get").is_none()
+        {
+            return;
+        }
+        eprintln!("memlab: installing {} (apt-get)", missing.join(" "));
+        let quiet = |c: &mut Command| {
+            c.env("DEBIAN_FRONTEND", "noninteractive")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let ok = quiet(Command::new("apt-get").args(["update", "-qq"]))
+            && quiet(
+                Command::new("apt-get")
+                    .args(["install", "-y", "-qq"])
+                    .args(&missing),
+            );
+        if !ok {
+            eprintln!("memlab: apt-get could not install {}", missing.join(" "));
+        }
+    });
+}
+
 /// `name` in a directory of `$PATH`, or in /usr/bin, /usr/local/bin and /usr/sbin.
 pub fn find_in_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
@@ -154,6 +197,43 @@ pub fn free_port() -> Result<u16, String> {
     l.local_addr()
         .map(|a| a.port())
         .map_err(|e| format!("no free port: {e}"))
+}
+
+/// CPU time of process `pid` (user + system, every thread), seconds, from
+/// `/proc/PID/stat` (clock-tick resolution, 10 ms at the usual 100 Hz).
+pub fn proc_cpu_secs(pid: u32) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesized command name: state is field 3, utime
+    // field 14 and stime field 15 (proc(5)).
+    let rest = &s[s.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (hz > 0).then(|| ticks as f64 / hz as f64)
+}
+
+/// Samples a process's CPU time at the start and the end of a measured
+/// interval, from a thread that sleeps in between (so the load generator's
+/// own timing is untouched).
+pub struct CpuWindow(std::thread::JoinHandle<Option<f64>>);
+
+impl CpuWindow {
+    /// Measure `pid` over `[start, start + len]`.
+    pub fn spawn(pid: u32, start: Instant, len: Duration) -> CpuWindow {
+        CpuWindow(std::thread::spawn(move || {
+            std::thread::sleep(start.saturating_duration_since(Instant::now()));
+            let a = proc_cpu_secs(pid)?;
+            std::thread::sleep((start + len).saturating_duration_since(Instant::now()));
+            let b = proc_cpu_secs(pid)?;
+            Some(b - a)
+        }))
+    }
+
+    /// The CPU seconds spent in the interval, if the process could be read.
+    pub fn join(self) -> Option<f64> {
+        self.0.join().ok().flatten()
+    }
 }
 
 /// Resident set size (`VmRSS`) and peak (`VmHWM`) of process `pid`, bytes.
