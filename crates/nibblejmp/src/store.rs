@@ -1,0 +1,1764 @@
+//! The shared store: creation and attach over SpaceJMP segments, the epoch
+//! table, breakable locks, and put / get / delete.
+//!
+//! Module map: this file holds the process-side handle ([`SharedStore`]),
+//! the epoch slots and the lock protocol; [`crate::compaction`] the lease
+//! and the cleaner; [`crate::recovery`] what attach does after a crash. The
+//! protocol itself (who writes what in which order, and why a dead process
+//! never wedges the others) is the crate essay in `lib.rs`.
+
+use std::hash::{Hash, Hasher};
+use std::mem::ManuallyDrop;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nibble::object::{Header, HEADER_BYTES};
+use spacejmp::{Access, AttachOptions, Config, Jmp, SegOptions, VasHandle};
+
+use crate::error::{Error, Result};
+use crate::layout::*;
+use crate::proc_id::{self, RECLAIM_BIT};
+use crate::recovery::RecoveryReport;
+
+/// Default share of the capacity given to the index, in permille (as
+/// `nibble`'s 6.2 %).
+pub const DEFAULT_INDEX_PERMILLE: u32 = 62;
+/// Largest default log segment.
+pub const DEFAULT_MAX_SEG_BYTES: u64 = 1 << 20;
+/// The default segment size shrinks until the log has this many segments.
+pub const MIN_DEFAULT_SEGMENTS: u64 = 64;
+/// Most heads chosen by default (one per CPU up to this).
+pub const DEFAULT_MAX_HEADS: usize = 8;
+/// Reserve of free segments only compaction may take, in permille of the
+/// log (at least [`MIN_RESERVE_SEGMENTS`]).
+pub const RESERVE_PERMILLE: u64 = 30;
+/// Smallest compaction reserve.
+pub const MIN_RESERVE_SEGMENTS: u64 = 2;
+/// Epoch slots a process claims at attach (one per thread inside an
+/// operation; more threads wait for a slot).
+pub const MAX_LOCAL_SLOTS: usize = 8;
+/// Spins on a held lock before checking whether its holder is alive, and
+/// between checks.
+const SPINS_BETWEEN_LIVENESS_CHECKS: u32 = 512;
+/// Spins before a lock waiter starts yielding the CPU.
+const SPINS_BEFORE_YIELD: u32 = 64;
+/// Name of the VAS and of the segments in the SpaceJMP registry.
+pub(crate) const VAS_NAME: &str = "nibblejmp";
+const SEG_META: &str = "meta";
+const SEG_INDEX: &str = "index";
+const SEG_LOG: &str = "log";
+/// File in the store directory whose `flock` serializes attach, recovery
+/// and detach (released by the kernel if the holder dies).
+const ATTACH_LOCK_FILE: &str = "nibblejmp.lock";
+/// Address range in which store windows are placed (80 TiB of the 128 TiB
+/// user half, above spacejmp's default window).
+const WINDOW_AREA_BASE: u64 = 0x2000_0000_0000;
+const WINDOW_AREA_END: u64 = 0x7000_0000_0000;
+/// Window granule.
+const WINDOW_GRANULE_BYTES: u64 = 1 << 30;
+
+/// Options of [`SharedStore::create`] and [`SharedStore::attach`]. The
+/// geometry fields only matter at creation.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Log segment size (a multiple of 64 KiB); default: 1 MiB, halved
+    /// until the log has 64 segments, not below 64 KiB.
+    pub seg_bytes: Option<u64>,
+    /// Number of log heads; default: online CPUs, at most 8.
+    pub heads: Option<usize>,
+    /// Index share of the capacity in permille.
+    pub index_permille: u32,
+    /// Run a compaction thread in this process (it competes for the lease).
+    pub compaction_thread: bool,
+    /// Compaction starts when free segments fall below this permille of
+    /// the log.
+    pub compaction_trigger_permille: u32,
+    /// How long a put waits for compaction before `OutOfMemory`.
+    pub oom_wait: Duration,
+    /// How long an operation waits on a lock held by a live process before
+    /// `Busy`.
+    pub lock_wait: Duration,
+    /// At attach: rebuild the index from the log even if it looks
+    /// consistent (refused with `Busy` while other processes are attached).
+    pub rebuild: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            seg_bytes: None,
+            heads: None,
+            index_permille: DEFAULT_INDEX_PERMILLE,
+            compaction_thread: true,
+            compaction_trigger_permille: 200,
+            oom_wait: Duration::from_millis(200),
+            lock_wait: Duration::from_secs(5),
+            rebuild: false,
+        }
+    }
+}
+
+/// The store's fixed geometry, decided at creation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    pub capacity_bytes: u64,
+    pub seg_bytes: u64,
+    pub log_segments: u64,
+    pub index_buckets: u64,
+    pub heads: u64,
+    pub reserve_segments: u64,
+}
+
+impl Geometry {
+    /// Plan a store of `capacity_bytes`: index, meta and log together fit
+    /// in the capacity (the SpaceJMP header pages, one per segment, are
+    /// extra).
+    pub fn plan(capacity_bytes: u64, opts: &Options) -> Result<Geometry> {
+        if opts.index_permille == 0 || opts.index_permille > 500 {
+            return Err(Error::InvalidArgument(format!(
+                "index_permille {} must be in 1..=500",
+                opts.index_permille
+            )));
+        }
+        let heads = opts
+            .heads
+            .unwrap_or_else(|| topology::online_cpus().len().clamp(1, DEFAULT_MAX_HEADS));
+        if heads == 0 || heads > MAX_HEADS {
+            return Err(Error::InvalidArgument(format!(
+                "heads {heads} must be in 1..={MAX_HEADS}"
+            )));
+        }
+        let index_target = capacity_bytes / 1000 * opts.index_permille as u64;
+        let index_buckets = prev_pow2((index_target / BUCKET_BYTES).max(64));
+        let index_bytes = index_buckets * BUCKET_BYTES;
+        let seg_bytes = match opts.seg_bytes {
+            Some(s) => {
+                if s < BLOCK_BYTES || !s.is_multiple_of(BLOCK_BYTES) || s > (1 << 30) {
+                    return Err(Error::InvalidArgument(format!(
+                        "seg_bytes {s} must be a multiple of {BLOCK_BYTES} up to 1 GiB"
+                    )));
+                }
+                s
+            }
+            None => {
+                let mut s = DEFAULT_MAX_SEG_BYTES;
+                while s > BLOCK_BYTES
+                    && capacity_bytes.saturating_sub(index_bytes) / s < MIN_DEFAULT_SEGMENTS
+                {
+                    s /= 2;
+                }
+                s
+            }
+        };
+        let rest = capacity_bytes.saturating_sub(index_bytes);
+        let mut segs = rest / seg_bytes;
+        while segs > 0 && meta_bytes(segs).next_multiple_of(4096) + segs * seg_bytes > rest {
+            segs -= 1;
+        }
+        let reserve = (segs * RESERVE_PERMILLE / 1000).max(MIN_RESERVE_SEGMENTS);
+        let need = heads as u64 + reserve + 4;
+        if segs < need {
+            let min_bytes =
+                index_bytes + meta_bytes(need).next_multiple_of(4096) + need * seg_bytes;
+            return Err(Error::CapacityTooSmall {
+                capacity_bytes,
+                min_bytes,
+            });
+        }
+        Ok(Geometry {
+            capacity_bytes,
+            seg_bytes,
+            log_segments: segs,
+            index_buckets,
+            heads: heads as u64,
+            reserve_segments: reserve,
+        })
+    }
+
+    /// Largest key + value (+ header) bytes one object may have.
+    pub fn max_object_bytes(&self) -> u64 {
+        self.seg_bytes
+    }
+}
+
+fn prev_pow2(x: u64) -> u64 {
+    1 << (63 - x.max(1).leading_zeros())
+}
+
+/// The default directory of a store named `name`:
+/// `/dev/shm/nibblejmp-<uid>/<name>` (tmpfs: survives processes, not
+/// reboots; pass a disk directory for that).
+pub fn default_dir(name: &str) -> PathBuf {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    PathBuf::from(format!("/dev/shm/nibblejmp-{uid}")).join(name)
+}
+
+/// A held `flock` on the store's attach lock file.
+pub(crate) struct AttachLock(std::fs::File);
+
+impl AttachLock {
+    pub(crate) fn take(dir: &Path) -> Result<AttachLock> {
+        let p = dir.join(ATTACH_LOCK_FILE);
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&p)
+            .map_err(|e| Error::Io {
+                what: "open".into(),
+                path: p.clone(),
+                source: e,
+            })?;
+        // SAFETY: a valid descriptor owned by `f`.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(Error::Io {
+                what: "flock".into(),
+                path: p,
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(AttachLock(f))
+    }
+}
+
+impl Drop for AttachLock {
+    fn drop(&mut self) {
+        // SAFETY: a valid descriptor owned by `self.0`.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+/// One epoch slot this process owns, used by one thread at a time.
+pub(crate) struct LocalSlot {
+    pub(crate) slot: usize,
+    busy: AtomicBool,
+}
+
+/// Process-local state of the compactor (under `Inner::compactor`).
+#[derive(Default)]
+pub(crate) struct CompactorState {
+    /// Segment being filled by compaction.
+    pub(crate) dest: Option<usize>,
+}
+
+/// Everything a process holds for one attached store.
+pub(crate) struct Inner {
+    // Drop order matters: the VAS handle borrows the Jmp (see Drop).
+    vh: ManuallyDrop<VasHandle<'static>>,
+    jmp: ManuallyDrop<Box<Jmp>>,
+    pub(crate) dir: PathBuf,
+    meta: *const Meta,
+    segtab: *const SegEntry,
+    index: *const Bucket,
+    log: *mut u8,
+    pub(crate) geo: Geometry,
+    pub(crate) me: u64,
+    pub(crate) local: Vec<LocalSlot>,
+    pub(crate) opts: Options,
+    pub(crate) compactor: Mutex<CompactorState>,
+    pub(crate) closed: AtomicBool,
+    pub(crate) stop: AtomicBool,
+}
+
+// SAFETY: the raw pointers point into the segments mapped by `vh`, which
+// live as long as `Inner`; everything reached through them is atomics
+// (shared with other processes anyway) or log bytes whose writes follow
+// the append protocol. No thread-affine state is held.
+unsafe impl Send for Inner {}
+// SAFETY: as above; all shared mutation goes through atomics.
+unsafe impl Sync for Inner {}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // SAFETY: `vh` borrows `*jmp` (a Box, so its address is stable);
+        // it is dropped first, then the Jmp, and neither is used after.
+        unsafe {
+            ManuallyDrop::drop(&mut self.vh);
+            ManuallyDrop::drop(&mut self.jmp);
+        }
+    }
+}
+
+/// An operation's hold on an epoch slot: pinned while it lives.
+pub(crate) struct Op<'a> {
+    inner: &'a Inner,
+    local: usize,
+    pub(crate) slot: usize,
+}
+
+impl Op<'_> {
+    /// Leave the epoch (while waiting for space) ...
+    pub(crate) fn unpin(&self) {
+        self.inner.slot(self.slot).tsc.store(0, Ordering::Release);
+    }
+
+    /// ... and enter it again.
+    pub(crate) fn repin(&self) {
+        self.inner.pin(self.slot);
+    }
+}
+
+impl Drop for Op<'_> {
+    fn drop(&mut self) {
+        let s = self.inner.slot(self.slot);
+        s.intent_kind.store(INTENT_NONE, Ordering::Relaxed);
+        s.tsc.store(0, Ordering::Release);
+        self.inner.local[self.local]
+            .busy
+            .store(false, Ordering::Release);
+    }
+}
+
+/// Outcome of an append attempt.
+pub(crate) enum Append {
+    Done(u64),
+    NoSpace,
+}
+
+/// A snapshot of a slot's intent.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Intent {
+    kind: u64,
+    b0: u64,
+    b1: u64,
+    old: u64,
+    new: u64,
+}
+
+impl Inner {
+    // ---- addressing -------------------------------------------------
+
+    pub(crate) fn meta(&self) -> &Meta {
+        // SAFETY: `meta` points at the start of the mapped meta segment's
+        // data, which holds a `Meta` (checked at attach) for as long as
+        // `self` lives; all fields are atomics.
+        unsafe { &*self.meta }
+    }
+
+    pub(crate) fn hdr(&self) -> &MetaHeader {
+        &self.meta().hdr
+    }
+
+    pub(crate) fn slot(&self, i: usize) -> &Slot {
+        &self.meta().slots[i]
+    }
+
+    pub(crate) fn head(&self, i: usize) -> &Head {
+        &self.meta().heads[i]
+    }
+
+    pub(crate) fn seg(&self, i: usize) -> &SegEntry {
+        debug_assert!((i as u64) < self.geo.log_segments);
+        // SAFETY: the segment table follows `Meta` in the meta segment with
+        // `log_segments` entries (size checked at attach); `i` is in range
+        // by every caller's construction.
+        unsafe { &*self.segtab.add(i) }
+    }
+
+    pub(crate) fn bucket(&self, i: usize) -> &Bucket {
+        debug_assert!((i as u64) < self.geo.index_buckets);
+        // SAFETY: the index segment holds `index_buckets` buckets (checked
+        // at attach), 128-byte aligned (page-aligned base); `i` is masked.
+        unsafe { &*self.index.add(i) }
+    }
+
+    pub(crate) fn log_bytes(&self) -> u64 {
+        self.geo.log_segments * self.geo.seg_bytes
+    }
+
+    /// Whether `loc` can name an object: non-zero, 8-aligned, and its
+    /// prefix inside one segment.
+    pub(crate) fn loc_ok(&self, loc: u64) -> bool {
+        if loc == 0 {
+            return false;
+        }
+        let off = loc - 1;
+        off.is_multiple_of(8)
+            && off + OBJ_PREFIX_BYTES <= self.log_bytes()
+            && (off % self.geo.seg_bytes) + OBJ_PREFIX_BYTES <= self.geo.seg_bytes
+    }
+
+    pub(crate) fn seg_of(&self, loc: u64) -> usize {
+        ((loc - 1) / self.geo.seg_bytes) as usize
+    }
+
+    fn obj(&self, loc: u64) -> *mut u8 {
+        // SAFETY (of the arithmetic): callers pass `loc_ok` locations, so
+        // the offset is inside the log mapping.
+        unsafe { self.log.add((loc - 1) as usize) }
+    }
+
+    pub(crate) fn obj_state(&self, loc: u64) -> &AtomicU64 {
+        // SAFETY: `loc_ok` holds (callers check), so the 8-aligned word is
+        // inside the log mapping, which lives as long as `self`.
+        unsafe { &*(self.obj(loc) as *const AtomicU64) }
+    }
+
+    /// The object's nibble header, if its magic is intact and it fits its
+    /// segment.
+    pub(crate) fn obj_header(&self, loc: u64) -> Option<Header> {
+        if !self.loc_ok(loc) {
+            return None;
+        }
+        if self.obj_state(loc).load(Ordering::Acquire) & OBJ_MAGIC_MASK != OBJ_MAGIC {
+            return None;
+        }
+        let mut b = [0u8; HEADER_BYTES];
+        // SAFETY: the header lies within the prefix checked by `loc_ok`;
+        // header bytes are written once, before the object is published
+        // (head offset release store or index entry), and never after.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.obj(loc).add(8), b.as_mut_ptr(), HEADER_BYTES)
+        };
+        let h = Header::decode(&b);
+        let end =
+            (loc - 1) % self.geo.seg_bytes + object_bytes(h.key_len as usize, h.value_cap as usize);
+        (end <= self.geo.seg_bytes).then_some(h)
+    }
+
+    /// The key bytes of a checked object.
+    pub(crate) fn obj_key(&self, loc: u64, h: &Header) -> &[u8] {
+        // SAFETY: `obj_header` checked that the object (prefix, key, value)
+        // lies inside one segment; the key is immutable once appended and
+        // the segment is not reused while the caller is pinned.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.obj(loc).add(OBJ_PREFIX_BYTES as usize),
+                h.key_len as usize,
+            )
+        }
+    }
+
+    pub(crate) fn obj_value(&self, loc: u64, h: &Header) -> &[u8] {
+        // SAFETY: as `obj_key`; the value follows the key.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.obj(loc)
+                    .add(OBJ_PREFIX_BYTES as usize + h.key_len as usize),
+                h.value_len as usize,
+            )
+        }
+    }
+
+    /// Set state bits on an object (idempotent; DEAD dominates).
+    pub(crate) fn mark(&self, loc: u64, bits: u64) {
+        if self.loc_ok(loc) {
+            let st = self.obj_state(loc);
+            if st.load(Ordering::Relaxed) & OBJ_MAGIC_MASK == OBJ_MAGIC {
+                st.fetch_or(bits, Ordering::AcqRel);
+            }
+        }
+    }
+
+    pub(crate) fn add_live(&self, loc: u64, bytes: u64) {
+        self.seg(self.seg_of(loc))
+            .live
+            .fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    pub(crate) fn sub_live(&self, loc: u64, bytes: u64) {
+        let _ = self.seg(self.seg_of(loc)).live.fetch_update(
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+            |v| Some(v.saturating_sub(bytes)),
+        );
+    }
+
+    pub(crate) fn buckets_of(&self, hash: u64) -> (usize, usize, u64) {
+        let n = self.geo.index_buckets as usize;
+        let tag = hash >> LOC_BITS;
+        let home = (hash as usize) & (n - 1);
+        let second = (home + (tag as usize | 1)) & (n - 1);
+        (home, second, tag)
+    }
+
+    // ---- epochs -----------------------------------------------------
+
+    pub(crate) fn pin(&self, slot: usize) {
+        self.slot(slot)
+            .tsc
+            .store(topology::rdtsc().max(1), Ordering::Relaxed);
+        // Pairs with the reclaimer's fence before it scans the slots: either
+        // it sees our stamp, or we see its state change (§4.5).
+        fence(Ordering::SeqCst);
+    }
+
+    /// Take one of this process's epoch slots and pin it.
+    pub(crate) fn begin(&self) -> Op<'_> {
+        let n = self.local.len();
+        let start = topology::current_cpu() % n;
+        loop {
+            for i in 0..n {
+                let l = (start + i) % n;
+                if self.local[l]
+                    .busy
+                    .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    let slot = self.local[l].slot;
+                    self.slot(slot).ops.fetch_add(1, Ordering::Relaxed);
+                    self.pin(slot);
+                    return Op {
+                        inner: self,
+                        local: l,
+                        slot,
+                    };
+                }
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// The oldest stamp of any operation in flight (u64::MAX if none),
+    /// reclaiming slots of dead processes that hold it back.
+    pub(crate) fn min_epoch(&self) -> u64 {
+        fence(Ordering::SeqCst);
+        let mut min = u64::MAX;
+        for i in 0..EPOCH_SLOTS {
+            let s = self.slot(i);
+            let t = s.tsc.load(Ordering::Acquire);
+            if t == 0 {
+                continue;
+            }
+            let owner = s.owner.load(Ordering::Acquire);
+            if owner != 0 && owner != self.me && slot_owner_dead(owner) {
+                self.reclaim_slot(i, owner);
+                continue;
+            }
+            min = min.min(t);
+        }
+        min
+    }
+
+    // ---- slots of dead processes ---------------------------------------
+
+    fn intent_of(&self, slot: usize) -> Intent {
+        let s = self.slot(slot);
+        Intent {
+            kind: s.intent_kind.load(Ordering::Acquire),
+            b0: s.intent_b0.load(Ordering::Acquire),
+            b1: s.intent_b1.load(Ordering::Acquire),
+            old: s.intent_old.load(Ordering::Acquire),
+            new: s.intent_new.load(Ordering::Acquire),
+        }
+    }
+
+    pub(crate) fn set_intent(
+        &self,
+        op: &Op<'_>,
+        kind: u64,
+        b0: usize,
+        b1: usize,
+        old: u64,
+        new: u64,
+    ) {
+        let s = self.slot(op.slot);
+        s.intent_b0.store(b0 as u64 + 1, Ordering::Relaxed);
+        s.intent_b1.store(b1 as u64 + 1, Ordering::Relaxed);
+        s.intent_old.store(old, Ordering::Relaxed);
+        s.intent_new.store(new, Ordering::Relaxed);
+        s.intent_kind.store(kind, Ordering::Release);
+    }
+
+    pub(crate) fn set_intent_old(&self, op: &Op<'_>, old: u64) {
+        self.slot(op.slot).intent_old.store(old, Ordering::Release);
+    }
+
+    pub(crate) fn set_intent_new(&self, op: &Op<'_>, new: u64) {
+        self.slot(op.slot).intent_new.store(new, Ordering::Release);
+    }
+
+    fn bucket_has(&self, b: u64, loc: u64) -> bool {
+        b != 0
+            && b <= self.geo.index_buckets
+            && self.bucket(b as usize - 1).entries.iter().any(|e| {
+                let e = e.load(Ordering::Acquire);
+                e != 0 && e & LOC_MASK == loc
+            })
+    }
+
+    /// Finish or roll back a dead holder's bucket update. Every step is
+    /// idempotent, so two processes resolving the same intent agree (the
+    /// deciding fact, whether the index holds `new` / still holds `old`,
+    /// cannot change while one of the key's buckets is held).
+    fn resolve(&self, it: Intent) {
+        let present =
+            |loc: u64| loc != 0 && (self.bucket_has(it.b0, loc) || self.bucket_has(it.b1, loc));
+        match it.kind {
+            INTENT_PUT | INTENT_MOVE if it.new != 0 => {
+                if present(it.new) {
+                    self.mark(it.new, OBJ_COMMITTED);
+                    if it.old != 0 && it.old != it.new {
+                        self.mark(it.old, OBJ_DEAD);
+                    }
+                } else {
+                    self.mark(it.new, OBJ_DEAD);
+                }
+            }
+            INTENT_DEL if it.old != 0 && !present(it.old) => self.mark(it.old, OBJ_DEAD),
+            _ => {}
+        }
+    }
+
+    /// Take bucket `b` from dead holder `holder` (word `w`), resolve its
+    /// intent and unlock. False if someone else moved first.
+    fn break_bucket(&self, my_slot: usize, b: usize, w: u64, holder: usize) -> bool {
+        let it = self.intent_of(holder);
+        let word = &self.bucket(b).word;
+        if word
+            .compare_exchange(
+                w,
+                lock_word(w, my_slot),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            return false;
+        }
+        if it.kind != INTENT_NONE && (it.b0 == b as u64 + 1 || it.b1 == b as u64 + 1) {
+            self.resolve(it);
+        }
+        let now = word.load(Ordering::Relaxed);
+        word.store(unlock_word(now), Ordering::Release);
+        self.hdr().broken_locks.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Take head `h` from a dead holder; on success the caller holds it.
+    fn break_head(&self, my_slot: usize, h: usize, w: u64) -> bool {
+        let lock = &self.head(h).lock;
+        if lock
+            .compare_exchange(
+                w,
+                lock_word(w, my_slot),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            return false;
+        }
+        self.repair_head(h);
+        self.hdr().broken_locks.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Under head `h`'s lock, after its holder died: segments the holder
+    /// claimed but never linked are closed, and the head's segment's
+    /// `used` covers every complete append.
+    pub(crate) fn repair_head(&self, h: usize) {
+        let head = self.head(h);
+        let cur = head.seg.load(Ordering::Acquire);
+        for s in 0..self.geo.log_segments as usize {
+            let e = self.seg(s);
+            let st = e.state.load(Ordering::Acquire);
+            if st == seg_state(SEG_OPEN, h as u64) && cur != s as u64 + 1 {
+                self.close_segment(s);
+            }
+        }
+        if cur != 0 && cur <= self.geo.log_segments {
+            let e = self.seg(cur as usize - 1);
+            let off = head.off.load(Ordering::Acquire).min(self.geo.seg_bytes);
+            e.used.fetch_max(off, Ordering::AcqRel);
+        }
+    }
+
+    /// Reclaim slot `i` of the dead owner `owner`: resolve and release the
+    /// locks it holds, clear it, free it.
+    pub(crate) fn reclaim_slot(&self, i: usize, owner: u64) -> bool {
+        let s = self.slot(i);
+        if s.owner
+            .compare_exchange(
+                owner,
+                RECLAIM_BIT | self.me,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            return false;
+        }
+        let it = self.intent_of(i);
+        for b in [it.b0, it.b1] {
+            if b == 0 || b > self.geo.index_buckets {
+                continue;
+            }
+            let w = self.bucket(b as usize - 1).word.load(Ordering::Acquire);
+            if lock_holder(w) == Some(i) {
+                // Steal as ourselves (slot i is ours now: we hold RECLAIM).
+                self.break_bucket(i, b as usize - 1, w, i);
+            }
+        }
+        for h in 0..self.geo.heads as usize {
+            let lock = &self.head(h).lock;
+            let w = lock.load(Ordering::Acquire);
+            if lock_holder(w) == Some(i) && self.break_head(i, h, w) {
+                let now = lock.load(Ordering::Relaxed);
+                lock.store(unlock_word(now), Ordering::Release);
+            }
+        }
+        s.intent_kind.store(INTENT_NONE, Ordering::Relaxed);
+        s.tsc.store(0, Ordering::Relaxed);
+        s.owner.store(0, Ordering::Release);
+        self.hdr().slots_reclaimed.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Reclaim every slot whose owner is dead.
+    pub(crate) fn reclaim_dead_slots(&self) -> u64 {
+        let mut n = 0;
+        for i in 0..EPOCH_SLOTS {
+            let owner = self.slot(i).owner.load(Ordering::Acquire);
+            if owner != 0
+                && owner != self.me
+                && slot_owner_dead(owner)
+                && self.reclaim_slot(i, owner)
+            {
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Live processes (other than us) with a slot in the table.
+    pub(crate) fn others_alive(&self) -> bool {
+        (0..EPOCH_SLOTS).any(|i| {
+            let o = self.slot(i).owner.load(Ordering::Acquire);
+            o != 0 && o & RECLAIM_BIT == 0 && o != self.me && proc_id::alive(o)
+        })
+    }
+
+    // ---- locks ------------------------------------------------------
+
+    /// Lock bucket `b`, breaking it if its holder is dead; `Busy` after
+    /// `lock_wait` behind a live holder.
+    pub(crate) fn lock_bucket(&self, op: &Op<'_>, b: usize) -> Result<()> {
+        let word = &self.bucket(b).word;
+        let mut spins = 0u32;
+        let start = Instant::now();
+        loop {
+            let w = word.load(Ordering::Acquire);
+            match lock_holder(w) {
+                None => {
+                    if word
+                        .compare_exchange_weak(
+                            w,
+                            lock_word(w, op.slot),
+                            Ordering::AcqRel,
+                            Ordering::Relaxed,
+                        )
+                        .is_ok()
+                    {
+                        return Ok(());
+                    }
+                }
+                Some(h) => {
+                    spins += 1;
+                    if spins.is_multiple_of(SPINS_BETWEEN_LIVENESS_CHECKS) {
+                        let owner = self.slot(h).owner.load(Ordering::Acquire);
+                        if lock_breakable(owner) {
+                            self.break_bucket(op.slot, b, w, h);
+                            continue;
+                        }
+                        if start.elapsed() > self.opts.lock_wait {
+                            return Err(Error::Busy(format!(
+                                "index bucket {b} held by live process {} for over {:?}",
+                                proc_id::pid_of(owner),
+                                self.opts.lock_wait
+                            )));
+                        }
+                    }
+                    backoff(spins);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn unlock_bucket(&self, b: usize) {
+        let word = &self.bucket(b).word;
+        let w = word.load(Ordering::Relaxed);
+        word.store(unlock_word(w), Ordering::Release);
+    }
+
+    /// Lock a key's two buckets, lower index first (one global order).
+    pub(crate) fn lock_pair(&self, op: &Op<'_>, b0: usize, b1: usize) -> Result<()> {
+        let (lo, hi) = (b0.min(b1), b0.max(b1));
+        self.lock_bucket(op, lo)?;
+        if hi != lo {
+            if let Err(e) = self.lock_bucket(op, hi) {
+                self.unlock_bucket(lo);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn unlock_pair(&self, b0: usize, b1: usize) {
+        if b0 != b1 {
+            self.unlock_bucket(b0.max(b1));
+        }
+        self.unlock_bucket(b0.min(b1));
+    }
+
+    /// Lock some head, starting from this CPU's (§4.4: a busy head is
+    /// skipped, not waited on); dead holders' heads are taken over.
+    fn lock_head(&self, op: &Op<'_>) -> Result<usize> {
+        let n = self.geo.heads as usize;
+        let first = topology::current_cpu() % n;
+        let start = Instant::now();
+        let mut rounds = 0u32;
+        loop {
+            for i in 0..n {
+                let h = (first + i) % n;
+                let lock = &self.head(h).lock;
+                let w = lock.load(Ordering::Acquire);
+                if lock_holder(w).is_none()
+                    && lock
+                        .compare_exchange(
+                            w,
+                            lock_word(w, op.slot),
+                            Ordering::AcqRel,
+                            Ordering::Relaxed,
+                        )
+                        .is_ok()
+                {
+                    return Ok(h);
+                }
+            }
+            rounds += 1;
+            if rounds.is_multiple_of(64) {
+                for h in 0..n {
+                    let w = self.head(h).lock.load(Ordering::Acquire);
+                    if let Some(holder) = lock_holder(w) {
+                        let owner = self.slot(holder).owner.load(Ordering::Acquire);
+                        if lock_breakable(owner) && self.break_head(op.slot, h, w) {
+                            return Ok(h);
+                        }
+                    }
+                }
+                if start.elapsed() > self.opts.lock_wait {
+                    return Err(Error::Busy(format!(
+                        "every log head held by live processes for over {:?}",
+                        self.opts.lock_wait
+                    )));
+                }
+            }
+            backoff(rounds);
+        }
+    }
+
+    fn unlock_head(&self, h: usize) {
+        let lock = &self.head(h).lock;
+        let w = lock.load(Ordering::Relaxed);
+        lock.store(unlock_word(w), Ordering::Release);
+    }
+
+    // ---- segments ---------------------------------------------------
+
+    pub(crate) fn count_free(&self) -> u64 {
+        (0..self.geo.log_segments as usize)
+            .filter(|&s| self.seg(s).state.load(Ordering::Relaxed) == SEG_FREE)
+            .count() as u64
+    }
+
+    /// Claim a free segment for `tag`; clients leave the reserve alone.
+    pub(crate) fn claim_segment(&self, tag: u64, use_reserve: bool) -> Option<usize> {
+        let n = self.geo.log_segments as usize;
+        if !use_reserve && self.count_free() <= self.geo.reserve_segments {
+            return None;
+        }
+        let start = self.hdr().alloc_hint.fetch_add(1, Ordering::Relaxed) as usize % n;
+        for i in 0..n {
+            let s = (start + i) % n;
+            let e = self.seg(s);
+            if e.state.load(Ordering::Relaxed) == SEG_FREE
+                && e.state
+                    .compare_exchange(
+                        SEG_FREE,
+                        seg_state(SEG_OPEN, tag),
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok()
+            {
+                e.used.store(0, Ordering::Relaxed);
+                e.live.store(0, Ordering::Relaxed);
+                e.stamp.store(0, Ordering::Release);
+                return Some(s);
+            }
+        }
+        None
+    }
+
+    pub(crate) fn close_segment(&self, s: usize) {
+        let e = self.seg(s);
+        fence(Ordering::SeqCst);
+        e.stamp.store(topology::rdtsc(), Ordering::Release);
+        e.state.store(SEG_CLOSED, Ordering::Release);
+    }
+
+    /// Append an object under a head; the caller is pinned.
+    fn append(&self, op: &Op<'_>, key: &[u8], value: &[u8], hdr: &Header) -> Result<Append> {
+        let size = object_bytes(key.len(), value.len());
+        let h = self.lock_head(op)?;
+        let head = self.head(h);
+        loop {
+            let cur = head.seg.load(Ordering::Acquire);
+            let off = head.off.load(Ordering::Acquire);
+            if cur != 0 && off + size <= self.geo.seg_bytes {
+                let s = cur as usize - 1;
+                let loc = s as u64 * self.geo.seg_bytes + off + 1;
+                self.write_object(loc, key, value, hdr);
+                head.off.store(off + size, Ordering::Release);
+                self.seg(s).used.store(off + size, Ordering::Release);
+                self.unlock_head(h);
+                return Ok(Append::Done(loc));
+            }
+            if cur != 0 {
+                head.seg.store(0, Ordering::Release);
+                self.close_segment(cur as usize - 1);
+            }
+            match self.claim_segment(h as u64, false) {
+                Some(s) => {
+                    head.off.store(0, Ordering::Relaxed);
+                    head.seg.store(s as u64 + 1, Ordering::Release);
+                }
+                None => {
+                    self.unlock_head(h);
+                    return Ok(Append::NoSpace);
+                }
+            }
+        }
+    }
+
+    /// Write state word (uncommitted), header, key and value at `loc`.
+    pub(crate) fn write_object(&self, loc: u64, key: &[u8], value: &[u8], hdr: &Header) {
+        let p = self.obj(loc);
+        self.obj_state(loc).store(OBJ_MAGIC, Ordering::Relaxed);
+        let hb = hdr.encode();
+        // SAFETY: `loc` was reserved by the caller under a head lock (or by
+        // the compactor in its own segment): the object's bytes lie in one
+        // segment, are not published yet, and no one else writes them.
+        unsafe {
+            std::ptr::copy_nonoverlapping(hb.as_ptr(), p.add(8), HEADER_BYTES);
+            let k = p.add(OBJ_PREFIX_BYTES as usize);
+            std::ptr::copy_nonoverlapping(key.as_ptr(), k, key.len());
+            std::ptr::copy_nonoverlapping(value.as_ptr(), k.add(key.len()), value.len());
+        }
+    }
+
+    /// Copy the object at `from` to `to` (compaction), uncommitted.
+    pub(crate) fn copy_object(&self, from: u64, to: u64, bytes: u64) {
+        // SAFETY: `from` is a checked object of `bytes` bytes in a segment
+        // being compacted; `to` is space in the compactor's own open
+        // segment; the two segments differ, so the ranges do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(self.obj(from), self.obj(to), bytes as usize) };
+        self.obj_state(to).store(OBJ_MAGIC, Ordering::Release);
+    }
+
+    // ---- index ------------------------------------------------------
+
+    /// Find the entry of `key` in its buckets: (bucket, index, loc).
+    pub(crate) fn find(
+        &self,
+        key: &[u8],
+        b0: usize,
+        b1: usize,
+        tag: u64,
+    ) -> Option<(usize, usize, u64)> {
+        let bs = if b0 == b1 { [b0, usize::MAX] } else { [b0, b1] };
+        for b in bs {
+            if b == usize::MAX {
+                continue;
+            }
+            for (i, e) in self.bucket(b).entries.iter().enumerate() {
+                let e = e.load(Ordering::Acquire);
+                if e == 0 || e >> LOC_BITS != tag {
+                    continue;
+                }
+                let loc = e & LOC_MASK;
+                if let Some(h) = self.obj_header(loc) {
+                    if h.key_len as usize == key.len() && self.obj_key(loc, &h) == key {
+                        return Some((b, i, loc));
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// An empty entry in the emptier of the two buckets (home on a tie).
+    pub(crate) fn empty_entry(&self, b0: usize, b1: usize) -> Option<(usize, usize)> {
+        let empties = |b: usize| {
+            self.bucket(b)
+                .entries
+                .iter()
+                .filter(|e| e.load(Ordering::Relaxed) == 0)
+                .count()
+        };
+        let b = if b0 != b1 && empties(b1) > empties(b0) {
+            b1
+        } else {
+            b0
+        };
+        self.bucket(b)
+            .entries
+            .iter()
+            .position(|e| e.load(Ordering::Relaxed) == 0)
+            .map(|i| (b, i))
+    }
+
+    // ---- operations -------------------------------------------------
+
+    fn check_key(&self, key: &[u8]) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        if key.len() > nibble::MAX_KEY_BYTES {
+            return Err(Error::KeyTooLarge {
+                len: key.len(),
+                max: nibble::MAX_KEY_BYTES,
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        self.check_key(key)?;
+        let size = object_bytes(key.len(), value.len());
+        if size > self.geo.seg_bytes || value.len() > u32::MAX as usize {
+            return Err(Error::ValueTooLarge {
+                len: key.len() + value.len(),
+                max: (self.geo.seg_bytes - OBJ_PREFIX_BYTES) as usize,
+            });
+        }
+        let hash = nibble::hash_key(key);
+        let (b0, b1, tag) = self.buckets_of(hash);
+        let hdr = Header {
+            key_len: key.len() as u32,
+            value_len: value.len() as u32,
+            value_cap: value.len() as u32,
+            flags: 0,
+            version: nibble::object::next_version(0),
+            expiry_ms: 0,
+        };
+        let op = self.begin();
+        let deadline = Instant::now() + self.opts.oom_wait;
+        let loc = loop {
+            match self.append(&op, key, value, &hdr)? {
+                Append::Done(loc) => break loc,
+                Append::NoSpace => {
+                    // Holding our pin would keep retired segments from
+                    // being reused: leave the epoch while waiting.
+                    op.unpin();
+                    let progress = self.make_space();
+                    if !progress && Instant::now() >= deadline {
+                        return Err(Error::OutOfMemory {
+                            live_bytes: self.live_bytes(),
+                            capacity_bytes: self.geo.capacity_bytes,
+                        });
+                    }
+                    if !progress {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    op.repin();
+                }
+            }
+        };
+        self.set_intent(&op, INTENT_PUT, b0, b1, 0, loc);
+        if let Err(e) = self.lock_pair(&op, b0, b1) {
+            self.mark(loc, OBJ_DEAD);
+            return Err(e);
+        }
+        let entry = (tag << LOC_BITS) | loc;
+        let old = match self.find(key, b0, b1, tag) {
+            Some((b, i, old)) => {
+                self.set_intent_old(&op, old);
+                self.bucket(b).entries[i].store(entry, Ordering::Release);
+                Some(old)
+            }
+            None => match self.empty_entry(b0, b1) {
+                Some((b, i)) => {
+                    self.bucket(b).entries[i].store(entry, Ordering::Release);
+                    None
+                }
+                None => {
+                    self.mark(loc, OBJ_DEAD);
+                    self.unlock_pair(b0, b1);
+                    return Err(Error::IndexFull);
+                }
+            },
+        };
+        self.mark(loc, OBJ_COMMITTED);
+        self.add_live(loc, size);
+        if let Some(old) = old {
+            self.mark(old, OBJ_DEAD);
+            if let Some(oh) = self.obj_header(old) {
+                self.sub_live(
+                    old,
+                    object_bytes(oh.key_len as usize, oh.value_cap as usize),
+                );
+            }
+        }
+        self.unlock_pair(b0, b1);
+        Ok(())
+    }
+
+    pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.check_key(key)?;
+        let (b0, b1, tag) = self.buckets_of(nibble::hash_key(key));
+        let _op = self.begin();
+        // No seqlock validation is needed: an entry is one word, read
+        // atomically, and the object it names is immutable and stays
+        // mapped while we are pinned (see the crate essay).
+        Ok(self.find(key, b0, b1, tag).and_then(|(_, _, loc)| {
+            let h = self.obj_header(loc)?;
+            Some(self.obj_value(loc, &h).to_vec())
+        }))
+    }
+
+    pub(crate) fn delete(&self, key: &[u8]) -> Result<bool> {
+        self.check_key(key)?;
+        let (b0, b1, tag) = self.buckets_of(nibble::hash_key(key));
+        let op = self.begin();
+        self.set_intent(&op, INTENT_DEL, b0, b1, 0, 0);
+        self.lock_pair(&op, b0, b1)?;
+        let found = self.find(key, b0, b1, tag);
+        if let Some((b, i, old)) = found {
+            self.set_intent_old(&op, old);
+            self.bucket(b).entries[i].store(0, Ordering::Release);
+            self.mark(old, OBJ_DEAD);
+            if let Some(oh) = self.obj_header(old) {
+                self.sub_live(
+                    old,
+                    object_bytes(oh.key_len as usize, oh.value_cap as usize),
+                );
+            }
+        }
+        self.unlock_pair(b0, b1);
+        Ok(found.is_some())
+    }
+
+    pub(crate) fn live_bytes(&self) -> u64 {
+        (0..self.geo.log_segments as usize)
+            .map(|s| self.seg(s).live.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Free space for a writer: retired segments whose epoch passed, then a
+    /// compaction pass if this process can hold the lease. True if a
+    /// client-usable segment is free now.
+    pub(crate) fn make_space(&self) -> bool {
+        self.reclaim_retired();
+        if self.count_free() > self.geo.reserve_segments {
+            return true;
+        }
+        self.compact_inline();
+        self.count_free() > self.geo.reserve_segments
+    }
+
+    /// Key iteration: every key, in bucket order (a snapshot per bucket;
+    /// keys written concurrently may or may not appear).
+    pub(crate) fn for_each_key(&self, mut f: impl FnMut(&[u8])) {
+        const BUCKETS_PER_PIN: usize = 256;
+        let n = self.geo.index_buckets as usize;
+        let mut b = 0;
+        while b < n {
+            let _op = self.begin();
+            for bb in b..(b + BUCKETS_PER_PIN).min(n) {
+                for e in &self.bucket(bb).entries {
+                    let e = e.load(Ordering::Acquire);
+                    if e == 0 {
+                        continue;
+                    }
+                    let loc = e & LOC_MASK;
+                    if let Some(h) = self.obj_header(loc) {
+                        f(self.obj_key(loc, &h));
+                    }
+                }
+            }
+            b += BUCKETS_PER_PIN;
+        }
+    }
+}
+
+/// Whether a slot owner word names a dead process (or a dead reclaimer).
+pub(crate) fn slot_owner_dead(owner: u64) -> bool {
+    owner != 0 && !proc_id::alive(owner & !RECLAIM_BIT)
+}
+
+/// Whether a lock held by a slot with this owner word may be broken: the
+/// slot is free (cannot hold a lock), being reclaimed (its owner died), or
+/// its owner is dead.
+fn lock_breakable(owner: u64) -> bool {
+    owner == 0 || owner & RECLAIM_BIT != 0 || !proc_id::alive(owner)
+}
+
+fn backoff(spins: u32) {
+    if spins < SPINS_BEFORE_YIELD {
+        for _ in 0..(1u32 << (spins.min(6))) {
+            std::hint::spin_loop();
+        }
+    } else {
+        std::thread::yield_now();
+    }
+}
+
+/// Statistics of a store (see [`SharedStore::stats`]).
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    pub geometry: Option<Geometry>,
+    pub segments_free: u64,
+    pub segments_open: u64,
+    pub segments_closed: u64,
+    pub segments_compacting: u64,
+    pub segments_retired: u64,
+    /// Sum of the per-segment live-byte counters.
+    pub live_bytes: u64,
+    /// Index entries (keys).
+    pub objects: u64,
+    pub index_load: f64,
+    pub attaches: u64,
+    pub recoveries: u64,
+    pub rebuilds: u64,
+    pub broken_locks: u64,
+    pub slots_reclaimed: u64,
+    pub compactions: u64,
+    pub lease_takeovers: u64,
+    pub clean_flag: bool,
+    /// Compaction lease holder: (pid, alive).
+    pub lease_holder: Option<(u32, bool)>,
+    /// Processes with epoch slots: (pid, slots, alive).
+    pub processes: Vec<(u32, usize, bool)>,
+}
+
+/// A Nibble store in SpaceJMP segments, attached by this process.
+pub struct SharedStore {
+    inner: Arc<Inner>,
+    thread: Option<JoinHandle<()>>,
+    report: RecoveryReport,
+}
+
+fn io_err(what: &str, path: &Path, e: std::io::Error) -> Error {
+    Error::Io {
+        what: what.into(),
+        path: path.to_path_buf(),
+        source: e,
+    }
+}
+
+/// Whether `[base, base + len)` is free in this process right now.
+fn range_free(base: u64, len: u64) -> bool {
+    // SAFETY: MAP_FIXED_NOREPLACE never replaces a mapping; the probe is
+    // unmapped at once if it landed where asked.
+    let p = unsafe {
+        libc::mmap(
+            base as *mut libc::c_void,
+            len as usize,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE
+                | libc::MAP_ANONYMOUS
+                | libc::MAP_NORESERVE
+                | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return false;
+    }
+    // SAFETY: `p` is the probe mapping just made, of length `len`.
+    unsafe { libc::munmap(p, len as usize) };
+    p as u64 == base
+}
+
+impl SharedStore {
+    /// Create a store of `capacity_bytes` in directory `dir` (a SpaceJMP
+    /// store directory of its own: registry + three segment files).
+    pub fn create(
+        dir: impl AsRef<Path>,
+        capacity_bytes: u64,
+        opts: &Options,
+    ) -> Result<SharedStore> {
+        let dir = dir.as_ref().to_path_buf();
+        let geo = Geometry::plan(capacity_bytes, opts)?;
+        if dir.join("registry").exists() {
+            return Err(Error::Exists(dir));
+        }
+        std::fs::create_dir_all(&dir).map_err(|e| io_err("create", &dir, e))?;
+        let lock = AttachLock::take(&dir)?;
+        if dir.join("registry").exists() {
+            return Err(Error::Exists(dir));
+        }
+        let res = Self::create_locked(&dir, geo, opts);
+        if res.is_err() {
+            // Leave nothing half-made behind.
+            for name in [SEG_META, SEG_INDEX, SEG_LOG] {
+                let _ = std::fs::remove_file(spacejmp::segment::seg_path(&dir, name));
+            }
+            let _ = std::fs::remove_file(dir.join("registry"));
+        }
+        let inner = res?;
+        drop(lock);
+        Ok(Self::start(inner, RecoveryReport::default()))
+    }
+
+    fn create_locked(dir: &Path, geo: Geometry, opts: &Options) -> Result<Inner> {
+        let meta_len = meta_bytes(geo.log_segments);
+        let index_len = geo.index_buckets * BUCKET_BYTES;
+        let log_len = geo.log_segments * geo.seg_bytes;
+        let win_len =
+            (meta_len + index_len + log_len + (64 << 20)).next_multiple_of(WINDOW_GRANULE_BYTES);
+        let gran = win_len.next_power_of_two();
+        let slots = (WINDOW_AREA_END - WINDOW_AREA_BASE) / gran;
+        if slots == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "capacity {} too large for the address window",
+                geo.capacity_bytes
+            )));
+        }
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        dir.hash(&mut hasher);
+        std::process::id().hash(&mut hasher);
+        let first = hasher.finish() % slots;
+        let mut jmp = None;
+        for i in 0..64 {
+            let base = WINDOW_AREA_BASE + ((first + i) % slots) * gran;
+            if !range_free(base, win_len) {
+                continue;
+            }
+            let _ = std::fs::remove_file(dir.join("registry"));
+            match Jmp::open(Config::with_store(dir).window(base, win_len)) {
+                Ok(j) => {
+                    jmp = Some(j);
+                    break;
+                }
+                Err(spacejmp::Error::WindowTaken { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let jmp = Box::new(
+            jmp.ok_or_else(|| Error::Busy("no free address window for the store".into()))?,
+        );
+        let so = SegOptions {
+            lockable: false,
+            mode: 0o660,
+            ..SegOptions::default()
+        };
+        jmp.seg_alloc(SEG_META, meta_len, &so)?;
+        jmp.seg_alloc(SEG_INDEX, index_len, &so)?;
+        jmp.seg_alloc(SEG_LOG, log_len, &so)?;
+        jmp.vas_create(VAS_NAME, 0o660)?;
+        for s in [SEG_META, SEG_INDEX, SEG_LOG] {
+            jmp.seg_attach(VAS_NAME, s, Access::Write)?;
+        }
+        let inner = Self::map(dir, jmp, opts, Some(geo))?;
+        let h = inner.hdr();
+        h.layout_version.store(LAYOUT_VERSION, Ordering::Relaxed);
+        h.capacity_bytes
+            .store(geo.capacity_bytes, Ordering::Relaxed);
+        h.seg_bytes.store(geo.seg_bytes, Ordering::Relaxed);
+        h.log_segments.store(geo.log_segments, Ordering::Relaxed);
+        h.index_buckets.store(geo.index_buckets, Ordering::Relaxed);
+        h.heads.store(geo.heads, Ordering::Relaxed);
+        h.reserve_segments
+            .store(geo.reserve_segments, Ordering::Relaxed);
+        h.created_unix_ms
+            .store(nibble::object::now_ms(), Ordering::Relaxed);
+        h.attaches.store(1, Ordering::Relaxed);
+        // Magic last: a creator killed before this leaves "not a store".
+        h.magic.store(MAGIC, Ordering::Release);
+        let mut inner = inner;
+        inner.claim_local_slots()?;
+        Ok(inner)
+    }
+
+    /// Map the VAS and build the process-side handle; validates the meta
+    /// header unless `creating`.
+    fn map(dir: &Path, jmp: Box<Jmp>, opts: &Options, creating: Option<Geometry>) -> Result<Inner> {
+        let not_store = |what: String| Error::NotAStore {
+            path: dir.to_path_buf(),
+            what,
+        };
+        let vh = match jmp.vas_attach(VAS_NAME, AttachOptions::default()) {
+            Ok(v) => v,
+            Err(spacejmp::Error::NotFound { .. }) => {
+                return Err(not_store("no `nibblejmp` VAS in the registry".into()))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        // SAFETY: `vh` borrows the Jmp in the Box, whose address is stable;
+        // Inner keeps both and drops `vh` first (see `Drop for Inner`).
+        let vh: VasHandle<'static> =
+            unsafe { std::mem::transmute::<VasHandle<'_>, VasHandle<'static>>(vh) };
+        let mut addr = [(0u64, 0u64); 3];
+        for (info, _) in vh.segments() {
+            let i = match info.name.as_str() {
+                SEG_META => 0,
+                SEG_INDEX => 1,
+                SEG_LOG => 2,
+                _ => continue,
+            };
+            addr[i] = (info.data_start(), info.size - info.header_size);
+        }
+        if addr.iter().any(|a| a.0 == 0) {
+            return Err(not_store(
+                "the VAS lacks the meta, index or log segment".into(),
+            ));
+        }
+        if addr[0].1 < core::mem::size_of::<Meta>() as u64 {
+            return Err(not_store("meta segment too small".into()));
+        }
+        let meta = addr[0].0 as *const Meta;
+        // SAFETY: the meta segment is mapped read-write and is at least
+        // `size_of::<Meta>()` bytes (checked just above).
+        let hdr = unsafe { &(*meta).hdr };
+        let geo = match creating {
+            Some(g) => g,
+            None => {
+                let magic = hdr.magic.load(Ordering::Acquire);
+                if magic != MAGIC {
+                    return Err(not_store(if magic == 0 {
+                        "creation did not finish (no magic)".into()
+                    } else {
+                        format!("bad magic {magic:#x}")
+                    }));
+                }
+                let v = hdr.layout_version.load(Ordering::Relaxed);
+                if v != LAYOUT_VERSION {
+                    return Err(Error::WrongVersion {
+                        path: dir.to_path_buf(),
+                        found: v,
+                        expected: LAYOUT_VERSION,
+                    });
+                }
+                let g = Geometry {
+                    capacity_bytes: hdr.capacity_bytes.load(Ordering::Relaxed),
+                    seg_bytes: hdr.seg_bytes.load(Ordering::Relaxed),
+                    log_segments: hdr.log_segments.load(Ordering::Relaxed),
+                    index_buckets: hdr.index_buckets.load(Ordering::Relaxed),
+                    heads: hdr.heads.load(Ordering::Relaxed),
+                    reserve_segments: hdr.reserve_segments.load(Ordering::Relaxed),
+                };
+                let sane = g.seg_bytes >= BLOCK_BYTES
+                    && g.seg_bytes.is_multiple_of(BLOCK_BYTES)
+                    && g.log_segments > 0
+                    && g.index_buckets.is_power_of_two()
+                    && g.index_buckets >= 2
+                    && (1..=MAX_HEADS as u64).contains(&g.heads)
+                    && addr[0].1 >= meta_bytes(g.log_segments)
+                    && addr[1].1 >= g.index_buckets * BUCKET_BYTES
+                    && addr[2].1 / g.seg_bytes >= g.log_segments;
+                if !sane {
+                    return Err(not_store(format!(
+                        "geometry {g:?} does not match the segments"
+                    )));
+                }
+                g
+            }
+        };
+        Ok(Inner {
+            vh: ManuallyDrop::new(vh),
+            jmp: ManuallyDrop::new(jmp),
+            dir: dir.to_path_buf(),
+            meta,
+            segtab: (addr[0].0 + core::mem::size_of::<Meta>() as u64) as *const SegEntry,
+            index: addr[1].0 as *const Bucket,
+            log: addr[2].0 as *mut u8,
+            geo,
+            me: proc_id::self_id(),
+            local: Vec::new(),
+            opts: opts.clone(),
+            compactor: Mutex::new(CompactorState::default()),
+            closed: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+        })
+    }
+
+    /// Attach an existing store. Reclaims slots of dead processes; after
+    /// an unclean shutdown of the last process (or with `opts.rebuild`),
+    /// runs recovery (see [`crate::recovery`]).
+    pub fn attach(dir: impl AsRef<Path>, opts: &Options) -> Result<SharedStore> {
+        let dir = dir.as_ref().to_path_buf();
+        if !dir.join("registry").exists() {
+            return Err(Error::NotFound(dir));
+        }
+        let lock = AttachLock::take(&dir)?;
+        let jmp = Box::new(Jmp::open(Config::with_store(&dir))?);
+        let mut inner = Self::map(&dir, jmp, opts, None)?;
+        inner.hdr().attaches.fetch_add(1, Ordering::Relaxed);
+        inner.reclaim_dead_slots();
+        let others = inner.others_alive();
+        if opts.rebuild && others {
+            return Err(Error::Busy(
+                "rebuild needs exclusive use; other processes are attached".into(),
+            ));
+        }
+        let unclean = inner.hdr().clean.load(Ordering::Acquire) == 0;
+        let report = if !others && (unclean || opts.rebuild) {
+            inner.recover(unclean, opts.rebuild)?
+        } else {
+            RecoveryReport::default()
+        };
+        inner.hdr().clean.store(0, Ordering::Release);
+        inner.claim_local_slots()?;
+        drop(lock);
+        Ok(Self::start(inner, report))
+    }
+
+    fn start(inner: Inner, report: RecoveryReport) -> SharedStore {
+        let inner = Arc::new(inner);
+        let thread = if inner.opts.compaction_thread {
+            let i2 = Arc::clone(&inner);
+            std::thread::Builder::new()
+                .name("nibblejmp-compact".into())
+                .spawn(move || i2.compaction_loop())
+                .ok()
+        } else {
+            None
+        };
+        SharedStore {
+            inner,
+            thread,
+            report,
+        }
+    }
+
+    /// Insert or replace `key`.
+    pub fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        self.inner.put(key, value)
+    }
+
+    /// The value of `key`.
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.inner.get(key)
+    }
+
+    /// Whether `key` is present.
+    pub fn contains(&self, key: &[u8]) -> Result<bool> {
+        Ok(self.inner.get(key)?.is_some())
+    }
+
+    /// Remove `key`; true if it was present.
+    pub fn delete(&self, key: &[u8]) -> Result<bool> {
+        self.inner.delete(key)
+    }
+
+    /// Every key (for the CLI; tolerates concurrent writes).
+    pub fn keys(&self) -> Result<Vec<Vec<u8>>> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        let mut v = Vec::new();
+        self.inner.for_each_key(|k| v.push(k.to_vec()));
+        Ok(v)
+    }
+
+    /// The fixed geometry.
+    pub fn geometry(&self) -> Geometry {
+        self.inner.geo
+    }
+
+    /// The store directory.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// What recovery did at this attach.
+    pub fn recovery_report(&self) -> &RecoveryReport {
+        &self.report
+    }
+
+    /// Run compaction passes now (under the lease; for tests and the CLI):
+    /// the number of segments compacted, or `Busy` if another process
+    /// holds the lease.
+    pub fn compact_now(&self) -> Result<u64> {
+        self.inner.compact_forced()
+    }
+
+    /// Statistics.
+    pub fn stats(&self) -> Stats {
+        let i = &self.inner;
+        let h = i.hdr();
+        let mut st = Stats {
+            geometry: Some(i.geo),
+            ..Stats::default()
+        };
+        for s in 0..i.geo.log_segments as usize {
+            match i.seg(s).state.load(Ordering::Relaxed) & 0xFF {
+                SEG_FREE => st.segments_free += 1,
+                SEG_OPEN => st.segments_open += 1,
+                SEG_CLOSED => st.segments_closed += 1,
+                SEG_COMPACTING => st.segments_compacting += 1,
+                _ => st.segments_retired += 1,
+            }
+        }
+        st.live_bytes = i.live_bytes();
+        st.objects = (0..i.geo.index_buckets as usize)
+            .map(|b| {
+                i.bucket(b)
+                    .entries
+                    .iter()
+                    .filter(|e| e.load(Ordering::Relaxed) != 0)
+                    .count() as u64
+            })
+            .sum();
+        st.index_load =
+            st.objects as f64 / (i.geo.index_buckets as f64 * ENTRIES_PER_BUCKET as f64);
+        st.attaches = h.attaches.load(Ordering::Relaxed);
+        st.recoveries = h.recoveries.load(Ordering::Relaxed);
+        st.rebuilds = h.rebuilds.load(Ordering::Relaxed);
+        st.broken_locks = h.broken_locks.load(Ordering::Relaxed);
+        st.slots_reclaimed = h.slots_reclaimed.load(Ordering::Relaxed);
+        st.compactions = h.compactions.load(Ordering::Relaxed);
+        st.lease_takeovers = h.lease_takeovers.load(Ordering::Relaxed);
+        st.clean_flag = h.clean.load(Ordering::Relaxed) != 0;
+        let lo = i.meta().lease.owner.load(Ordering::Relaxed);
+        if lo != 0 {
+            st.lease_holder = Some((proc_id::pid_of(lo), proc_id::alive(lo)));
+        }
+        let mut procs: Vec<(u64, usize)> = Vec::new();
+        for s in 0..EPOCH_SLOTS {
+            let o = i.slot(s).owner.load(Ordering::Relaxed) & !RECLAIM_BIT;
+            if o == 0 {
+                continue;
+            }
+            match procs.iter_mut().find(|p| p.0 == o) {
+                Some(p) => p.1 += 1,
+                None => procs.push((o, 1)),
+            }
+        }
+        st.processes = procs
+            .into_iter()
+            .map(|(o, n)| (proc_id::pid_of(o), n, proc_id::alive(o)))
+            .collect();
+        st
+    }
+
+    /// Detach cleanly: stop compaction, give back the lease and this
+    /// process's slots, and mark the store clean if no other live process
+    /// is attached.
+    pub fn close(mut self) -> Result<()> {
+        self.detach()
+    }
+
+    fn detach(&mut self) -> Result<()> {
+        let i = &self.inner;
+        if i.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        i.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let lock = AttachLock::take(&i.dir)?;
+        i.release_lease();
+        // Wait for this process's operations to finish, then free slots.
+        for l in &i.local {
+            while l
+                .busy
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+            {
+                std::thread::yield_now();
+            }
+            let s = i.slot(l.slot);
+            s.tsc.store(0, Ordering::Relaxed);
+            s.intent_kind.store(INTENT_NONE, Ordering::Relaxed);
+            s.owner.store(0, Ordering::Release);
+        }
+        if !i.others_alive() {
+            // On a disk directory the files must reach the disk before the
+            // store is called clean (a no-op cost on tmpfs).
+            i.sync()?;
+            i.hdr().clean.store(1, Ordering::Release);
+            i.sync()?;
+        }
+        drop(lock);
+        Ok(())
+    }
+
+    /// Remove the store's files. Refused with `Busy` while a live process
+    /// is attached.
+    pub fn remove(dir: impl AsRef<Path>) -> Result<()> {
+        let dir = dir.as_ref().to_path_buf();
+        let s = SharedStore::attach(
+            &dir,
+            &Options {
+                compaction_thread: false,
+                ..Options::default()
+            },
+        )?;
+        if s.inner.others_alive() {
+            return Err(Error::Busy("other processes are attached".into()));
+        }
+        drop(s);
+        std::fs::remove_dir_all(&dir).map_err(|e| io_err("remove", &dir, e))
+    }
+}
+
+impl Drop for SharedStore {
+    fn drop(&mut self) {
+        let _ = self.detach();
+    }
+}
+
+impl Inner {
+    /// `msync` the three segments' data.
+    fn sync(&self) -> Result<()> {
+        let ranges = [
+            (self.meta as u64, meta_bytes(self.geo.log_segments)),
+            (self.index as u64, self.geo.index_buckets * BUCKET_BYTES),
+            (self.log as u64, self.log_bytes()),
+        ];
+        for (addr, len) in ranges {
+            // SAFETY: each range is the page-aligned start of a segment's
+            // data, mapped shared by `vh`, of at most the segment's length.
+            if unsafe { libc::msync(addr as *mut libc::c_void, len as usize, libc::MS_SYNC) } != 0 {
+                return Err(io_err("msync", &self.dir, std::io::Error::last_os_error()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Claim this process's epoch slots.
+    fn claim_local_slots(&mut self) -> Result<()> {
+        let want = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2)
+            .clamp(2, MAX_LOCAL_SLOTS);
+        let mut local = Vec::new();
+        for i in 0..EPOCH_SLOTS {
+            if local.len() == want {
+                break;
+            }
+            let s = self.slot(i);
+            if s.owner.load(Ordering::Relaxed) == 0
+                && s.owner
+                    .compare_exchange(0, self.me, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
+                s.tsc.store(0, Ordering::Relaxed);
+                s.intent_kind.store(INTENT_NONE, Ordering::Release);
+                local.push(LocalSlot {
+                    slot: i,
+                    busy: AtomicBool::new(false),
+                });
+            }
+        }
+        if local.is_empty() {
+            return Err(Error::Busy(format!(
+                "all {EPOCH_SLOTS} epoch slots are held by live processes"
+            )));
+        }
+        self.local = local;
+        Ok(())
+    }
+}
