@@ -40,6 +40,7 @@ use crate::error::{Error, Result};
 use crate::layout::*;
 use crate::proc_id;
 use crate::store::Inner;
+use crate::testing::{point, CrashPoint};
 
 /// How often a process that does not hold the lease checks its holder.
 const LEASE_CHECK_INTERVAL: Duration = Duration::from_millis(50);
@@ -292,7 +293,9 @@ impl Inner {
         self.copy_object(loc, new, size);
         de.used.store(doff + size, Ordering::Release);
         self.set_intent_new(&op, new);
+        point(CrashPoint::MoveCopied);
         self.bucket(b).entries[i].store((tag << LOC_BITS) | new, Ordering::Release);
+        point(CrashPoint::MoveEntryStored);
         self.mark(new, OBJ_COMMITTED);
         self.mark(loc, OBJ_DEAD);
         de.live.fetch_add(size, Ordering::Relaxed);

@@ -137,6 +137,7 @@
 //! | [`compaction`] | the lease and the cleaner |
 //! | [`recovery`] | what an attach after a crash does |
 //! | [`proc_id`] | pid + start time in one word |
+//! | [`testing`] | deterministic crash points for the crash-guarantee tests |
 //!
 //! ```no_run
 //! use nibblejmp::{Options, SharedStore};
@@ -157,6 +158,7 @@ pub mod layout;
 pub mod proc_id;
 pub mod recovery;
 pub mod store;
+pub mod testing;
 
 pub use error::{Error, Result};
 pub use recovery::RecoveryReport;

@@ -47,6 +47,9 @@ pub struct RecoveryReport {
     pub rebuilt: bool,
     /// Objects indexed by the rebuild.
     pub objects_indexed: u64,
+    /// Committed, live objects in the log that the index does not name
+    /// (before any rebuild).
+    pub unindexed_objects: u64,
     /// Duplicate live copies of a key resolved by version in the rebuild.
     pub duplicates: u64,
     /// Segments whose scan stopped at a damaged object.
@@ -113,10 +116,16 @@ impl Inner {
                 r.segments_repaired += 1;
             }
         }
-        // 2. Verify.
+        // 2. Verify: every entry sound, and as many entries as the log has
+        //    live objects (an index that lost entries is caught here).
         r.bad_entries = self.verify_index();
+        let (live_in_log, damaged) = self.count_log_objects();
+        r.damaged_segments = damaged;
+        let entries = self.count_entries();
+        r.unindexed_objects = live_in_log.saturating_sub(entries);
         // 3. Rebuild if needed.
-        if r.bad_entries > 0 || force_rebuild {
+        if r.bad_entries > 0 || r.unindexed_objects > 0 || force_rebuild {
+            r.damaged_segments = 0;
             self.rebuild_index(&mut r)?;
             self.hdr().rebuilds.fetch_add(1, Ordering::Relaxed);
         }
@@ -156,16 +165,27 @@ impl Inner {
         bad
     }
 
-    fn rebuild_index(&self, r: &mut RecoveryReport) -> Result<()> {
-        r.rebuilt = true;
-        for b in 0..self.geo.index_buckets as usize {
-            let bk = self.bucket(b);
-            for e in &bk.entries {
-                e.store(0, Ordering::Relaxed);
-            }
-            let w = bk.word.load(Ordering::Relaxed);
-            bk.word.store(unlock_word(w & !0xFF), Ordering::Release);
-        }
+    /// Index entries in use.
+    fn count_entries(&self) -> u64 {
+        (0..self.geo.index_buckets as usize)
+            .map(|b| {
+                self.bucket(b)
+                    .entries
+                    .iter()
+                    .filter(|e| e.load(Ordering::Relaxed) != 0)
+                    .count() as u64
+            })
+            .sum()
+    }
+
+    /// Walk every segment in use: calls `f(loc, header)` for each committed,
+    /// not-dead object; returns the number of segments whose walk stopped
+    /// at a damaged object.
+    fn walk_log(
+        &self,
+        mut f: impl FnMut(u64, &nibble::object::Header) -> Result<()>,
+    ) -> Result<u64> {
+        let mut damaged = 0;
         for s in 0..self.geo.log_segments as usize {
             let e = self.seg(s);
             let st = e.state.load(Ordering::Acquire) & 0xFF;
@@ -178,12 +198,12 @@ impl Inner {
             while off + OBJ_PREFIX_BYTES <= used {
                 let loc = base + off + 1;
                 let Some(h) = self.obj_header(loc) else {
-                    r.damaged_segments += 1;
+                    damaged += 1;
                     break;
                 };
                 let size = object_bytes(h.key_len as usize, h.value_cap as usize);
                 if off + size > used {
-                    r.damaged_segments += 1;
+                    damaged += 1;
                     break;
                 }
                 off += size;
@@ -191,9 +211,41 @@ impl Inner {
                 if os & OBJ_COMMITTED == 0 || os & OBJ_DEAD != 0 {
                     continue;
                 }
-                self.rebuild_insert(loc, &h, r)?;
+                f(loc, &h)?;
             }
         }
+        Ok(damaged)
+    }
+
+    /// (committed live objects in the log, damaged segments).
+    fn count_log_objects(&self) -> (u64, u64) {
+        let mut n = 0;
+        let damaged = self
+            .walk_log(|_, _| {
+                n += 1;
+                Ok(())
+            })
+            .unwrap_or(0);
+        (n, damaged)
+    }
+
+    fn rebuild_index(&self, r: &mut RecoveryReport) -> Result<()> {
+        r.rebuilt = true;
+        for b in 0..self.geo.index_buckets as usize {
+            let bk = self.bucket(b);
+            for e in &bk.entries {
+                e.store(0, Ordering::Relaxed);
+            }
+            let w = bk.word.load(Ordering::Relaxed);
+            bk.word.store(unlock_word(w & !0xFF), Ordering::Release);
+        }
+        r.damaged_segments += self.walk_log(|loc, h| {
+            let mut rr = RecoveryReport::default();
+            self.rebuild_insert(loc, h, &mut rr)?;
+            r.objects_indexed += rr.objects_indexed;
+            r.duplicates += rr.duplicates;
+            Ok(())
+        })?;
         Ok(())
     }
 

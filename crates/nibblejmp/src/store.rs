@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 use crate::layout::*;
 use crate::proc_id::{self, RECLAIM_BIT};
 use crate::recovery::RecoveryReport;
+use crate::testing::{point, CrashPoint};
 
 /// Default share of the capacity given to the index, in permille (as
 /// `nibble`'s 6.2 %).
@@ -916,6 +917,7 @@ impl Inner {
                 let s = cur as usize - 1;
                 let loc = s as u64 * self.geo.seg_bytes + off + 1;
                 self.write_object(loc, key, value, hdr);
+                point(CrashPoint::AppendMidCopy);
                 head.off.store(off + size, Ordering::Release);
                 self.seg(s).used.store(off + size, Ordering::Release);
                 self.unlock_head(h);
@@ -927,6 +929,7 @@ impl Inner {
             }
             match self.claim_segment(h as u64, false) {
                 Some(s) => {
+                    point(CrashPoint::SegmentClaimed);
                     head.off.store(0, Ordering::Relaxed);
                     head.seg.store(s as u64 + 1, Ordering::Release);
                 }
@@ -1073,6 +1076,7 @@ impl Inner {
             }
         };
         self.set_intent(&op, INTENT_PUT, b0, b1, 0, loc);
+        point(CrashPoint::PutAppended);
         if let Err(e) = self.lock_pair(&op, b0, b1) {
             self.mark(loc, OBJ_DEAD);
             return Err(e);
@@ -1096,7 +1100,9 @@ impl Inner {
                 }
             },
         };
+        point(CrashPoint::PutEntryStored);
         self.mark(loc, OBJ_COMMITTED);
+        point(CrashPoint::PutCommitted);
         self.add_live(loc, size);
         if let Some(old) = old {
             self.mark(old, OBJ_DEAD);
@@ -1134,6 +1140,7 @@ impl Inner {
         if let Some((b, i, old)) = found {
             self.set_intent_old(&op, old);
             self.bucket(b).entries[i].store(0, Ordering::Release);
+            point(CrashPoint::DeleteEntryCleared);
             self.mark(old, OBJ_DEAD);
             if let Some(oh) = self.obj_header(old) {
                 self.sub_live(
@@ -1581,6 +1588,14 @@ impl SharedStore {
     /// holds the lease.
     pub fn compact_now(&self) -> Result<u64> {
         self.inner.compact_forced()
+    }
+
+    /// Reclaim the epoch slots of dead processes now (resolving their
+    /// in-flight bucket updates and releasing their locks); otherwise this
+    /// happens when someone waits on such a lock or needs the epoch to
+    /// advance. Returns the number of slots reclaimed.
+    pub fn reclaim_dead(&self) -> u64 {
+        self.inner.reclaim_dead_slots()
     }
 
     /// Statistics.
