@@ -225,8 +225,8 @@ impl Inner {
             }
         }
         ve.live.store(0, Ordering::Relaxed);
-        std::sync::atomic::fence(Ordering::SeqCst);
-        ve.stamp.store(topology::rdtsc(), Ordering::Release);
+        ve.stamp
+            .store(crate::store::ordered_stamp(), Ordering::Release);
         ve.state.store(SEG_RETIRED, Ordering::Release);
         self.hdr().compactions.fetch_add(1, Ordering::Relaxed);
         self.meta().lease.passes.fetch_add(1, Ordering::Relaxed);

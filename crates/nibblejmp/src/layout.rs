@@ -1,7 +1,7 @@
 //! What lies in the three segments, byte for byte.
 //!
 //! ```text
-//!  meta  │ MetaHeader │ Lease │ Slot × 128 (epoch table) │ Head × 64 │ SegEntry × log_segments │
+//!  meta  │ MetaHeader │ Lease │ Slot × 252 (epoch table) │ Head × 64 │ SegEntry × log_segments │
 //!  index │ Bucket × index_buckets (128 B each: lock/version word + 15 entries)                  │
 //!  log   │ segment 0 │ segment 1 │ …  (each `seg_bytes`, a run of 64 KiB blocks)               │
 //! ```
@@ -41,10 +41,10 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"NIBJMP\0\x01");
 pub const LAYOUT_VERSION: u64 = 1;
 /// Log block size; a log segment is a whole number of blocks.
 pub const BLOCK_BYTES: u64 = 64 << 10;
-/// Epoch-table slots (each process claims a few; at most 128 concurrent
-/// threads inside operations across all processes). Must fit the 8-bit
-/// holder field of lock words.
-pub const EPOCH_SLOTS: usize = 128;
+/// Epoch-table slots (each process claims up to 4; at most 252 threads
+/// inside operations at once across all processes, 63 processes with 4
+/// each). Must fit the 8-bit holder field of lock words (slot + 1 < 256).
+pub const EPOCH_SLOTS: usize = 252;
 /// Most log heads a store can have.
 pub const MAX_HEADS: usize = 64;
 /// Entries per bucket: 15 × 8 + the 8-byte lock/version word = 128 bytes.

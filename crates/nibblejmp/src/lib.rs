@@ -24,7 +24,7 @@
 //! |---|---|---|
 //! | buddy-allocated 64 KiB blocks, segment = block list | log segment = a fixed run of 64 KiB blocks in the log segment file; allocation = CAS on the segment table's state word | no allocator heap state to corrupt; a segment claimed by a process that dies before linking it is found by state (OPEN, no head names it) |
 //! | `index::bucket::Bucket` seqlock, `lock()` waits forever | same 128-byte layout (version word + 15 entries of 16-bit tag / 48-bit location); the version word is `seq << 8 \| holder slot + 1` | nibble's `lock` cannot time out and does not record who holds it, so a lock held by a dead process could never be broken; readers here need no validation (below) |
-//! | `epoch` crate: per-thread slots, TLS destructors | 128 slots in the meta segment, claimed per process (pid + start time), a few per process, one thread per slot at a time | TLS destructors would touch unmapped memory after `close`; a dead process's slots must be recognisable |
+//! | `epoch` crate: per-thread slots, TLS destructors | 252 slots in the meta segment, claimed per process (pid + start time), up to 4 per process, one thread per slot at a time | TLS destructors would touch unmapped memory after `close`; a dead process's slots must be recognisable |
 //! | per-node compaction workers | one compactor in one process at a time, under a lease with takeover | two processes compacting the same segment would duplicate objects |
 //! | index grows in place | fixed capacity at creation (6.2 % of capacity) | growth would need a cross-process resize protocol with a breakable whole-table lock; left for later |
 //!

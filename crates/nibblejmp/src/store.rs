@@ -41,7 +41,7 @@ pub const RESERVE_PERMILLE: u64 = 30;
 pub const MIN_RESERVE_SEGMENTS: u64 = 2;
 /// Epoch slots a process claims at attach (one per thread inside an
 /// operation; more threads wait for a slot).
-pub const MAX_LOCAL_SLOTS: usize = 8;
+pub const MAX_LOCAL_SLOTS: usize = 4;
 /// Spins on a held lock before checking whether its holder is alive, and
 /// between checks.
 const SPINS_BETWEEN_LIVENESS_CHECKS: u32 = 512;
@@ -900,8 +900,7 @@ impl Inner {
 
     pub(crate) fn close_segment(&self, s: usize) {
         let e = self.seg(s);
-        fence(Ordering::SeqCst);
-        e.stamp.store(topology::rdtsc(), Ordering::Release);
+        e.stamp.store(ordered_stamp(), Ordering::Release);
         e.state.store(SEG_CLOSED, Ordering::Release);
     }
 
@@ -1062,7 +1061,11 @@ impl Inner {
                     // being reused: leave the epoch while waiting.
                     op.unpin();
                     let progress = self.make_space();
-                    if !progress && Instant::now() >= deadline {
+                    // Out of memory when compaction made no room in
+                    // time, or when others kept taking the room it made
+                    // for ten times as long.
+                    let now = Instant::now();
+                    if (!progress && now >= deadline) || now >= deadline + self.opts.oom_wait * 10 {
                         return Err(Error::OutOfMemory {
                             live_bytes: self.live_bytes(),
                             capacity_bytes: self.geo.capacity_bytes,
@@ -1194,6 +1197,21 @@ impl Inner {
             b += BUCKETS_PER_PIN;
         }
     }
+}
+
+/// A TSC stamp taken after every earlier load and store is globally
+/// visible: `MFENCE; LFENCE; RDTSC` (Intel SDM; the sequence
+/// `epoch::TscClock::stamp_ordered` uses). A plain RDTSC may execute before
+/// the index updates a retirement or close stamp must follow.
+pub(crate) fn ordered_stamp() -> u64 {
+    fence(Ordering::SeqCst);
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: LFENCE exists on every x86-64 processor (SSE2), touches no
+    // memory or registers and leaves the flags alone.
+    unsafe {
+        core::arch::asm!("lfence", options(nostack, preserves_flags));
+    }
+    topology::rdtsc().max(1)
 }
 
 /// Whether a slot owner word names a dead process (or a dead reclaimer).
@@ -1673,7 +1691,9 @@ impl SharedStore {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let lock = AttachLock::take(&i.dir)?;
+        // Without the lock file (the directory was removed under us) the
+        // slots are still given back; only the clean mark needs the lock.
+        let lock = AttachLock::take(&i.dir);
         i.release_lease();
         // Wait for this process's operations to finish, then free slots.
         for l in &i.local {
@@ -1689,6 +1709,7 @@ impl SharedStore {
             s.intent_kind.store(INTENT_NONE, Ordering::Relaxed);
             s.owner.store(0, Ordering::Release);
         }
+        let lock = lock?;
         if !i.others_alive() {
             // On a disk directory the files must reach the disk before the
             // store is called clean (a no-op cost on tmpfs).
