@@ -266,3 +266,28 @@ proptest! {
         s.close().unwrap();
     }
 }
+
+#[test]
+fn threads_of_one_process_share_the_slots() {
+    let d = TempDir::new("threads");
+    let s = SharedStore::create(&d.0, 16 << 20, &Options::default()).unwrap();
+    // More threads than the process has epoch slots (at most 4).
+    std::thread::scope(|sc| {
+        for t in 0..6u32 {
+            let s = &s;
+            sc.spawn(move || {
+                for i in 0..3000u32 {
+                    let k = format!("t{t}-{}", i % 50);
+                    let v = format!("{t}:{i}");
+                    s.put(k.as_bytes(), v.as_bytes()).unwrap();
+                    assert_eq!(s.get(k.as_bytes()).unwrap().as_deref(), Some(v.as_bytes()));
+                    if i % 5 == 0 {
+                        assert!(s.delete(k.as_bytes()).unwrap());
+                    }
+                }
+            });
+        }
+    });
+    assert!(s.keys().unwrap().len() <= 6 * 50);
+    s.close().unwrap();
+}
