@@ -5,7 +5,16 @@
 //!
 //! Each cell runs `runs` times; a row reports the median and the spread
 //! ((max - min) / median). `pairs_per_sec` counts inc+dec pairs, summed
-//! over threads. Threads are pinned to the allowed CPUs in turn.
+//! over threads. Threads are pinned to the allowed CPUs in turn. The runs
+//! of one thread count are interleaved (run 1 of every scheme, then run 2
+//! of every scheme, ...), so that a change in machine load between runs
+//! affects every scheme alike and the ratios stay comparable.
+//!
+//! The loop calls the schemes' real `inc` and `dec`; the handle passes
+//! through [`core::hint::black_box`] before each pair, so the compiler
+//! cannot keep the object's address or a scheme's per-thread state in
+//! registers across pairs, fold an `inc` into the following `dec`, or
+//! hoist anything out of the loop.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
@@ -124,6 +133,7 @@ fn measure<C: RefCounter>(counter: &C, threads: usize, secs: f64) -> f64 {
                 let mut pairs = 0;
                 while !stop.load(Ordering::Relaxed) {
                     for _ in 0..BATCH_PAIRS {
+                        let handle = std::hint::black_box(&mut handle);
                         handle.inc();
                         handle.dec();
                     }
@@ -161,15 +171,20 @@ fn cell(kind: CounterKind, threads: usize, secs: f64) -> (f64, usize) {
 /// Runs every cell, calling `row` as each finishes (for progress output).
 pub fn run(options: &Options, mut row: impl FnMut(&Row)) -> Vec<Row> {
     let mut rows = Vec::new();
+    let runs = options.runs.max(1);
     for &threads in &options.threads {
-        for &kind in &options.kinds {
-            let mut rates = Vec::new();
-            let mut bytes = 0;
-            for _ in 0..options.runs.max(1) {
+        // rates[k]: the runs of scheme k, measured round-robin.
+        let mut rates: Vec<Vec<f64>> = std::vec![Vec::new(); options.kinds.len()];
+        let mut bytes = std::vec![0; options.kinds.len()];
+        for _ in 0..runs {
+            for (k, &kind) in options.kinds.iter().enumerate() {
                 let (rate, b) = cell(kind, threads, options.secs);
-                rates.push(rate);
-                bytes = b;
+                rates[k].push(rate);
+                bytes[k] = b;
             }
+        }
+        for (k, &kind) in options.kinds.iter().enumerate() {
+            let rates = &mut rates[k];
             rates.sort_by(f64::total_cmp);
             let median = rates[rates.len() / 2];
             let r = Row {
@@ -178,7 +193,7 @@ pub fn run(options: &Options, mut row: impl FnMut(&Row)) -> Vec<Row> {
                 pairs_per_sec: median,
                 spread_pct: (rates[rates.len() - 1] - rates[0]) / median * 100.0,
                 runs: rates.len(),
-                bytes_per_object: bytes,
+                bytes_per_object: bytes[k],
             };
             row(&r);
             rows.push(r);

@@ -49,13 +49,23 @@
 //! its `Local`; the kernel has the same rule ("each core calls flush
 //! periodically"), enforced there by the timer interrupt.
 //!
+//! The fast path. An `inc` or `dec` whose object already owns its slot,
+//! in a thread that has flushed since the current epoch began and whose
+//! tick countdown has not run out, is: hash the address to a slot of the
+//! thread's cache (a raw pointer and a mask kept in [`Local`], no lock
+//! guard or `Vec` in between), compare the slot's object, read the global
+//! epoch and compare it with a private copy of this cache's flush epoch,
+//! add the delta, count down. About 20 instructions on memory no other
+//! thread writes, inlined into the caller; everything else (a conflict, an
+//! epoch to flush, a tick) goes to an out-of-line cold path.
+//!
 //! Epoch ticks come from [`Refcache::tick`], called by a background ticker
 //! (`Ticker`, with `std`), by operations every
 //! [`Config::ops_per_tick`] operations, or by hand.
 
 use alloc::boxed::Box;
 use alloc::vec::Vec;
-use core::cell::UnsafeCell;
+use core::cell::{Cell, UnsafeCell};
 use core::fmt;
 use core::marker::PhantomData;
 use core::ops::Deref;
@@ -157,6 +167,7 @@ impl HeaderPtr {
         unsafe { self.0.as_ref() }
     }
 
+    #[inline(always)]
     fn slot_index(self, mask: usize) -> usize {
         // Objects are at least 8-aligned; mix the upper bits in.
         let address = self.0.as_ptr() as usize >> 4;
@@ -175,8 +186,61 @@ const EMPTY_ENTRY: Entry = Entry {
     delta: 0,
 };
 
+/// A thread's direct-mapped delta cache: a power-of-two array of entries
+/// reached through a raw pointer, so that the owning [`Local`] can keep a
+/// copy of the pointer for its fast path without borrowing the cache's
+/// lock guard on every operation. Entries are touched only by whoever holds
+/// the core's lock (the registered `Local`, or a ticker flushing an
+/// unregistered core), one short-lived `&mut Entry` at a time.
+struct DeltaCache {
+    /// `len` entries from `Box::into_raw`; dangling when `len == 0`.
+    slots: NonNull<Entry>,
+    len: usize,
+}
+
+// SAFETY: the cache owns its entries (like the `Box` it was made from);
+// moving it to another thread moves them. `Entry` is `Send`.
+unsafe impl Send for DeltaCache {}
+
+impl DeltaCache {
+    const EMPTY: DeltaCache = DeltaCache {
+        slots: NonNull::dangling(),
+        len: 0,
+    };
+
+    fn new(len: usize) -> DeltaCache {
+        let boxed: Box<[Entry]> = alloc::vec![EMPTY_ENTRY; len].into_boxed_slice();
+        let slots = NonNull::from(Box::leak(boxed)).cast::<Entry>();
+        DeltaCache { slots, len }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Entry `index`, for as long as `self` is borrowed mutably.
+    fn entry(&mut self, index: usize) -> &mut Entry {
+        assert!(index < self.len);
+        // SAFETY: in bounds (checked); `&mut self` means the caller holds
+        // the core's lock and no other reference to the entry is live
+        // (the fast path's references end before it returns).
+        unsafe { &mut *self.slots.as_ptr().add(index) }
+    }
+}
+
+impl Drop for DeltaCache {
+    fn drop(&mut self) {
+        if self.len != 0 {
+            let slice = core::ptr::slice_from_raw_parts_mut(self.slots.as_ptr(), self.len);
+            // SAFETY: `slots` and `len` came from `Box::leak` of a boxed
+            // slice of exactly `len` entries in `new`, dropped only here.
+            drop(unsafe { Box::from_raw(slice) });
+        }
+    }
+}
+
 struct CoreState {
-    cache: Vec<Entry>,
+    cache: DeltaCache,
     review: Vec<(HeaderPtr, u64)>,
 }
 
@@ -227,7 +291,7 @@ impl Refcache {
             .map(|_| {
                 CachePadded::new(Core {
                     state: Mutex::new(CoreState {
-                        cache: Vec::new(),
+                        cache: DeltaCache::EMPTY,
                         review: Vec::new(),
                     }),
                     epoch: AtomicU64::new(0),
@@ -313,23 +377,36 @@ impl Refcache {
         // A ticker may be flushing the (empty) fresh cache: wait for it.
         let mut state = self.cores[index].state.lock();
         if state.cache.is_empty() {
-            state.cache = alloc::vec![EMPTY_ENTRY; self.config.cache_slots];
+            state.cache = DeltaCache::new(self.config.cache_slots);
         }
         Some(self.local(index, state))
     }
 
     fn local<'d>(&'d self, index: usize, state: MutexGuard<'d, CoreState>) -> Local<'d> {
         let core = &self.cores[index];
-        let until_tick = self.config.ops_per_tick;
+        let slots = state.cache.slots;
+        let mask = state.cache.len - 1;
         Local {
             domain: self,
             core,
             index,
-            state: UnsafeCell::new(LocalState {
-                guard: state,
-                until_tick,
-            }),
+            slots,
+            mask,
+            // Only this thread flushes its cache while it is registered,
+            // so a private copy of the core's epoch stays exact.
+            flushed_epoch: Cell::new(core.epoch.load(Ordering::Acquire)),
+            until_tick: Cell::new(self.ops_until_tick()),
+            guard: UnsafeCell::new(state),
             _not_send: PhantomData,
+        }
+    }
+
+    /// A thread's operation count between ticks; `u64::MAX` (never, in
+    /// practice) when operations do not tick.
+    fn ops_until_tick(&self) -> u64 {
+        match self.config.ops_per_tick {
+            0 => u64::MAX,
+            ops => ops,
         }
     }
 
@@ -395,10 +472,11 @@ impl Refcache {
     /// `epoch`, read before the first eviction.
     fn flush_locked(&self, core: &Core, state: &mut CoreState, epoch: u64) {
         let CoreState { cache, review, .. } = state;
-        for entry in cache.iter_mut() {
+        for index in 0..cache.len {
+            let entry = cache.entry(index);
             if let Some(object) = entry.object.take() {
-                self.evict(object, entry.delta, review);
-                entry.delta = 0;
+                let delta = core::mem::take(&mut entry.delta);
+                self.evict(object, delta, review);
             }
         }
         core.epoch.store(epoch, Ordering::Release);
@@ -489,15 +567,21 @@ pub struct Local<'d> {
     domain: &'d Refcache,
     core: &'d Core,
     index: usize,
-    /// Touched only through [`Local::with_state`].
-    state: UnsafeCell<LocalState<'d>>,
-    _not_send: PhantomData<*const ()>,
-}
-
-struct LocalState<'d> {
-    guard: MutexGuard<'d, CoreState>,
+    /// This thread's delta cache (the entries of `guard`'s `DeltaCache`,
+    /// which never moves or changes size while the guard is held) and its
+    /// index mask: the fast path reads them without touching the guard.
+    slots: NonNull<Entry>,
+    mask: usize,
+    /// The epoch of this cache's last flush: an exact copy of
+    /// `core.epoch`, which nobody else writes while this thread holds the
+    /// cache.
+    flushed_epoch: Cell<u64>,
     /// Operations left before this thread calls `tick`.
-    until_tick: u64,
+    until_tick: Cell<u64>,
+    /// The core's lock, held for the whole registration. Touched only
+    /// through [`Local::with_state`].
+    guard: UnsafeCell<MutexGuard<'d, CoreState>>,
+    _not_send: PhantomData<*const ()>,
 }
 
 impl fmt::Debug for Local<'_> {
@@ -604,8 +688,9 @@ impl<'d> Local<'d> {
         let epoch = self.domain.global_epoch.load(Ordering::Acquire);
         let mut frees = FreeList::new();
         self.with_state(|state| {
-            self.domain.flush_locked(self.core, &mut state.guard, epoch);
-            self.domain.review_locked(&mut state.guard, &mut frees);
+            self.domain.flush_locked(self.core, state, epoch);
+            self.flushed_epoch.set(epoch);
+            self.domain.review_locked(state, &mut frees);
         });
         self.domain.free_all(frees);
         self.domain.tick();
@@ -615,14 +700,47 @@ impl<'d> Local<'d> {
     /// into `with_state` (nothing in this module does: user code, the
     /// destructors of freed objects, runs only after it returns).
     #[inline]
-    fn with_state<R>(&self, body: impl FnOnce(&mut LocalState<'d>) -> R) -> R {
+    fn with_state<R>(&self, body: impl FnOnce(&mut CoreState) -> R) -> R {
         // SAFETY: `Local` is neither `Send` nor `Sync`, so only the thread
         // that registered it gets here, and `body` does not re-enter: this
-        // is the only reference to the state while it runs.
-        body(unsafe { &mut *self.state.get() })
+        // is the only reference to the guard while it runs.
+        body(unsafe { &mut *self.guard.get() })
     }
 
+    /// `inc`/`dec` of Figure 2: the fast path. When the object already
+    /// owns its slot, no epoch has ended since this cache was flushed and
+    /// it is not this thread's turn to tick, the whole operation is one
+    /// add to a thread-private word; everything else is
+    /// [`apply_slow`](Local::apply_slow).
+    #[inline(always)]
     fn apply(&self, object: HeaderPtr, delta: i64) {
+        let entry = self.slot(object);
+        let until_tick = self.until_tick.get();
+        let epoch = self.domain.global_epoch.load(Ordering::Acquire);
+        // SAFETY: `slot` is in bounds of this thread's cache, which it
+        // holds the lock of; no other reference to the entry is live (the
+        // slow path's end before it returns, and nothing here re-enters).
+        let hit = unsafe { (*entry).object } == Some(object);
+        if hit && until_tick > 1 && epoch == self.flushed_epoch.get() {
+            // SAFETY: as above.
+            unsafe { (*entry).delta += delta };
+            self.until_tick.set(until_tick - 1);
+            return;
+        }
+        self.apply_slow(object, delta);
+    }
+
+    /// The entry `object` maps to in this thread's cache.
+    #[inline(always)]
+    fn slot(&self, object: HeaderPtr) -> *mut Entry {
+        // SAFETY: `slot_index` is masked by `mask = len - 1`, so the
+        // offset is within the `len` entries `slots` points to.
+        unsafe { self.slots.as_ptr().add(object.slot_index(self.mask)) }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn apply_slow(&self, object: HeaderPtr, delta: i64) {
         let (tick, frees) = self.with_state(|state| self.apply_locked(state, object, delta));
         if let Some(frees) = frees {
             self.domain.free_all(frees);
@@ -637,44 +755,43 @@ impl<'d> Local<'d> {
     /// this cache was last flushed. Returns whether to tick and what to
     /// free, both for after the state borrow ends (a destructor may drop
     /// references through this same `Local`).
-    #[inline]
     fn apply_locked(
         &self,
-        state: &mut LocalState<'d>,
+        state: &mut CoreState,
         object: HeaderPtr,
         delta: i64,
     ) -> (bool, Option<FreeList>) {
-        let core_state = &mut *state.guard;
-        let mask = core_state.cache.len() - 1;
-        let entry = &mut core_state.cache[object.slot_index(mask)];
+        let index = object.slot_index(self.mask);
+        let entry = state.cache.entry(index);
         if entry.object != Some(object) {
             if let Some(victim) = entry.object {
                 let victim_delta = entry.delta;
-                self.domain
-                    .evict(victim, victim_delta, &mut core_state.review);
+                self.domain.evict(victim, victim_delta, &mut state.review);
             }
-            let entry = &mut core_state.cache[object.slot_index(mask)];
-            *entry = Entry {
+            *state.cache.entry(index) = Entry {
                 object: Some(object),
                 delta: 0,
             };
         }
-        core_state.cache[object.slot_index(mask)].delta += delta;
+        state.cache.entry(index).delta += delta;
         let mut tick = false;
-        if state.until_tick != 0 {
-            state.until_tick -= 1;
-            if state.until_tick == 0 {
-                state.until_tick = self.domain.config.ops_per_tick;
+        if self.domain.config.ops_per_tick != 0 {
+            let until_tick = self.until_tick.get() - 1;
+            if until_tick == 0 {
+                self.until_tick.set(self.domain.ops_until_tick());
                 tick = true;
+            } else {
+                self.until_tick.set(until_tick);
             }
         }
         let epoch = self.domain.global_epoch.load(Ordering::Acquire);
-        if self.core.epoch.load(Ordering::Relaxed) >= epoch {
+        if self.flushed_epoch.get() >= epoch {
             return (tick, None);
         }
         let mut frees = FreeList::new();
-        self.domain.flush_locked(self.core, &mut state.guard, epoch);
-        self.domain.review_locked(&mut state.guard, &mut frees);
+        self.domain.flush_locked(self.core, state, epoch);
+        self.flushed_epoch.set(epoch);
+        self.domain.review_locked(state, &mut frees);
         (tick, Some(frees))
     }
 }
