@@ -27,7 +27,11 @@
 //!    operation in flight (so no append into it is still unpublished).
 //! 3. For each object that is committed, not dead, and still named by the
 //!    index: lock its buckets, copy it into the compactor's open segment,
-//!    swap the index entry, commit the copy, mark the original dead.
+//!    swap the index entry, commit the copy, mark the original dead. An
+//!    object whose expiry has passed is not copied: its entry is cleared
+//!    (a delete). Segments whose earliest expiry (`min_expiry_ms`) has
+//!    passed are picked first, so expired data is reclaimed even in
+//!    segments whose live-byte count looks full.
 //! 4. Retire the victim with a TSC stamp.
 //!
 //! Segments are a fixed size here (not sized to their live data as in
@@ -151,10 +155,13 @@ impl Inner {
             < self.geo.log_segments * self.opts.compaction_trigger_permille as u64
     }
 
-    /// The best victim by cost-benefit, if any is worth it.
+    /// The best victim by cost-benefit, if any is worth it. A segment
+    /// whose earliest expiry has passed is a candidate however live it
+    /// looks (its live bytes count expired objects), ahead of the others.
     fn pick_victim(&self) -> Option<usize> {
         let min = self.min_epoch();
         let now = topology::rdtsc();
+        let now_ms = nibble::object::now_ms();
         let mut best: Option<(f64, usize)> = None;
         for s in 0..self.geo.log_segments as usize {
             let e = self.seg(s);
@@ -166,12 +173,18 @@ impl Inner {
                 continue; // an append into it may still be unpublished
             }
             let live = e.live.load(Ordering::Relaxed).min(self.geo.seg_bytes);
-            if live * 1000 >= self.geo.seg_bytes * MAX_VICTIM_LIVE_PERMILLE {
+            let exp = e.min_expiry_ms.load(Ordering::Relaxed);
+            let expired = exp != 0 && exp <= now_ms;
+            if !expired && live * 1000 >= self.geo.seg_bytes * MAX_VICTIM_LIVE_PERMILLE {
                 continue;
             }
             let u = live as f64 / self.geo.seg_bytes as f64;
             let age = now.saturating_sub(stamp) as f64 + 1.0;
-            let score = (1.0 - u) * age / (1.0 + u);
+            let score = if expired {
+                f64::INFINITY
+            } else {
+                (1.0 - u) * age / (1.0 + u)
+            };
             if best.is_none_or(|(b, _)| score > b) {
                 best = Some((score, s));
             }
@@ -216,7 +229,12 @@ impl Inner {
             if st & OBJ_COMMITTED == 0 || st & OBJ_DEAD != 0 {
                 continue;
             }
-            match self.move_object(loc, size, &h, dest) {
+            let moved = if h.expired() {
+                self.drop_expired(loc, &h)
+            } else {
+                self.move_object(loc, size, &h, dest)
+            };
+            match moved {
                 Ok(()) => {}
                 Err(p) => {
                     ve.state.store(SEG_CLOSED, Ordering::Release);
@@ -235,6 +253,37 @@ impl Inner {
             .heartbeat_ms
             .store(nibble::object::now_ms(), Ordering::Relaxed);
         Pass::Compacted
+    }
+
+    /// Remove an expired object from the index (a delete under the key's
+    /// bucket locks, with a DEL intent, so a death halfway is resolved like
+    /// any delete's) instead of moving it.
+    fn drop_expired(&self, loc: u64, h: &nibble::object::Header) -> std::result::Result<(), Pass> {
+        let key = self.obj_key(loc, h);
+        let (b0, b1, _) = self.buckets_of(nibble::hash_key(key));
+        let op = self.begin();
+        self.set_intent(&op, INTENT_DEL, b0, b1, loc, 0);
+        if self.lock_pair(&op, b0, b1).is_err() {
+            return Err(Pass::Busy);
+        }
+        let found = [b0, b1].into_iter().find_map(|b| {
+            self.bucket(b)
+                .entries
+                .iter()
+                .position(|e| {
+                    let e = e.load(Ordering::Acquire);
+                    e != 0 && e & LOC_MASK == loc
+                })
+                .map(|i| (b, i))
+        });
+        if let Some((b, i)) = found {
+            self.bucket(b).entries[i].store(0, Ordering::Release);
+            self.mark(loc, OBJ_DEAD);
+            self.count_items(&op, -1);
+            self.hdr().expired_reclaimed.fetch_add(1, Ordering::Relaxed);
+        }
+        self.unlock_pair(b0, b1);
+        Ok(())
     }
 
     /// Move one live object into the destination segment.
@@ -299,6 +348,7 @@ impl Inner {
         self.mark(new, OBJ_COMMITTED);
         self.mark(loc, OBJ_DEAD);
         de.live.fetch_add(size, Ordering::Relaxed);
+        self.note_expiry(new, h.expiry_ms);
         self.unlock_pair(b0, b1);
         Ok(())
     }

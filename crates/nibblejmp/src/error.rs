@@ -42,6 +42,13 @@ pub enum Error {
         live_bytes: u64,
         capacity_bytes: u64,
     },
+    /// Conditional write (`IfAbsent`): the key exists.
+    KeyExists,
+    /// Conditional write or delete (`IfPresent`, `IfVersion`): the key does
+    /// not exist (or has expired).
+    KeyNotFound,
+    /// Compare-and-swap (`IfVersion`): the key has another version.
+    VersionMismatch { current: u64 },
     /// Both buckets of the key's neighbourhood are full (the index has a
     /// fixed capacity chosen at creation).
     IndexFull,
@@ -101,6 +108,11 @@ impl fmt::Display for Error {
                 f,
                 "out of memory: {live_bytes} live bytes in a store of {capacity_bytes} bytes and compaction freed nothing in time; delete keys to make room"
             ),
+            Error::KeyExists => write!(f, "key exists"),
+            Error::KeyNotFound => write!(f, "key not found"),
+            Error::VersionMismatch { current } => {
+                write!(f, "version mismatch (current version {current})")
+            }
             Error::IndexFull => write!(f, "the index neighbourhood of this key is full"),
             Error::Busy(s) => write!(f, "busy: {s}"),
             Error::Closed => write!(f, "the store is closed"),
@@ -126,5 +138,24 @@ impl std::error::Error for Error {
 impl From<spacejmp::Error> for Error {
     fn from(e: spacejmp::Error) -> Self {
         Error::Jmp(e)
+    }
+}
+
+/// The engine-neutral view for code written against `nibble::Store` (the
+/// server): conditional-write outcomes and limits map onto nibble's
+/// variants of the same meaning; the rest (lock waits, damage, I/O) has no
+/// counterpart there and becomes `nibble::Error::Io` with the message.
+impl From<Error> for nibble::Error {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::KeyExists => nibble::Error::Exists,
+            Error::KeyNotFound => nibble::Error::NotFound,
+            Error::VersionMismatch { current } => nibble::Error::VersionMismatch { current },
+            Error::KeyTooLarge { len, .. } => nibble::Error::BadKey { len },
+            Error::ValueTooLarge { len, max } => nibble::Error::ValueTooLarge { len, max },
+            Error::OutOfMemory { .. } => nibble::Error::OutOfMemory { what: "log" },
+            Error::IndexFull => nibble::Error::OutOfMemory { what: "index" },
+            e => nibble::Error::Io(std::io::Error::other(e.to_string())),
+        }
     }
 }

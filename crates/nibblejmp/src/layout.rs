@@ -1,7 +1,7 @@
 //! What lies in the three segments, byte for byte.
 //!
 //! ```text
-//!  meta  │ MetaHeader │ Lease │ Slot × 252 (epoch table) │ Head × 64 │ SegEntry × log_segments │
+//!  meta  │ MetaHeader │ Lease │ Slot × 252 (epoch table) │ Head × 64 │ CountStripe × 16 │ SegEntry × log_segments │
 //!  index │ Bucket × index_buckets (128 B each: lock/version word + 15 entries)                  │
 //!  log   │ segment 0 │ segment 1 │ …  (each `seg_bytes`, a run of 64 KiB blocks)               │
 //! ```
@@ -37,8 +37,9 @@ use std::sync::atomic::AtomicU64;
 
 /// `"NIBJMP\0\x01"`: the meta segment's magic.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"NIBJMP\0\x01");
-/// Layout version; bumped on any change to this file.
-pub const LAYOUT_VERSION: u64 = 1;
+/// Layout version; bumped on any change to this file (2: per-segment
+/// earliest expiry, striped item counters, expired-reclaim counter).
+pub const LAYOUT_VERSION: u64 = 2;
 /// Log block size; a log segment is a whole number of blocks.
 pub const BLOCK_BYTES: u64 = 64 << 10;
 /// Epoch-table slots (each process claims up to 4; at most 252 threads
@@ -55,6 +56,9 @@ pub const BUCKET_BYTES: u64 = 128;
 pub const LOC_BITS: u32 = 48;
 /// Mask of the location bits.
 pub const LOC_MASK: u64 = (1 << LOC_BITS) - 1;
+/// Stripes of the item counter (one cache line each; an operation adds to
+/// the stripe of its epoch slot, so processes rarely share a line).
+pub const COUNT_STRIPES: usize = 16;
 
 /// High half of every object's state word ("NJOB").
 pub const OBJ_MAGIC: u64 = 0x4E4A_4F42 << 32;
@@ -121,6 +125,8 @@ pub struct MetaHeader {
     pub lease_takeovers: AtomicU64,
     /// Where the next free-segment search starts.
     pub alloc_hint: AtomicU64,
+    /// Expired objects removed by compaction.
+    pub expired_reclaimed: AtomicU64,
 }
 
 /// The compaction lease: one process at a time compacts.
@@ -179,6 +185,18 @@ pub struct SegEntry {
     /// TSC when closed (for the age in the cost-benefit score) or retired
     /// (the epoch stamp).
     pub stamp: AtomicU64,
+    /// Earliest expiry (Unix ms) of an object written into the segment, 0
+    /// if none: once it has passed, the segment is a compaction candidate
+    /// however live it looks, so expired objects are reclaimed.
+    pub min_expiry_ms: AtomicU64,
+}
+
+/// One stripe of the item counter: index entries added minus removed
+/// (wrapping; the sum over the stripes is the number of keys). Exact while
+/// no process dies inside an insert or delete; recovery recounts it.
+#[repr(C, align(64))]
+pub struct CountStripe {
+    pub items: AtomicU64,
 }
 
 /// The meta segment's fixed part; the segment table follows it.
@@ -188,6 +206,7 @@ pub struct Meta {
     pub lease: Lease,
     pub slots: [Slot; EPOCH_SLOTS],
     pub heads: [Head; MAX_HEADS],
+    pub counts: [CountStripe; COUNT_STRIPES],
 }
 
 /// One index bucket (the layout of `nibble::index::bucket::Bucket<15>`).
@@ -203,7 +222,7 @@ const _: () = {
     assert!(core::mem::size_of::<Bucket>() == BUCKET_BYTES as usize);
     assert!(core::mem::size_of::<Slot>() == 64);
     assert!(core::mem::size_of::<Head>() == 64);
-    assert!(core::mem::size_of::<SegEntry>() == 32);
+    assert!(core::mem::size_of::<SegEntry>() == 40);
     assert!(EPOCH_SLOTS < 255);
 };
 

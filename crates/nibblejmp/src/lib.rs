@@ -161,5 +161,8 @@ pub mod store;
 pub mod testing;
 
 pub use error::{Error, Result};
+/// The write and metadata types are `nibble`'s own, so code written for
+/// `nibble::Store` (the server) drives a shared store the same way.
+pub use nibble::{Condition, Expiry, ItemMeta, PutOptions};
 pub use recovery::RecoveryReport;
 pub use store::{default_dir, Geometry, Options, SharedStore, Stats};

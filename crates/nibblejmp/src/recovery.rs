@@ -18,7 +18,12 @@
 //!    and each committed, not-dead object is indexed, the newest version
 //!    winning if a key appears twice (it cannot after the intents are
 //!    resolved; the check is a second line of defence);
-//! 4. recomputes the live-byte counters from the index.
+//! 4. recomputes the live-byte counters, each segment's earliest expiry
+//!    and the item counter from the index.
+//!
+//! Objects keep their whole nibble header (version, flags, expiry) in the
+//! log, so a rebuilt index serves the same items with the same metadata;
+//! expired objects stay invisible and compaction reclaims them.
 //!
 //! The log is the truth the rebuild relies on because every transition an
 //! object goes through is one atomic word in the object itself (COMMITTED,
@@ -281,10 +286,14 @@ impl Inner {
         }
     }
 
+    /// Live bytes and earliest expiry per segment, and the item counter,
+    /// from the index.
     fn recompute_live(&self) {
         for s in 0..self.geo.log_segments as usize {
             self.seg(s).live.store(0, Ordering::Relaxed);
+            self.seg(s).min_expiry_ms.store(0, Ordering::Relaxed);
         }
+        let mut items = 0u64;
         for b in 0..self.geo.index_buckets as usize {
             for e in &self.bucket(b).entries {
                 let e = e.load(Ordering::Acquire);
@@ -292,10 +301,16 @@ impl Inner {
                     continue;
                 }
                 let loc = e & LOC_MASK;
+                items += 1;
                 if let Some(h) = self.obj_header(loc) {
                     self.add_live(loc, object_bytes(h.key_len as usize, h.value_cap as usize));
+                    self.note_expiry(loc, h.expiry_ms);
                 }
             }
+        }
+        for (i, c) in self.meta().counts.iter().enumerate() {
+            c.items
+                .store(if i == 0 { items } else { 0 }, Ordering::Relaxed);
         }
     }
 }

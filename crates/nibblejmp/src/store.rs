@@ -17,6 +17,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nibble::object::{Header, HEADER_BYTES};
+use nibble::{Condition, Expiry, ItemMeta, PutOptions};
 use spacejmp::{Access, AttachOptions, Config, Jmp, SegOptions, VasHandle};
 
 use crate::error::{Error, Result};
@@ -47,6 +48,12 @@ pub const MAX_LOCAL_SLOTS: usize = 4;
 const SPINS_BETWEEN_LIVENESS_CHECKS: u32 = 512;
 /// Spins before a lock waiter starts yielding the CPU.
 const SPINS_BEFORE_YIELD: u32 = 64;
+/// Epoch slots a process may claim at most (`Options::epoch_slots`).
+pub const MAX_PROCESS_SLOTS: usize = 64;
+/// Attempts of `set_expiry` when the key keeps changing under it.
+const REEXPIRE_ATTEMPTS: u32 = 64;
+/// A scan step reads at most this many buckets per key asked for.
+const SCAN_BUCKETS_PER_KEY: u64 = 16;
 /// Name of the VAS and of the segments in the SpaceJMP registry.
 pub(crate) const VAS_NAME: &str = "nibblejmp";
 const SEG_META: &str = "meta";
@@ -86,6 +93,11 @@ pub struct Options {
     /// At attach: rebuild the index from the log even if it looks
     /// consistent (refused with `Busy` while other processes are attached).
     pub rebuild: bool,
+    /// Epoch slots this process claims (threads inside an operation at
+    /// once; more wait for a slot); default: CPUs, 2 to
+    /// [`MAX_LOCAL_SLOTS`]. A server with one worker per CPU asks for one
+    /// per worker plus one, up to [`MAX_PROCESS_SLOTS`].
+    pub epoch_slots: Option<usize>,
 }
 
 impl Default for Options {
@@ -99,6 +111,7 @@ impl Default for Options {
             oom_wait: Duration::from_millis(200),
             lock_wait: Duration::from_secs(5),
             rebuild: false,
+            epoch_slots: None,
         }
     }
 }
@@ -891,6 +904,7 @@ impl Inner {
             {
                 e.used.store(0, Ordering::Relaxed);
                 e.live.store(0, Ordering::Relaxed);
+                e.min_expiry_ms.store(0, Ordering::Relaxed);
                 e.stamp.store(0, Ordering::Release);
                 return Some(s);
             }
@@ -1032,7 +1046,22 @@ impl Inner {
         Ok(())
     }
 
-    pub(crate) fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
+    /// The general write (see [`SharedStore::put_with`]); returns the new
+    /// version.
+    pub(crate) fn put_with(&self, key: &[u8], value: &[u8], opts: PutOptions) -> Result<u64> {
+        let op = self.begin();
+        self.write(&op, key, value, Write::Put(opts))
+    }
+
+    /// Append `key` → `value` and swap it into the index under the key's
+    /// bucket locks, as the crate essay's `put` timeline. `what` decides,
+    /// under the locks, whether the write may happen (a put's condition, a
+    /// re-expiry's "still the object I copied") and which version, flags
+    /// and expiry the new object carries. Its header is rewritten before
+    /// the index store if the decision changed them: the object is not
+    /// published yet (uncommitted, in a segment no compactor may pick while
+    /// we are pinned), so nobody reads it.
+    pub(crate) fn write(&self, op: &Op<'_>, key: &[u8], value: &[u8], what: Write) -> Result<u64> {
         self.check_key(key)?;
         let size = object_bytes(key.len(), value.len());
         if size > self.geo.seg_bytes || value.len() > u32::MAX as usize {
@@ -1043,18 +1072,40 @@ impl Inner {
         }
         let hash = nibble::hash_key(key);
         let (b0, b1, tag) = self.buckets_of(hash);
-        let hdr = Header {
+        let (cond, flags, version, expiry) = match what {
+            Write::Put(o) => (
+                o.condition,
+                o.flags,
+                nibble::object::next_version(0),
+                match o.expiry {
+                    Expiry::At(t) => t.clamp(1, nibble::object::FIELD48_MASK),
+                    Expiry::Never | Expiry::Keep => 0,
+                },
+            ),
+            Write::Reexpire {
+                version,
+                flags,
+                expiry_ms,
+                ..
+            } => (Condition::Always, flags, version, expiry_ms),
+        };
+        if cond != Condition::Always {
+            // Cheap optimistic check first, so a failing condition does
+            // not leave a dead object in the log.
+            let cur = self.find_live(key, b0, b1, tag).map(|(_, h)| h);
+            check_condition(cond, cur.as_ref())?;
+        }
+        let mut hdr = Header {
             key_len: key.len() as u32,
             value_len: value.len() as u32,
             value_cap: value.len() as u32,
-            flags: 0,
-            version: nibble::object::next_version(0),
-            expiry_ms: 0,
+            flags,
+            version,
+            expiry_ms: expiry,
         };
-        let op = self.begin();
         let deadline = Instant::now() + self.opts.oom_wait;
         let loc = loop {
-            match self.append(&op, key, value, &hdr)? {
+            match self.append(op, key, value, &hdr)? {
                 Append::Done(loc) => break loc,
                 Append::NoSpace => {
                     // Holding our pin would keep retired segments from
@@ -1078,16 +1129,42 @@ impl Inner {
                 }
             }
         };
-        self.set_intent(&op, INTENT_PUT, b0, b1, 0, loc);
+        self.set_intent(op, INTENT_PUT, b0, b1, 0, loc);
         point(CrashPoint::PutAppended);
-        if let Err(e) = self.lock_pair(&op, b0, b1) {
+        if let Err(e) = self.lock_pair(op, b0, b1) {
             self.mark(loc, OBJ_DEAD);
             return Err(e);
         }
+        let found = self.find(key, b0, b1, tag);
+        let old_hdr = found.and_then(|(_, _, old)| self.obj_header(old));
+        let live_old = old_hdr.filter(|h| !h.expired());
+        let decided = match what {
+            Write::Put(o) => check_condition(o.condition, live_old.as_ref()).map(|()| {
+                if let Some(oh) = old_hdr {
+                    hdr.version = hdr.version.max(oh.version + 1) & nibble::object::FIELD48_MASK;
+                }
+                if o.expiry == Expiry::Keep {
+                    hdr.expiry_ms = live_old.map_or(0, |h| h.expiry_ms);
+                }
+            }),
+            Write::Reexpire { expect, .. } => match found {
+                Some((_, _, old)) if old == expect && live_old.is_some() => Ok(()),
+                // The key changed since it was copied: the caller retries.
+                _ => Err(Error::VersionMismatch { current: 0 }),
+            },
+        };
+        if let Err(e) = decided {
+            self.mark(loc, OBJ_DEAD);
+            self.unlock_pair(b0, b1);
+            return Err(e);
+        }
+        if hdr.version != version || hdr.expiry_ms != expiry {
+            self.rewrite_header(loc, &hdr);
+        }
         let entry = (tag << LOC_BITS) | loc;
-        let old = match self.find(key, b0, b1, tag) {
+        let old = match found {
             Some((b, i, old)) => {
-                self.set_intent_old(&op, old);
+                self.set_intent_old(op, old);
                 self.bucket(b).entries[i].store(entry, Ordering::Release);
                 Some(old)
             }
@@ -1107,53 +1184,213 @@ impl Inner {
         self.mark(loc, OBJ_COMMITTED);
         point(CrashPoint::PutCommitted);
         self.add_live(loc, size);
-        if let Some(old) = old {
-            self.mark(old, OBJ_DEAD);
-            if let Some(oh) = self.obj_header(old) {
-                self.sub_live(
-                    old,
-                    object_bytes(oh.key_len as usize, oh.value_cap as usize),
-                );
+        self.note_expiry(loc, hdr.expiry_ms);
+        match old {
+            Some(old) => {
+                self.mark(old, OBJ_DEAD);
+                if let Some(oh) = old_hdr {
+                    self.sub_live(
+                        old,
+                        object_bytes(oh.key_len as usize, oh.value_cap as usize),
+                    );
+                }
             }
+            None => self.count_items(op, 1),
         }
         self.unlock_pair(b0, b1);
-        Ok(())
+        Ok(hdr.version)
     }
 
-    pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+    /// Rewrite the header of an unpublished object this operation appended.
+    fn rewrite_header(&self, loc: u64, hdr: &Header) {
+        let hb = hdr.encode();
+        // SAFETY: `loc` names an object this operation appended and has not
+        // published (no index entry names it, it is uncommitted): no other
+        // thread or process reads or writes its header bytes, which lie in
+        // the log mapping (checked when appended). Key and value lengths
+        // are unchanged, so scans that size it agree before and after.
+        unsafe { std::ptr::copy_nonoverlapping(hb.as_ptr(), self.obj(loc).add(8), HEADER_BYTES) };
+    }
+
+    /// Record that the object at `loc` expires at `expiry_ms` (0 = never)
+    /// in its segment's earliest expiry.
+    pub(crate) fn note_expiry(&self, loc: u64, expiry_ms: u64) {
+        if expiry_ms != 0 {
+            let _ = self.seg(self.seg_of(loc)).min_expiry_ms.fetch_update(
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+                |m| (m == 0 || expiry_ms < m).then_some(expiry_ms),
+            );
+        }
+    }
+
+    /// Add `delta` (±1) to the item counter stripe of `op`'s slot.
+    pub(crate) fn count_items(&self, op: &Op<'_>, delta: i64) {
+        self.meta().counts[op.slot % COUNT_STRIPES]
+            .items
+            .fetch_add(delta as u64, Ordering::Relaxed);
+    }
+
+    /// Keys in the index (the sum of the counter stripes).
+    pub(crate) fn len(&self) -> u64 {
+        let sum = self
+            .meta()
+            .counts
+            .iter()
+            .fold(0u64, |a, c| a.wrapping_add(c.items.load(Ordering::Relaxed)));
+        (sum as i64).max(0) as u64
+    }
+
+    /// The key's object and header if present and not expired; the caller
+    /// is pinned.
+    fn find_live(&self, key: &[u8], b0: usize, b1: usize, tag: u64) -> Option<(u64, Header)> {
+        let (_, _, loc) = self.find(key, b0, b1, tag)?;
+        let h = self.obj_header(loc)?;
+        (!h.expired()).then_some((loc, h))
+    }
+
+    pub(crate) fn get_into(&self, key: &[u8], buf: &mut Vec<u8>) -> Result<Option<ItemMeta>> {
+        buf.clear();
         self.check_key(key)?;
         let (b0, b1, tag) = self.buckets_of(nibble::hash_key(key));
         let _op = self.begin();
         // No seqlock validation is needed: an entry is one word, read
         // atomically, and the object it names is immutable and stays
         // mapped while we are pinned (see the crate essay).
-        Ok(self.find(key, b0, b1, tag).and_then(|(_, _, loc)| {
-            let h = self.obj_header(loc)?;
-            Some(self.obj_value(loc, &h).to_vec())
+        Ok(self.find_live(key, b0, b1, tag).map(|(loc, h)| {
+            buf.extend_from_slice(self.obj_value(loc, &h));
+            item_meta(&h)
         }))
     }
 
-    pub(crate) fn delete(&self, key: &[u8]) -> Result<bool> {
+    pub(crate) fn meta_of(&self, key: &[u8]) -> Result<Option<ItemMeta>> {
+        self.check_key(key)?;
+        let (b0, b1, tag) = self.buckets_of(nibble::hash_key(key));
+        let _op = self.begin();
+        Ok(self.find_live(key, b0, b1, tag).map(|(_, h)| item_meta(&h)))
+    }
+
+    /// Delete `key` if `cond` holds (an expired item is removed either way
+    /// and reported as `KeyNotFound`).
+    pub(crate) fn delete_if(&self, key: &[u8], cond: Condition) -> Result<()> {
         self.check_key(key)?;
         let (b0, b1, tag) = self.buckets_of(nibble::hash_key(key));
         let op = self.begin();
         self.set_intent(&op, INTENT_DEL, b0, b1, 0, 0);
         self.lock_pair(&op, b0, b1)?;
-        let found = self.find(key, b0, b1, tag);
-        if let Some((b, i, old)) = found {
-            self.set_intent_old(&op, old);
-            self.bucket(b).entries[i].store(0, Ordering::Release);
-            point(CrashPoint::DeleteEntryCleared);
-            self.mark(old, OBJ_DEAD);
-            if let Some(oh) = self.obj_header(old) {
-                self.sub_live(
-                    old,
-                    object_bytes(oh.key_len as usize, oh.value_cap as usize),
-                );
+        let Some((b, i, old)) = self.find(key, b0, b1, tag) else {
+            self.unlock_pair(b0, b1);
+            return Err(Error::KeyNotFound);
+        };
+        let oh = self.obj_header(old);
+        let live = oh.filter(|h| !h.expired());
+        if live.is_some() {
+            if let Err(e) = check_condition(cond, live.as_ref()) {
+                self.unlock_pair(b0, b1);
+                return Err(e);
             }
         }
+        self.set_intent_old(&op, old);
+        self.bucket(b).entries[i].store(0, Ordering::Release);
+        point(CrashPoint::DeleteEntryCleared);
+        self.mark(old, OBJ_DEAD);
+        if let Some(oh) = oh {
+            self.sub_live(
+                old,
+                object_bytes(oh.key_len as usize, oh.value_cap as usize),
+            );
+        }
+        self.count_items(&op, -1);
         self.unlock_pair(b0, b1);
-        Ok(found.is_some())
+        if live.is_some() {
+            Ok(())
+        } else {
+            Err(Error::KeyNotFound)
+        }
+    }
+
+    pub(crate) fn delete(&self, key: &[u8]) -> Result<bool> {
+        match self.delete_if(key, Condition::Always) {
+            Ok(()) => Ok(true),
+            Err(Error::KeyNotFound) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Set or clear the expiry of `key`: objects are immutable here (a
+    /// reader copies a header without a lock), so this writes a copy with
+    /// the new expiry and the *same* version through the put protocol, as
+    /// `nibble::Store` keeps the version on an expiry change.
+    pub(crate) fn set_expiry(&self, key: &[u8], expiry_ms: Option<u64>) -> Result<bool> {
+        self.check_key(key)?;
+        let (b0, b1, tag) = self.buckets_of(nibble::hash_key(key));
+        let mut value = Vec::new();
+        for _ in 0..REEXPIRE_ATTEMPTS {
+            let op = self.begin();
+            let Some((loc, h)) = self.find_live(key, b0, b1, tag) else {
+                return Ok(false);
+            };
+            // Copied out: the write may leave the epoch while it waits for
+            // space, after which the old object's bytes may be reused.
+            value.clear();
+            value.extend_from_slice(self.obj_value(loc, &h));
+            let w = Write::Reexpire {
+                expect: loc,
+                version: h.version,
+                flags: h.flags,
+                expiry_ms: expiry_ms.map_or(0, |t| t.clamp(1, nibble::object::FIELD48_MASK)),
+            };
+            match self.write(&op, key, &value, w) {
+                Ok(_) => return Ok(true),
+                Err(Error::VersionMismatch { .. }) => continue, // changed: again
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::Busy(format!(
+            "the key changed {REEXPIRE_ATTEMPTS} times while its expiry was set"
+        )))
+    }
+
+    /// One step of a cursor over the keys (Redis SCAN: the cursor is the
+    /// next bucket; a key present for the whole iteration is returned,
+    /// exactly once, since an entry never moves between buckets while the
+    /// store is attached). Visits buckets until `count` keys are found or
+    /// `16 × count` buckets were read, so a sparse index costs bounded work
+    /// per step.
+    pub(crate) fn scan(
+        &self,
+        cursor: u64,
+        count: usize,
+        with_expired: bool,
+    ) -> Result<(u64, Vec<Vec<u8>>)> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        let n = self.geo.index_buckets;
+        let count = count.max(1);
+        let max_buckets = (count as u64).saturating_mul(SCAN_BUCKETS_PER_KEY);
+        let mut keys = Vec::new();
+        let mut b = cursor;
+        let now = nibble::object::now_ms();
+        let _op = self.begin();
+        let mut visited = 0;
+        while b < n && keys.len() < count && visited < max_buckets {
+            for e in &self.bucket(b as usize).entries {
+                let e = e.load(Ordering::Acquire);
+                if e == 0 {
+                    continue;
+                }
+                let loc = e & LOC_MASK;
+                if let Some(h) = self.obj_header(loc) {
+                    if with_expired || !h.expired_at(now) {
+                        keys.push(self.obj_key(loc, &h).to_vec());
+                    }
+                }
+            }
+            b += 1;
+            visited += 1;
+        }
+        Ok((if b >= n { 0 } else { b }, keys))
     }
 
     pub(crate) fn live_bytes(&self) -> u64 {
@@ -1176,7 +1413,7 @@ impl Inner {
 
     /// Key iteration: every key, in bucket order (a snapshot per bucket;
     /// keys written concurrently may or may not appear).
-    pub(crate) fn for_each_key(&self, mut f: impl FnMut(&[u8])) {
+    pub(crate) fn for_each_key(&self, mut f: impl FnMut(&[u8], &Header)) {
         const BUCKETS_PER_PIN: usize = 256;
         let n = self.geo.index_buckets as usize;
         let mut b = 0;
@@ -1190,12 +1427,49 @@ impl Inner {
                     }
                     let loc = e & LOC_MASK;
                     if let Some(h) = self.obj_header(loc) {
-                        f(self.obj_key(loc, &h));
+                        f(self.obj_key(loc, &h), &h);
                     }
                 }
             }
             b += BUCKETS_PER_PIN;
         }
+    }
+}
+
+/// What a write is: a put with options, or a re-expiry (a copy of the
+/// object at `expect` with another expiry, same version and flags).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Write {
+    Put(PutOptions),
+    Reexpire {
+        expect: u64,
+        version: u64,
+        flags: u32,
+        expiry_ms: u64,
+    },
+}
+
+/// A write's condition against the current live item (`None` = absent or
+/// expired), as `nibble::Store`'s.
+fn check_condition(cond: Condition, cur: Option<&Header>) -> Result<()> {
+    match (cond, cur) {
+        (Condition::Always, _) | (Condition::IfAbsent, None) | (Condition::IfPresent, Some(_)) => {
+            Ok(())
+        }
+        (Condition::IfAbsent, Some(_)) => Err(Error::KeyExists),
+        (Condition::IfPresent, None) | (Condition::IfVersion(_), None) => Err(Error::KeyNotFound),
+        (Condition::IfVersion(v), Some(h)) if h.version == v => Ok(()),
+        (Condition::IfVersion(_), Some(h)) => Err(Error::VersionMismatch { current: h.version }),
+    }
+}
+
+/// The item metadata of a header.
+fn item_meta(h: &Header) -> ItemMeta {
+    ItemMeta {
+        value_len: h.value_len as usize,
+        version: h.version,
+        flags: h.flags,
+        expiry_ms: (h.expiry_ms != 0).then_some(h.expiry_ms),
     }
 }
 
@@ -1247,7 +1521,8 @@ pub struct Stats {
     pub segments_retired: u64,
     /// Sum of the per-segment live-byte counters.
     pub live_bytes: u64,
-    /// Index entries (keys).
+    /// Index entries (keys), from the striped counters (see
+    /// [`SharedStore::len`]).
     pub objects: u64,
     pub index_load: f64,
     pub attaches: u64,
@@ -1257,6 +1532,8 @@ pub struct Stats {
     pub slots_reclaimed: u64,
     pub compactions: u64,
     pub lease_takeovers: u64,
+    /// Expired objects removed by compaction.
+    pub expired_reclaimed: u64,
     pub clean_flag: bool,
     /// Compaction lease holder: (pid, alive).
     pub lease_holder: Option<(u32, bool)>,
@@ -1556,24 +1833,107 @@ impl SharedStore {
         }
     }
 
-    /// Insert or replace `key`.
+    /// Insert or replace `key` (no expiry, flags 0).
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
-        self.inner.put(key, value)
+        self.inner.put_with(key, value, PutOptions::default())?;
+        Ok(())
     }
 
-    /// The value of `key`.
+    /// The general write, with `nibble::Store::put_with`'s semantics: the
+    /// condition (`Always`, `IfAbsent` → `KeyExists`, `IfPresent` /
+    /// `IfVersion(v)` → `KeyNotFound` or `VersionMismatch`) is decided
+    /// under the key's bucket locks, an expired item counts as absent, and
+    /// `Expiry::Keep` keeps the live item's expiry. Returns the new
+    /// version: larger than every earlier version of the key (48 bits, from
+    /// the TSC as in Nibble, so also across processes and restarts).
+    pub fn put_with(&self, key: &[u8], value: &[u8], opts: PutOptions) -> Result<u64> {
+        self.inner.put_with(key, value, opts)
+    }
+
+    /// The value of `key` (`None` if absent or expired).
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        self.inner.get(key)
+        let mut buf = Vec::new();
+        Ok(self.inner.get_into(key, &mut buf)?.map(|_| buf))
     }
 
-    /// Whether `key` is present.
+    /// Copy the value of `key` into `buf` (replacing its contents) and
+    /// return its metadata; `None` (and `buf` empty) if absent or expired.
+    pub fn get_into(&self, key: &[u8], buf: &mut Vec<u8>) -> Result<Option<ItemMeta>> {
+        self.inner.get_into(key, buf)
+    }
+
+    /// Metadata of `key` without copying the value.
+    pub fn meta(&self, key: &[u8]) -> Result<Option<ItemMeta>> {
+        self.inner.meta_of(key)
+    }
+
+    /// Whether `key` is present (and not expired).
     pub fn contains(&self, key: &[u8]) -> Result<bool> {
-        Ok(self.inner.get(key)?.is_some())
+        Ok(self.inner.meta_of(key)?.is_some())
     }
 
-    /// Remove `key`; true if it was present.
+    /// Remove `key`; true if a live item was removed.
     pub fn delete(&self, key: &[u8]) -> Result<bool> {
         self.inner.delete(key)
+    }
+
+    /// Delete `key` if `cond` holds, atomically under its bucket locks
+    /// (`nibble::Store::delete_if`): `KeyNotFound` if absent or expired
+    /// (an expired item is removed either way), `VersionMismatch` if
+    /// `IfVersion` names another version, `KeyExists` for `IfAbsent` on a
+    /// live item.
+    pub fn delete_if(&self, key: &[u8], cond: Condition) -> Result<()> {
+        self.inner.delete_if(key, cond)
+    }
+
+    /// Set (`Some(unix_ms)`) or clear (`None`) the expiry of `key`; false
+    /// if it is absent or expired. The version is kept.
+    pub fn set_expiry(&self, key: &[u8], expiry_ms: Option<u64>) -> Result<bool> {
+        self.inner.set_expiry(key, expiry_ms)
+    }
+
+    /// One step of a cursor over the keys: start with 0, 0 comes back at
+    /// the end. Tolerates concurrent writes (Redis SCAN's guarantee: a key
+    /// present during the whole walk is returned; a key written meanwhile
+    /// may or may not be). Expired keys are skipped.
+    pub fn scan(&self, cursor: u64, count: usize) -> Result<(u64, Vec<Vec<u8>>)> {
+        self.inner.scan(cursor, count, false)
+    }
+
+    /// Number of keys in the index, from striped counters (no scan).
+    /// Items that expired but were not reclaimed yet are included, as in
+    /// `nibble::Store::len`.
+    pub fn len(&self) -> u64 {
+        self.inner.len()
+    }
+
+    /// True if no key is indexed.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Delete every key, expired ones included (a scan and a delete per
+    /// key; keys written concurrently may survive). Returns the number of
+    /// live keys deleted.
+    pub fn flush(&self) -> Result<u64> {
+        let mut n = 0;
+        let mut cursor = 0;
+        loop {
+            let (next, keys) = self.inner.scan(cursor, 1024, true)?;
+            for k in keys {
+                n += u64::from(self.inner.delete(&k)?);
+            }
+            if next == 0 {
+                return Ok(n);
+            }
+            cursor = next;
+        }
+    }
+
+    /// Largest key + value bytes one item may have (an object fits one
+    /// log segment).
+    pub fn max_item_bytes(&self) -> u64 {
+        self.inner.geo.seg_bytes - OBJ_PREFIX_BYTES
     }
 
     /// Every key (for the CLI; tolerates concurrent writes).
@@ -1582,7 +1942,12 @@ impl SharedStore {
             return Err(Error::Closed);
         }
         let mut v = Vec::new();
-        self.inner.for_each_key(|k| v.push(k.to_vec()));
+        let now = nibble::object::now_ms();
+        self.inner.for_each_key(|k, h| {
+            if !h.expired_at(now) {
+                v.push(k.to_vec())
+            }
+        });
         Ok(v)
     }
 
@@ -1634,15 +1999,7 @@ impl SharedStore {
             }
         }
         st.live_bytes = i.live_bytes();
-        st.objects = (0..i.geo.index_buckets as usize)
-            .map(|b| {
-                i.bucket(b)
-                    .entries
-                    .iter()
-                    .filter(|e| e.load(Ordering::Relaxed) != 0)
-                    .count() as u64
-            })
-            .sum();
+        st.objects = i.len();
         st.index_load =
             st.objects as f64 / (i.geo.index_buckets as f64 * ENTRIES_PER_BUCKET as f64);
         st.attaches = h.attaches.load(Ordering::Relaxed);
@@ -1652,6 +2009,7 @@ impl SharedStore {
         st.slots_reclaimed = h.slots_reclaimed.load(Ordering::Relaxed);
         st.compactions = h.compactions.load(Ordering::Relaxed);
         st.lease_takeovers = h.lease_takeovers.load(Ordering::Relaxed);
+        st.expired_reclaimed = h.expired_reclaimed.load(Ordering::Relaxed);
         st.clean_flag = h.clean.load(Ordering::Relaxed) != 0;
         let lo = i.meta().lease.owner.load(Ordering::Relaxed);
         if lo != 0 {
@@ -1766,10 +2124,18 @@ impl Inner {
 
     /// Claim this process's epoch slots.
     fn claim_local_slots(&mut self) -> Result<()> {
-        let want = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(2)
-            .clamp(2, MAX_LOCAL_SLOTS);
+        let want = match self.opts.epoch_slots {
+            Some(n) if (1..=MAX_PROCESS_SLOTS).contains(&n) => n,
+            Some(n) => {
+                return Err(Error::InvalidArgument(format!(
+                    "epoch_slots {n} must be in 1..={MAX_PROCESS_SLOTS}"
+                )))
+            }
+            None => std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2)
+                .clamp(2, MAX_LOCAL_SLOTS),
+        };
         let mut local = Vec::new();
         for i in 0..EPOCH_SLOTS {
             if local.len() == want {
