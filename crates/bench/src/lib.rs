@@ -42,6 +42,7 @@ mod plot;
 mod prims;
 mod report;
 mod server;
+mod shared;
 mod util;
 mod ycsb;
 
@@ -119,6 +120,10 @@ enum Command {
     /// GUPS over windows (MAP, MP, VAS), time to first query of a persisted index
     #[command(long_about = jmp::ABOUT)]
     Jmp(jmp::JmpArgs),
+    /// Issue 8's shared store: client processes on it directly vs the nibble server and
+    /// redis-server over a Unix socket (SpaceJMP Fig. 10), and restart of a multi-GiB store
+    #[command(long_about = shared::ABOUT)]
+    Shared(shared::SharedArgs),
     /// Refcache vs shared atomic counter vs SNZI on one shared object (RadixVM Fig. 8)
     Refcache(RefcacheArgs),
     /// Lookups with concurrent writers: Bonsai tree, radix map, skip list, RwLock<BTreeMap>
@@ -647,6 +652,7 @@ pub fn main_entry(alloc: Alloc) -> ExitCode {
         Command::Fill(a) => run_fill(a),
         Command::Server(a) => server::run_cli(a),
         Command::Jmp(a) => jmp::run(a),
+        Command::Shared(a) => shared::run_cli(a),
         Command::Refcache(a) => run_refcache(a),
         Command::Tree(a) => run_tree(a),
         Command::Plot(a) => run_plot(a),

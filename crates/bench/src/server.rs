@@ -89,11 +89,11 @@ use clap::Args;
 use indicatif::ProgressBar;
 
 #[path = "server_load.rs"]
-mod load;
+pub(crate) mod load;
 #[path = "server_proto.rs"]
-mod proto;
+pub(crate) mod proto;
 #[path = "server_sut.rs"]
-mod sut;
+pub(crate) mod sut;
 
 use crate::report::{Reporter, Row};
 use crate::util::{self, Spread, Watchdog};

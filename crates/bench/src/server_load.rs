@@ -20,6 +20,8 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -79,9 +81,40 @@ impl Op {
     }
 }
 
+/// A connection's socket: TCP, or a Unix socket (`memlab shared`).
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.flush(),
+            Stream::Unix(s) => s.flush(),
+        }
+    }
+}
+
 /// One connection with its buffers and the batch in flight.
 pub struct Conn {
-    s: TcpStream,
+    s: Stream,
     proto: Proto,
     rbuf: Vec<u8>,
     rpos: usize,
@@ -100,7 +133,21 @@ impl Conn {
             .and_then(|_| s.set_read_timeout(Some(IO_TIMEOUT)))
             .and_then(|_| s.set_write_timeout(Some(IO_TIMEOUT)))
             .map_err(|e| format!("socket options: {e}"))?;
-        Ok(Conn {
+        Ok(Conn::with(Stream::Tcp(s), proto))
+    }
+
+    /// Connect to a Unix socket (RESP or memcached over `path`).
+    pub fn connect_unix(path: &Path, proto: Proto) -> Result<Conn, String> {
+        let s =
+            UnixStream::connect(path).map_err(|e| format!("connect to {}: {e}", path.display()))?;
+        s.set_read_timeout(Some(IO_TIMEOUT))
+            .and_then(|_| s.set_write_timeout(Some(IO_TIMEOUT)))
+            .map_err(|e| format!("socket options: {e}"))?;
+        Ok(Conn::with(Stream::Unix(s), proto))
+    }
+
+    fn with(s: Stream, proto: Proto) -> Conn {
+        Conn {
             s,
             proto,
             rbuf: vec![0; 64 << 10],
@@ -109,7 +156,7 @@ impl Conn {
             wbuf: Vec::with_capacity(64 << 10),
             inflight: Vec::new(),
             sent_at: Instant::now(),
-        })
+        }
     }
 
     pub fn proto(&self) -> Proto {
@@ -180,6 +227,30 @@ impl Conn {
         proto::enc_cmd(self.proto, &mut self.wbuf, args);
         self.flush()?;
         self.reply(expect, f)
+    }
+
+    /// Queue one command without sending it; [`Conn::send_queued`] sends
+    /// the queue and reads the replies (a pipelined batch of arbitrary
+    /// commands, for bulk loads with values the generator's ops cannot
+    /// describe).
+    pub fn queue(&mut self, args: &[&[u8]]) {
+        debug_assert!(self.inflight.is_empty());
+        proto::enc_cmd(self.proto, &mut self.wbuf, args);
+    }
+
+    /// Send the queued commands and read `n` replies (one per queued
+    /// command), handing each to `f` in order.
+    pub fn send_queued(
+        &mut self,
+        n: usize,
+        expect: Expect,
+        mut f: impl FnMut(Reply<'_>),
+    ) -> Result<(), String> {
+        self.flush()?;
+        for _ in 0..n {
+            self.reply(expect, &mut f)?;
+        }
+        Ok(())
     }
 
     fn encode(&mut self, op: Op) {

@@ -288,7 +288,7 @@ extern "C" fn on_signal(sig: libc::c_int) {
     }
 }
 
-fn register_child(pid: u32) {
+pub(crate) fn register_child(pid: u32) {
     static INSTALL: Once = Once::new();
     INSTALL.call_once(|| {
         for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
@@ -310,7 +310,7 @@ fn register_child(pid: u32) {
     // More than 16 at once: these rely on PR_SET_PDEATHSIG alone.
 }
 
-fn unregister_child(pid: u32) {
+pub(crate) fn unregister_child(pid: u32) {
     for slot in &CHILDREN {
         let _ = slot.compare_exchange(pid as i32, 0, Ordering::SeqCst, Ordering::SeqCst);
     }
