@@ -11,7 +11,12 @@
 //! "Write local, read global": appends go to the local node's log; reads go
 //! wherever the index points.
 //!
-//! When an object does not fit, the head *rolls*: the segment is closed
+//! A head's segment starts with the blocks its first object needs and
+//! grows a block at a time up to the segment size, so the budget never
+//! counts empty blocks of open heads as used (at 90 % utilization two
+//! half-empty 26-block heads were 1.5 % of the pool, a fifth of the free
+//! space compaction works with). When an object does not fit in a full-
+//! size segment, the head *rolls*: the segment is closed
 //! (stamped with the epoch clock, so compaction waits until every append
 //! that might still be publishing into it has finished) and handed
 //! round-robin to one of the node's compaction workers; a new segment is
@@ -112,8 +117,17 @@ impl Log {
         }
         let (mut head, idx) = guard.unwrap_or_else(|| (self.heads[first].lock(), first));
         let fits = head.as_ref().is_some_and(|h| h.used + len <= h.capacity());
-        if !fits {
-            let blocks = self.segment_blocks.max(len.div_ceil(BLOCK_BYTES));
+        // A head grows a block at a time up to the segment size (see
+        // `Memory::grow_segment`); it rolls when the object would not fit.
+        let max_bytes = self.segment_blocks * BLOCK_BYTES;
+        let grows = !fits && head.as_ref().is_some_and(|h| h.used + len <= max_bytes);
+        if grows {
+            let h = head.as_mut().expect("checked above");
+            let more = (h.used + len).div_ceil(BLOCK_BYTES) - h.blocks.len();
+            let added = mem.grow_segment(h.seg, more, false)?;
+            h.blocks.extend_from_slice(&added);
+        } else if !fits {
+            let blocks = len.div_ceil(BLOCK_BYTES).max(1);
             let seg = mem.new_segment(blocks, false)?;
             let fresh = HeadSeg {
                 seg,

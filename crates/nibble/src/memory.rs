@@ -229,22 +229,23 @@ impl Memory {
         self.segs.len()
     }
 
-    /// Create a segment of `blocks` blocks in state `Head`.
-    pub fn new_segment(&self, blocks: usize, for_compaction: bool) -> Result<SegId, NoBlocks> {
+    /// Take `n` blocks from the budget (clients may not use the reserve;
+    /// compaction may) and from the warm cache, then the buddy allocator.
+    fn take_blocks(&self, n: usize, for_compaction: bool) -> Result<Vec<u32>, NoBlocks> {
         let limit = if for_compaction {
             self.blocks_total
         } else {
             self.blocks_total - self.reserve_blocks
         };
-        let n = blocks as u64;
+        let want = n as u64;
         let mut cur = self.blocks_in_use.load(Ordering::Relaxed);
         loop {
-            if cur + n > limit {
+            if cur + want > limit {
                 return Err(NoBlocks);
             }
             match self.blocks_in_use.compare_exchange_weak(
                 cur,
-                cur + n,
+                cur + want,
                 Ordering::AcqRel,
                 Ordering::Relaxed,
             ) {
@@ -252,25 +253,32 @@ impl Memory {
                 Err(v) => cur = v,
             }
         }
-        let mut list = Vec::with_capacity(blocks);
-        while list.len() < blocks {
+        let mut list = Vec::with_capacity(n);
+        while list.len() < n {
             let Some((b, _)) = self.warm.pop() else { break };
             self.warm_blocks.fetch_sub(1, Ordering::Relaxed);
             list.push(b);
         }
-        for _ in list.len()..blocks {
+        for _ in list.len()..n {
             match self.alloc.alloc(BLOCK_ORDER) {
                 Ok(f) => list.push((f >> BLOCK_ORDER) as u32),
                 Err(_) => {
                     // The budget says the blocks exist; they may be in flight
                     // between buddy heaps. Give back what we took.
                     self.release_blocks(&list);
-                    self.blocks_in_use
-                        .fetch_sub(n - list.len() as u64, Ordering::AcqRel);
+                    self.blocks_in_use.fetch_sub(want, Ordering::AcqRel);
                     return Err(NoBlocks);
                 }
             }
         }
+        Ok(list)
+    }
+
+    /// Create a segment of `blocks` blocks in state `Head`. It may grow
+    /// later ([`Memory::grow_segment`]) while it is a head.
+    pub fn new_segment(&self, blocks: usize, for_compaction: bool) -> Result<SegId, NoBlocks> {
+        let n = blocks as u64;
+        let list = self.take_blocks(blocks, for_compaction)?;
         let Some(id) = self.free_segs.pop() else {
             self.release_blocks(&list);
             self.blocks_in_use.fetch_sub(n, Ordering::AcqRel);
@@ -294,6 +302,39 @@ impl Memory {
             for_compaction,
         };
         Ok(id)
+    }
+
+    /// Append `n` blocks to segment `id`, a head (or a compaction
+    /// destination) being filled; returns them. Segments grow a block at a
+    /// time as objects arrive instead of taking all their blocks when they
+    /// open, so open segments hold no empty blocks the budget counts as in
+    /// use: at high utilization that unused space is exactly what
+    /// compaction lacks.
+    ///
+    /// The new blocks are linked into the next-block and block-to-segment
+    /// tables before the caller writes an object into them, and objects are
+    /// published through the index only after they are written, so a reader
+    /// that follows an object across the old last block finds the link.
+    pub fn grow_segment(
+        &self,
+        id: SegId,
+        n: usize,
+        for_compaction: bool,
+    ) -> Result<Vec<u32>, NoBlocks> {
+        let list = self.take_blocks(n, for_compaction)?;
+        let mut m = self.segs[id as usize].meta.lock();
+        debug_assert_eq!(m.state, SegState::Head, "only an open segment grows");
+        let mut prev = m.blocks.last().copied();
+        for (i, &b) in list.iter().enumerate() {
+            let next = list.get(i + 1).copied().unwrap_or(NO_BLOCK);
+            self.next_block[b as usize].store(next, Ordering::Relaxed);
+            self.block_seg[b as usize].store(id, Ordering::Relaxed);
+            if let Some(p) = prev.take() {
+                self.next_block[p as usize].store(b, Ordering::Release);
+            }
+        }
+        m.blocks.extend_from_slice(&list);
+        Ok(list)
     }
 
     /// Put free blocks in the warm cache (they stay resident for now).
@@ -440,6 +481,54 @@ impl Memory {
                 off = (b as u64) << BLOCK_SHIFT;
             }
         }
+    }
+
+    /// Copy `len` bytes of an object at pool offset `src` to pool offset
+    /// `dst` in another segment, following both segments' blocks (for
+    /// compaction; no bounce buffer). The caller owns the destination
+    /// bytes and holds the object's bucket lock. Returns false if the walk
+    /// left the source segment (a torn header; the caller keeps it).
+    #[inline]
+    pub fn copy(&self, mut src: u64, mut dst: u64, len: usize) -> bool {
+        let mut done = 0;
+        while done < len {
+            let src_room = BLOCK_BYTES - (src as usize & (BLOCK_BYTES - 1));
+            let dst_room = BLOCK_BYTES - (dst as usize & (BLOCK_BYTES - 1));
+            let n = src_room.min(dst_room).min(len - done);
+            // SAFETY: both ranges lie inside one block each of the pool
+            // (bounded by `src_room` / `dst_room`); the blocks stay mapped
+            // for the pool's lifetime. They belong to different segments,
+            // so they do not overlap. The source is a closed segment that
+            // is not reused while the caller (compaction) runs; the
+            // destination is compaction's own open segment.
+            unsafe {
+                ptr::copy_nonoverlapping(
+                    self.base.add(src as usize),
+                    self.base.add(dst as usize),
+                    n,
+                );
+            }
+            done += n;
+            if done < len {
+                if n == src_room {
+                    let b = self.next_block[(src >> BLOCK_SHIFT) as usize].load(Ordering::Relaxed);
+                    if b == NO_BLOCK {
+                        return false;
+                    }
+                    src = (b as u64) << BLOCK_SHIFT;
+                } else {
+                    src += n as u64;
+                }
+                if n == dst_room {
+                    let b = self.next_block[(dst >> BLOCK_SHIFT) as usize].load(Ordering::Relaxed);
+                    debug_assert_ne!(b, NO_BLOCK, "copy past the end of a segment");
+                    dst = (b as u64) << BLOCK_SHIFT;
+                } else {
+                    dst += n as u64;
+                }
+            }
+        }
+        true
     }
 
     /// Hint the CPU to load the cache lines of `off .. off + len` (which

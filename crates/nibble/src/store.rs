@@ -32,16 +32,25 @@ use crate::object::{next_version, now_ms, Header, HEADER_BYTES};
 pub const MIN_CAPACITY_BYTES: usize = 8 << 20;
 /// Default largest segment (the paper's 32 MiB).
 pub const DEFAULT_MAX_SEGMENT_BYTES: usize = 32 << 20;
-/// A small store gets at least this many segments' worth of blocks.
-pub const MIN_SEGMENTS_PER_STORE: usize = 64;
+/// A small store gets at least this many segments' worth of blocks. Many
+/// small segments let compaction find emptier victims (the spread of
+/// utilization between segments is what cost-benefit selection feeds on)
+/// and keep the reserve, at least a segment per worker, small: at 256, a
+/// 114 MiB store has 384 KiB segments and a 0.4 % minimum reserve.
+pub const MIN_SEGMENTS_PER_STORE: usize = 256;
 /// Default largest value.
 pub const DEFAULT_MAX_VALUE_BYTES: usize = 16 << 20;
 /// Largest key.
 pub const MAX_KEY_BYTES: usize = u16::MAX as usize;
 /// Default share of capacity for the index, in thousandths.
 pub const DEFAULT_INDEX_PERMILLE: usize = 62;
-/// Default share of the pool kept for compaction, in thousandths.
-pub const DEFAULT_RESERVE_PERMILLE: usize = 30;
+/// Default share of the pool kept for compaction, in thousandths (at
+/// least one segment per compaction worker). The dissertation reserves
+/// 1-2 % (§5); compaction fills one open destination per worker and frees
+/// each compacted segment as soon as the epoch allows, so it never needs
+/// more than a segment of headroom per worker, and every block held back
+/// is a block of free space compaction cannot use to find emptier victims.
+pub const DEFAULT_RESERVE_PERMILLE: usize = 15;
 /// Compaction starts when the client's free blocks fall below this share.
 pub const DEFAULT_COMPACTION_TRIGGER_PERMILLE: usize = 200;
 /// Default decay before unused free blocks are given back to the OS, ms.
@@ -435,17 +444,24 @@ impl Inner {
 
     /// Wait for compaction to free space after a failed append. The caller
     /// must not hold an epoch guard: segments retired by compaction are
-    /// freed only once every guard older than their retirement is gone.
-    /// `Err` once compaction has finished a pass, begun after `since_pass`,
-    /// that found nothing to do, or after the bounded wait.
-    fn wait_for_space(&self, round: u32, since_pass: u64) -> Result<(), Error> {
-        let gave_up = self.last_nothing_pass.load(Ordering::Acquire) > since_pass
+    /// freed only once every guard older than `w`'s start is gone.
+    /// `Err` once compaction has finished a pass, begun after the wait
+    /// started, that found nothing to do, after `APPEND_WAIT_ROUNDS` rounds
+    /// in which compaction neither progressed nor was busy, or after the
+    /// bounded wait.
+    fn wait_for_space(&self, w: &mut SpaceWait) -> Result<(), Error> {
+        let round = w.rounds;
+        w.rounds += 1;
+        let gave_up = self.last_nothing_pass.load(Ordering::Acquire) > w.since_pass
             && self.last_nothing_pass.load(Ordering::Acquire)
                 > self.last_progress_pass.load(Ordering::Acquire);
         // Compaction that frees segments while we wait is worth waiting
         // for (at high utilization it is slow but steady); a pass that found
         // nothing, or no progress at all for APPEND_WAIT_ROUNDS, is not.
-        let progressed = self.last_progress_pass.load(Ordering::Acquire) > since_pass;
+        // Segments compacted by a pass still running count: a pass frees
+        // each segment as soon as the epoch allows.
+        let progressed = self.last_progress_pass.load(Ordering::Acquire) > w.since_pass
+            || self.stats.segments_compacted.load(Ordering::Acquire) > w.since_compacted;
         // The budget says a whole segment is free: the failure was transient
         // (blocks in flight between buddy heaps, or taken by a racing
         // writer), not a full store.
@@ -454,7 +470,7 @@ impl Inner {
         let progressed = progressed || space_exists;
         let max_rounds = (self.cfg.max_write_wait_ms / APPEND_WAIT_ROUND_MS) as u32;
         if round >= max_rounds
-            || (round >= APPEND_WAIT_ROUNDS.min(max_rounds) && !progressed)
+            || (w.stalled >= APPEND_WAIT_ROUNDS.min(max_rounds) && !progressed)
             || (round > 1 && gave_up)
         {
             return Err(Error::OutOfMemory { what: "log" });
@@ -462,11 +478,34 @@ impl Inner {
         self.wake_workers();
         let cpu = topology::current_cpu();
         let node = self.cpu_slot.get(cpu).map_or(0, |&(n, _)| n);
-        if !crate::compaction::help(self, node) {
-            self.wait_space(Duration::from_millis(APPEND_WAIT_ROUND_MS));
+        match crate::compaction::help(self, node) {
+            crate::compaction::Help::Progress => {}
+            crate::compaction::Help::Idle => {
+                w.stalled += 1;
+                self.wait_space(Duration::from_millis(APPEND_WAIT_ROUND_MS));
+            }
+            crate::compaction::Help::Busy => {
+                // Every worker is inside a pass (a pass over sparse
+                // segments takes tens of milliseconds at 10 %
+                // utilization): space is coming, so this round does not
+                // count as one without progress.
+                self.wait_space(Duration::from_millis(APPEND_WAIT_ROUND_MS));
+            }
         }
         Ok(())
     }
+}
+
+/// A write's wait for space (see `Inner::wait_for_space`).
+struct SpaceWait {
+    /// Rounds waited.
+    rounds: u32,
+    /// Rounds in which no compaction worker was busy and none progressed.
+    stalled: u32,
+    /// Compaction passes begun before the wait.
+    since_pass: u64,
+    /// Segments compacted before the wait.
+    since_compacted: u64,
 }
 
 /// A Nibble store. Cheap to share by reference across threads.
@@ -514,7 +553,13 @@ impl Store {
         segment_blocks = segment_blocks
             .min(blocks / (4 * heads_per_node * nodes))
             .max(1);
-        let reserve = ((blocks * cfg.reserve_permille / 1000).max(segment_blocks)) as u64;
+        let workers_per_node = cfg
+            .compaction_workers
+            .unwrap_or_else(|| topo.num_cpus().div_ceil(nodes).div_ceil(8))
+            .max(1);
+        // Each worker fills one open destination at a time.
+        let reserve = ((blocks * cfg.reserve_permille / 1000)
+            .max(segment_blocks * workers_per_node * nodes)) as u64;
         let mem = Arc::new(Memory::new(pool_bytes, reserve, topo.num_cpus()).map_err(Error::Io)?);
         let index_subtables = (64 * nodes).next_power_of_two();
         // A resize needs each entry's full hash; entries keep 16 bits of it,
@@ -537,10 +582,6 @@ impl Store {
             rehash,
         )
         .map_err(|e| Error::Config(format!("index: {e}")))?;
-        let workers_per_node = cfg
-            .compaction_workers
-            .unwrap_or_else(|| topo.num_cpus().div_ceil(nodes).div_ceil(8))
-            .max(1);
         let logs = (0..nodes)
             .map(|n| Log::new(n, heads_per_node, workers_per_node, segment_blocks))
             .collect();
@@ -719,15 +760,18 @@ impl Store {
             mem.write_part(off, HEADER_BYTES, key);
             mem.write_part(off, HEADER_BYTES + key.len(), value);
         };
-        let since_pass = inner.stats.passes.load(Ordering::Acquire);
-        let mut round = 0;
+        let mut wait = SpaceWait {
+            rounds: 0,
+            stalled: 0,
+            since_pass: inner.stats.passes.load(Ordering::Acquire),
+            since_compacted: inner.stats.segments_compacted.load(Ordering::Acquire),
+        };
         let app = loop {
             match inner.try_append(len, &fill) {
                 Ok(a) => break a,
                 Err(_) => {
                     drop(guard);
-                    inner.wait_for_space(round, since_pass)?;
-                    round += 1;
+                    inner.wait_for_space(&mut wait)?;
                     guard = inner.epochs.try_pin()?;
                 }
             }
