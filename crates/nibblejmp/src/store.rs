@@ -2040,6 +2040,13 @@ impl SharedStore {
         self.detach()
     }
 
+    /// [`close`](Self::close) for an owner that cannot give the handle up
+    /// (a field of a struct being dropped): every later operation on this
+    /// handle returns `Closed`; a second call does nothing.
+    pub fn close_in_place(&mut self) -> Result<()> {
+        self.detach()
+    }
+
     fn detach(&mut self) -> Result<()> {
         let i = &self.inner;
         if i.closed.swap(true, Ordering::AcqRel) {

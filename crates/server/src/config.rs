@@ -78,6 +78,12 @@ pub struct Cli {
     /// Engine mode: nibble or nibble2.
     #[arg(long)]
     pub mode: Option<String>,
+    /// Serve a shared, restartable store (nibblejmp) in this directory:
+    /// created with capacity --maxmemory if absent, else reattached and
+    /// served at once (recovered first after a crash). Other processes
+    /// may attach it while the server runs.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
     /// Compaction workers per NUMA node (default: one per 8 CPUs).
     #[arg(long)]
     pub compaction_workers: Option<usize>,
@@ -128,6 +134,8 @@ pub struct ServerConfig {
     pub capacity: u64,
     /// Engine mode.
     pub mode: Mode,
+    /// Shared-store directory (`None` = the process-private engine).
+    pub data_dir: Option<PathBuf>,
     /// Compaction workers per node.
     pub compaction_workers: Option<usize>,
     /// Worker threads.
@@ -164,6 +172,7 @@ impl Default for ServerConfig {
             // value fits, so SET-heavy traffic makes no compaction work.
             // `--mode nibble` selects the original append-only design.
             mode: Mode::Nibble2,
+            data_dir: None,
             compaction_workers: None,
             threads: topology::allowed_cpus().len().max(1),
             pin: true,
@@ -246,6 +255,12 @@ impl ServerConfig {
             "unixsocket" => self.unixsocket = Some(PathBuf::from(value)),
             "maxmemory" | "capacity" => self.capacity = parse_size(value)?,
             "mode" => self.mode = value.parse()?,
+            "data-dir" => {
+                if value.is_empty() {
+                    return Err("data-dir needs a directory".into());
+                }
+                self.data_dir = Some(PathBuf::from(value));
+            }
             "compaction-workers" => self.compaction_workers = Some(parse_bool_ok(&name, value)?),
             "threads" | "io-threads" => self.threads = parse_bool_ok::<usize>(&name, value)?.max(1),
             "requirepass" => self.requirepass = (!value.is_empty()).then(|| value.to_string()),
@@ -306,6 +321,10 @@ impl ServerConfig {
         )?;
         set("maxmemory", cli.maxmemory.clone())?;
         set("mode", cli.mode.clone())?;
+        set(
+            "data-dir",
+            cli.data_dir.as_ref().map(|p| p.display().to_string()),
+        )?;
         set(
             "compaction-workers",
             cli.compaction_workers.map(|v| v.to_string()),
@@ -423,6 +442,13 @@ impl Settings {
             ("maxmemory", fixed.capacity.to_string()),
             ("maxmemory-policy", "noeviction".into()),
             ("mode", fixed.mode.name().into()),
+            (
+                "data-dir",
+                fixed
+                    .data_dir
+                    .as_ref()
+                    .map_or(String::new(), |p| p.display().to_string()),
+            ),
             ("threads", fixed.threads.to_string()),
             ("io-threads", fixed.threads.to_string()),
             ("databases", "1".into()),

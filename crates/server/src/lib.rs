@@ -23,6 +23,7 @@
 //! | [`commands`] | Redis command table and handlers |
 //! | [`mc_exec`] | memcached command execution |
 //! | [`conn`] | one connection's read/execute/write loop |
+//! | [`engine`] | the engine: private `nibble::Store` or shared `nibblejmp` store (`--data-dir`) |
 //! | [`worker`] | threads, pinning, listeners, maxclients |
 //! | [`state`] | shared state, per-worker counters, client registry |
 //! | [`types`] | string/hash typing and the hash encoding |
@@ -38,6 +39,7 @@
 pub mod commands;
 pub mod config;
 pub mod conn;
+pub mod engine;
 pub mod glob;
 pub mod mc_exec;
 pub mod memcache;
@@ -58,6 +60,7 @@ use tokio::sync::watch;
 
 use crate::config::{ServerConfig, Settings};
 use crate::conn::Protocol;
+use crate::engine::Engine;
 use crate::state::{Shared, WorkerClients, WorkerStats};
 use crate::worker::{bind_reuseport, WorkerListeners};
 
@@ -106,16 +109,15 @@ const SERVER_MAX_WRITE_WAIT_MS: u64 = 100;
 impl Server {
     /// Create the engine, bind every listener, start the workers.
     pub fn start(cfg: ServerConfig) -> io::Result<Server> {
-        let mut ncfg = nibble::Config::new(cfg.capacity as usize);
-        ncfg.mode = cfg.mode;
-        ncfg.compaction_workers = cfg.compaction_workers;
+        let mut cfg = cfg;
         // A worker thread serves many connections: a write that finds the
         // store full may wait for compaction (helping it) only briefly, or
         // every client of that worker stalls; then it gets -OOM.
-        ncfg.max_write_wait_ms = SERVER_MAX_WRITE_WAIT_MS;
-        let store = nibble::Store::new(ncfg)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("engine: {e}")))?;
-        let settings = Settings::new(&cfg, store.config().max_value_bytes as u64);
+        let (store, capacity) = Engine::open(&cfg, SERVER_MAX_WRITE_WAIT_MS)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        // A shared store's capacity was fixed when it was created.
+        cfg.capacity = capacity;
+        let settings = Settings::new(&cfg, store.max_value_bytes());
         let threads = cfg.threads.max(1);
         let mut per_worker: Vec<WorkerListeners> =
             (0..threads).map(|_| WorkerListeners::default()).collect();
@@ -162,14 +164,17 @@ impl Server {
             handles.push(h);
         }
         log::info!(
-            "nibble {} ready: resp {:?}, memcached {:?}, unix {:?}, {} workers, capacity {} bytes, mode {}",
+            "nibble {} ready: resp {:?}, memcached {:?}, unix {:?}, {} workers, capacity {} bytes, engine {}",
             env!("CARGO_PKG_VERSION"),
             resp_port,
             memcached_port,
             cfg.unixsocket,
             threads,
             cfg.capacity,
-            cfg.mode.name()
+            match shared.store.shared() {
+                Some(s) => format!("shared store in {} ({})", s.dir.display(), s.start),
+                None => cfg.mode.name().to_string(),
+            }
         );
         Ok(Server {
             shared,

@@ -21,6 +21,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 
 use crate::config::{ServerConfig, Settings};
+use crate::engine::Engine;
 
 /// Counters of one worker (written by that worker only).
 #[derive(Default)]
@@ -139,8 +140,8 @@ pub struct WorkerClients {
 
 /// Everything the workers share.
 pub struct Shared {
-    /// The engine.
-    pub store: nibble::Store,
+    /// The engine (process-private or shared, see [`crate::engine`]).
+    pub store: Engine,
     /// Start configuration.
     pub config: ServerConfig,
     /// Run-time settings.

@@ -337,10 +337,25 @@ pub fn info_text(ctx: &Ctx, section: &str) -> String {
         let (port, mc) = *sh.ports.lock().unwrap_or_else(|e| e.into_inner());
         let _ = write!(
             o,
-            "# Server\r\nredis_version:{REDIS_VERSION}\r\nnibble_version:{VERSION}\r\nredis_mode:standalone\r\nos:Linux\r\narch_bits:64\r\nprocess_id:{}\r\ntcp_port:{port}\r\nmemcached_port:{mc}\r\nengine_mode:{}\r\nepoch_scheme:{}\r\nthread_model:thread-per-core\r\nio_threads_active:{}\r\nuptime_in_seconds:{uptime}\r\nuptime_in_days:{}\r\n\r\n",
+            "# Server\r\nredis_version:{REDIS_VERSION}\r\nnibble_version:{VERSION}\r\nredis_mode:standalone\r\nos:Linux\r\narch_bits:64\r\nprocess_id:{}\r\ntcp_port:{port}\r\nmemcached_port:{mc}\r\nengine:{}\r\nengine_mode:{}\r\nepoch_scheme:{}\r\n",
             std::process::id(),
-            st.mode.name(),
+            st.engine,
+            st.mode,
             st.epoch,
+        );
+        if let Some(s) = sh.store.shared() {
+            let _ = write!(
+                o,
+                "data_dir:{}\r\nstore_start:{}\r\nstore_open_ms:{:.1}\r\nstore_processes:{}\r\n",
+                s.dir.display(),
+                s.start,
+                s.open_ms,
+                st.processes
+            );
+        }
+        let _ = write!(
+            o,
+            "thread_model:thread-per-core\r\nio_threads_active:{}\r\nuptime_in_seconds:{uptime}\r\nuptime_in_days:{}\r\n\r\n",
             sh.config.threads,
             uptime / 86400
         );
@@ -354,9 +369,7 @@ pub fn info_text(ctx: &Ctx, section: &str) -> String {
         );
     }
     if want("memory") {
-        let used = st.blocks_in_use * nibble::memory::BLOCK_BYTES as u64
-            + st.index_bytes
-            + st.metadata_bytes;
+        let used = st.used_bytes;
         let rss = rss_bytes();
         let ratio = if used > 0 {
             rss as f64 / used as f64
@@ -416,12 +429,12 @@ pub fn info(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
 
 /// DBSIZE.
 pub fn dbsize(ctx: &mut Ctx, _a: &[&[u8]], r: &mut Reply) -> CmdResult {
-    r.int(ctx.shared.store.stats().items as i64);
+    r.int(ctx.shared.store.len() as i64);
     Ok(())
 }
 
 /// Delete every key (FLUSHALL, FLUSHDB, memcached flush_all).
-pub fn flush(store: &nibble::Store) -> Result<(), nibble::Error> {
+pub fn flush(store: &crate::engine::Engine) -> Result<(), nibble::Error> {
     let mut cursor = 0;
     loop {
         let (next, keys) = store.scan(cursor, 1024)?;

@@ -235,7 +235,10 @@ pub fn renamenx(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
 }
 
 /// Every key matching `pattern` (a full cursor walk).
-pub fn all_keys(store: &nibble::Store, pattern: Option<&[u8]>) -> Result<Vec<Vec<u8>>, CmdError> {
+pub fn all_keys(
+    store: &crate::engine::Engine,
+    pattern: Option<&[u8]>,
+) -> Result<Vec<Vec<u8>>, CmdError> {
     let mut out = Vec::new();
     let mut cursor = 0;
     loop {

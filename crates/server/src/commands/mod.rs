@@ -85,6 +85,9 @@ impl From<StoreError> for CmdError {
                 nibble::MAX_KEY_BYTES
             )
             .into(),
+            // The shared store's lock-wait and I/O errors arrive as Io
+            // with their own message.
+            StoreError::Io(e) => format!("ERR {e}").into(),
             e => format!("ERR {e}").into(),
         }
     }
@@ -119,7 +122,7 @@ pub struct Ctx<'a> {
 
 impl Ctx<'_> {
     /// The engine.
-    pub fn store(&self) -> &nibble::Store {
+    pub fn store(&self) -> &crate::engine::Engine {
         &self.shared.store
     }
 

@@ -70,7 +70,7 @@ fn bulk_limit_is_the_engine_value_limit() {
         q(&mut c, &["CONFIG", "GET", "proto-max-bulk-len"]);
     assert_eq!(m["proto-max-bulk-len"], (512u64 << 20).to_string());
     // The engine's largest value is 16 MiB: a longer bulk is refused up front.
-    let engine_max = s.shared().store.config().max_value_bytes;
+    let engine_max = s.shared().store.max_value_bytes() as usize;
     let mut r = Resp::new(s.resp_port().unwrap());
     r.send(format!("*3\r\n$3\r\nSET\r\n$1\r\nk\r\n${}\r\n", engine_max + 1).as_bytes());
     assert_eq!(

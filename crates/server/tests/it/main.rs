@@ -4,6 +4,7 @@
 
 mod commands;
 mod common;
+mod datadir;
 mod hashes_admin;
 mod limits;
 mod memcached;
