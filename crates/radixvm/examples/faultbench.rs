@@ -3,9 +3,9 @@
 //!
 //! ```text
 //! cargo run --release -p radixvm --example faultbench -- [--threads 2] [--fractions 0,0.25,0.5,0.9]
-//!     [--systems radixvm,bonsai,linux] [--secs 1] [--runs 3] [--quick] [--json]
+//!     [--systems radixvm-sw,bonsai-uffd,...] [--secs 1] [--runs 3] [--quick] [--json]
 //! ```
-//! Every row is over the software MMU (`tlb simulated`).
+//! Rows over the software MMU say `tlb simulated`; over userfaultfd, `tlb real`.
 
 use radixvm::bench::{self, FaultRow};
 

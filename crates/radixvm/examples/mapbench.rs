@@ -2,10 +2,11 @@
 //!
 //! ```text
 //! cargo run --release -p radixvm --example mapbench -- [--threads 1,2] [--pages 4]
-//!     [--workloads local,pipeline,global] [--systems radixvm,bonsai,linux,native-linux]
+//!     [--workloads local,pipeline,global] [--systems radixvm-sw,radixvm-uffd,...,native-linux]
 //!     [--secs 1] [--runs 3] [--quick] [--json]
 //! ```
-//! Designs run over the software MMU: their rows say `tlb simulated`.
+//! Designs run over the software MMU (`design-sw`, `tlb simulated`) and
+//! the userfaultfd MMU (`design-uffd`, `tlb real`).
 
 use radixvm::bench::{self, MapRow};
 

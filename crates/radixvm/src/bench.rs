@@ -2,10 +2,15 @@
 //! `faultbench` (Bonsai §7.3, Figures 16-18) as library functions, for
 //! `memlab mapbench` / `memlab faultbench` and the examples.
 //!
-//! Every design runs over the software MMU: its rows say `tlb:
-//! "simulated"`. `mapbench` also runs the same workload with the
-//! process's own `mmap`/`munmap` and real stores (`native-linux`, `tlb:
-//! "real"`), in the same run, as the yardstick.
+//! Every design runs over both MMU backends: rows over the software MMU
+//! say `tlb: "simulated"` (system `design-sw`), rows over the
+//! userfaultfd MMU `tlb: "real"` (system `design-uffd`: real faults, the
+//! kernel's page table and TLB shootdowns). `mapbench` also runs the same
+//! workload with the process's own `mmap`/`munmap` and real stores
+//! (`native-linux`, `tlb: "real"`), in the same run, as the yardstick.
+//! Shootdown figures are the design's requests (on the userfaultfd
+//! backend the kernel performs its own, counted system-wide from
+//! /proc/interrupts as `kernel_tlb_ipis_per_iter`).
 //!
 //! mapbench workloads (region size in pages, per thread):
 //! * `local` — each thread maps its own region at a fixed address,
@@ -37,10 +42,11 @@ use std::time::{Duration, Instant};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
+use crate::mmu::uffd::UffdError;
 use crate::space::stats_of;
 use crate::{
-    new_space, Access, AddressSpace, Backing, Cpu, Design, Frames, MapAt, Prot, Segment, Stats,
-    PAGE_SIZE_BYTES,
+    new_space_on, Access, AddressSpace, Backend, Backing, Cpu, Design, Frames, MapAt, Prot,
+    Segment, Stats, PAGE_SIZE_BYTES,
 };
 
 /// Fixed addresses used by the benchmarks start here.
@@ -55,38 +61,112 @@ pub const FAULT_REGION_PAGES: u64 = 256;
 pub const POOL_BYTES: usize = 256 << 20;
 
 /// A system under test.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum System {
-    /// One of the designs, over the software MMU.
-    Design(Design),
+    /// One of the designs over one of the MMU backends.
+    Design(Design, Backend),
     /// The process's own mmap/munmap and real page faults.
     Native,
 }
 
 impl System {
-    /// Every design, then native.
-    pub const ALL: [System; 4] = [
-        System::Design(Design::RadixVm),
-        System::Design(Design::Bonsai),
-        System::Design(Design::Linux),
+    /// Every design over the software MMU, then over userfaultfd, then
+    /// native.
+    pub const ALL: [System; 7] = [
+        System::Design(Design::RadixVm, Backend::Software),
+        System::Design(Design::Bonsai, Backend::Software),
+        System::Design(Design::Linux, Backend::Software),
+        System::Design(Design::RadixVm, Backend::Userfaultfd),
+        System::Design(Design::Bonsai, Backend::Userfaultfd),
+        System::Design(Design::Linux, Backend::Userfaultfd),
         System::Native,
     ];
 
-    /// Name in output.
-    pub fn name(self) -> &'static str {
+    /// Name in output: `design-backend` or `native-linux`.
+    pub fn name(self) -> String {
         match self {
-            System::Design(d) => d.name(),
-            System::Native => "native-linux",
+            System::Design(d, b) => format!("{}-{}", d.name(), b.name()),
+            System::Native => "native-linux".into(),
         }
     }
 
-    /// `"simulated"` or `"real"`.
+    /// `"simulated"` (software MMU) or `"real"`.
     pub fn tlb(self) -> &'static str {
         match self {
-            System::Design(_) => "simulated",
+            System::Design(_, b) => b.tlb(),
             System::Native => "real",
         }
     }
+
+    /// The backend, for designs.
+    pub fn backend(self) -> Option<Backend> {
+        match self {
+            System::Design(_, b) => Some(b),
+            System::Native => None,
+        }
+    }
+}
+
+impl std::str::FromStr for System {
+    type Err = String;
+    /// `native-linux`, `design-backend` (`radixvm-uffd`), or a design
+    /// alone (software MMU).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "native-linux" {
+            return Ok(System::Native);
+        }
+        match s.rsplit_once('-') {
+            Some((d, b)) => Ok(System::Design(d.parse()?, b.parse()?)),
+            None => Ok(System::Design(s.parse()?, Backend::Software)),
+        }
+    }
+}
+
+/// Whether the userfaultfd backend works here: `Err` holds the reason
+/// (printed by the benchmarks, which then skip its rows).
+pub fn uffd_available() -> Result<(), String> {
+    let frames = Frames::new(1 << 20).map_err(|e| e.to_string())?;
+    match new_space_on(Design::Linux, Backend::Userfaultfd, &frames) {
+        Ok(_) => Ok(()),
+        Err(e @ UffdError::Unavailable(_)) => Err(e.to_string()),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// `systems` without the userfaultfd ones when `uffd_available` says
+/// no; `note` gets the reason once.
+pub fn usable_systems(systems: &[System], mut note: impl FnMut(&str)) -> Vec<System> {
+    if !systems
+        .iter()
+        .any(|s| s.backend() == Some(Backend::Userfaultfd))
+    {
+        return systems.to_vec();
+    }
+    match uffd_available() {
+        Ok(()) => systems.to_vec(),
+        Err(why) => {
+            note(&format!("skipping the userfaultfd rows: {why}"));
+            systems
+                .iter()
+                .copied()
+                .filter(|s| s.backend() != Some(Backend::Userfaultfd))
+                .collect()
+        }
+    }
+}
+
+/// TLB-shootdown interrupts received, all CPUs (the `TLB:` line of
+/// /proc/interrupts), or `None` where unreadable. System-wide: other
+/// processes' shootdowns count too.
+pub fn kernel_tlb_shootdowns() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/interrupts").ok()?;
+    let line = text.lines().find(|l| l.trim_start().starts_with("TLB:"))?;
+    Some(
+        line.split_whitespace()
+            .skip(1)
+            .map_while(|w| w.parse::<u64>().ok())
+            .sum(),
+    )
 }
 
 /// A mapbench workload.
@@ -190,8 +270,12 @@ pub struct MapRow {
     pub shootdowns_per_iter: Option<f64>,
     /// Remote targets per shootdown (designs only).
     pub targets_per_shootdown: Option<f64>,
-    /// Page-table pages at the end of the last run (designs only).
+    /// Page-table pages at the end of the last run (designs only; the
+    /// userfaultfd backend's shadow table).
     pub page_table_pages: Option<u64>,
+    /// TLB-shootdown interrupts the kernel counted per iteration,
+    /// system-wide (real TLBs only; `None` where unreadable).
+    pub kernel_tlb_ipis_per_iter: Option<f64>,
     /// Spread in percent.
     pub spread_pct: f64,
     /// Runs.
@@ -209,7 +293,7 @@ impl MapRow {
             "{{\"bench\":\"mapbench\",\"system\":\"{}\",\"tlb\":\"{}\",\"workload\":\"{}\",\"threads\":{},\
              \"pages\":{},\"ops_per_sec\":{:.0},\"touches_per_sec\":{:.0},\"faults_per_iter\":{:.3},\
              \"shootdowns_per_iter\":{},\"targets_per_shootdown\":{},\"page_table_pages\":{},\
-             \"spread_pct\":{:.1},\"runs\":{}}}",
+             \"kernel_tlb_ipis_per_iter\":{},\"backend\":\"{}\",\"spread_pct\":{:.1},\"runs\":{}}}",
             self.system.name(),
             self.system.tlb(),
             self.workload.name(),
@@ -221,19 +305,21 @@ impl MapRow {
             opt(self.shootdowns_per_iter),
             opt(self.targets_per_shootdown),
             self.page_table_pages.map_or("null".into(), |p| p.to_string()),
+            opt(self.kernel_tlb_ipis_per_iter),
+            self.system.backend().map_or("native", Backend::name),
             self.spread_pct,
             self.runs
         )
     }
 
     /// Header of [`MapRow::to_table_line`].
-    pub const TABLE_HEADER: &'static str = "workload system        tlb        threads pages      iters/s    touches/s faults/it shoot/it tgt/shoot  pt-pages spread%";
+    pub const TABLE_HEADER: &'static str = "workload system        tlb        threads pages      iters/s    touches/s faults/it shoot/it tgt/shoot  pt-pages kTLB/it spread%";
 
     /// One table line.
     pub fn to_table_line(&self) -> String {
         let dash = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));
         format!(
-            "{:<8} {:<14} {:<10} {:>7} {:>5} {:>12.0} {:>12.0} {:>9.2} {:>8} {:>9} {:>9} {:>7.1}",
+            "{:<8} {:<14} {:<10} {:>7} {:>5} {:>12.0} {:>12.0} {:>9.2} {:>8} {:>9} {:>9} {:>7} {:>7.1}",
             self.workload.name(),
             self.system.name(),
             self.system.tlb(),
@@ -245,6 +331,7 @@ impl MapRow {
             dash(self.shootdowns_per_iter),
             dash(self.targets_per_shootdown),
             self.page_table_pages.map_or("-".into(), |p| p.to_string()),
+            dash(self.kernel_tlb_ipis_per_iter),
             self.spread_pct
         )
     }
@@ -253,8 +340,8 @@ impl MapRow {
 /// One faultbench result.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FaultRow {
-    /// Design.
-    pub design: Design,
+    /// Design and backend.
+    pub system: System,
     /// Threads (one mapper, the rest fault).
     pub threads: usize,
     /// Fraction of the mapper's time in mmap/munmap.
@@ -275,10 +362,12 @@ impl FaultRow {
     /// One JSON object.
     pub fn to_json(&self) -> String {
         format!(
-            "{{\"bench\":\"faultbench\",\"system\":\"{}\",\"tlb\":\"simulated\",\"threads\":{},\
+            "{{\"bench\":\"faultbench\",\"system\":\"{}\",\"tlb\":\"{}\",\"backend\":\"{}\",\"threads\":{},\
              \"map_fraction\":{:.2},\"faults_per_sec\":{:.0},\"fault_ns\":{:.1},\"maps_per_sec\":{:.0},\
              \"spread_pct\":{:.1},\"runs\":{}}}",
-            self.design,
+            self.system.name(),
+            self.system.tlb(),
+            self.system.backend().map_or("native", Backend::name),
             self.threads,
             self.map_fraction,
             self.faults_per_sec,
@@ -291,14 +380,14 @@ impl FaultRow {
 
     /// Header of [`FaultRow::to_table_line`].
     pub const TABLE_HEADER: &'static str =
-        "system   tlb        threads map-frac     faults/s  ns/fault    maps/s spread%";
+        "system         tlb        threads map-frac     faults/s  ns/fault    maps/s spread%";
 
     /// One table line.
     pub fn to_table_line(&self) -> String {
         format!(
-            "{:<8} {:<10} {:>7} {:>8.2} {:>12.0} {:>9.1} {:>9.0} {:>7.1}",
-            self.design.name(),
-            "simulated",
+            "{:<14} {:<10} {:>7} {:>8.2} {:>12.0} {:>9.1} {:>9.0} {:>7.1}",
+            self.system.name(),
+            self.system.tlb(),
             self.threads,
             self.map_fraction,
             self.faults_per_sec,
@@ -335,6 +424,8 @@ struct Sample {
     touches: u64,
     secs: f64,
     faults: u64,
+    /// Kernel TLB-shootdown interrupts during the run, system-wide.
+    kernel_tlb: Option<u64>,
     stats: Stats,
 }
 
@@ -487,6 +578,7 @@ fn run_workload<V: Vm>(
     let rings: Vec<Mutex<VecDeque<u64>>> =
         (0..threads).map(|_| Mutex::new(VecDeque::new())).collect();
     let faults_before = minor_faults();
+    let tlb_before = kernel_tlb_shootdowns();
     let mut elapsed = Duration::ZERO;
     std::thread::scope(|s| {
         for t in 0..threads {
@@ -583,6 +675,7 @@ fn run_workload<V: Vm>(
         touches: touches.load(Ordering::Relaxed),
         secs: elapsed.as_secs_f64(),
         faults: minor_faults() - faults_before,
+        kernel_tlb: tlb_before.zip(kernel_tlb_shootdowns()).map(|(a, b)| b - a),
         stats: Stats::default(),
     }
 }
@@ -590,9 +683,9 @@ fn run_workload<V: Vm>(
 /// One mapbench run of `system`.
 fn map_sample(system: System, workload: Workload, threads: usize, pages: u64, secs: f64) -> Sample {
     match system {
-        System::Design(design) => {
+        System::Design(design, backend) => {
             let frames = Frames::new(POOL_BYTES).expect("frame pool");
-            let space = new_space(design, &frames);
+            let space = new_space_on(design, backend, &frames).expect("checked by usable_systems");
             let vm = DesignVm(space.clone());
             let mut sample = run_workload(&vm, workload, threads, pages, secs);
             sample.stats = stats_of(space.mmu());
@@ -607,11 +700,14 @@ fn map_sample(system: System, workload: Workload, threads: usize, pages: u64, se
 }
 
 /// Runs mapbench, calling `row` as each row completes.
+/// Userfaultfd rows are left out (with a note on stderr) where the
+/// kernel offers no userfaultfd.
 pub fn mapbench(options: &Options, mut row: impl FnMut(&MapRow)) -> Vec<MapRow> {
     let mut rows = Vec::new();
+    let systems = usable_systems(&options.systems, |why| eprintln!("mapbench: {why}"));
     for &workload in &options.workloads {
         for &threads in &options.threads {
-            for &system in &options.systems {
+            for &system in &systems {
                 let samples: Vec<Sample> = (0..options.runs.max(1))
                     .map(|_| map_sample(system, workload, threads, options.pages, options.secs))
                     .collect();
@@ -623,7 +719,8 @@ pub fn mapbench(options: &Options, mut row: impl FnMut(&MapRow)) -> Vec<MapRow> 
                 let faults: u64 = samples.iter().map(|s| s.faults).sum();
                 let shootdowns: u64 = samples.iter().map(|s| s.stats.shootdowns).sum();
                 let targets: u64 = samples.iter().map(|s| s.stats.shootdown_targets).sum();
-                let design = matches!(system, System::Design(_));
+                let design = matches!(system, System::Design(..));
+                let kernel_tlb: Option<u64> = samples.iter().map(|s| s.kernel_tlb).sum();
                 let r = MapRow {
                     workload,
                     system,
@@ -642,6 +739,9 @@ pub fn mapbench(options: &Options, mut row: impl FnMut(&MapRow)) -> Vec<MapRow> 
                     }),
                     page_table_pages: design
                         .then(|| samples.last().map_or(0, |s| s.stats.page_table_pages)),
+                    kernel_tlb_ipis_per_iter: kernel_tlb
+                        .filter(|_| system.tlb() == "real")
+                        .map(|k| k as f64 / iters as f64),
                     spread_pct,
                     runs: samples.len(),
                 };
@@ -654,9 +754,15 @@ pub fn mapbench(options: &Options, mut row: impl FnMut(&MapRow)) -> Vec<MapRow> 
 }
 
 /// One faultbench run: (faults per second, ns per fault, maps per second).
-fn fault_sample(design: Design, threads: usize, fraction: f64, secs: f64) -> (f64, f64, f64) {
+fn fault_sample(
+    design: Design,
+    backend: Backend,
+    threads: usize,
+    fraction: f64,
+    secs: f64,
+) -> (f64, f64, f64) {
     let frames = Frames::new(POOL_BYTES).expect("frame pool");
-    let space = new_space(design, &frames);
+    let space = new_space_on(design, backend, &frames).expect("checked by usable_systems");
     let faulters = threads.saturating_sub(1).max(1);
     let segment = Segment::new(&frames, FAULT_REGION_PAGES * faulters as u64);
     let stop = AtomicBool::new(false);
@@ -727,7 +833,7 @@ fn fault_sample(design: Design, threads: usize, fraction: f64, secs: f64) -> (f6
                     mmu.shootdown(id, 1 << id, vpns.clone());
                     let t0 = Instant::now();
                     for p in 0..FAULT_REGION_PAGES {
-                        cpu.touch(a + p * PAGE_SIZE_BYTES, Access::Read, &mut |_| {})
+                        cpu.touch(a + p * PAGE_SIZE_BYTES, Access::Read)
                             .expect("faulter read");
                     }
                     nanos += t0.elapsed().as_nanos() as u64;
@@ -753,24 +859,29 @@ fn fault_sample(design: Design, threads: usize, fraction: f64, secs: f64) -> (f6
 }
 
 /// Runs faultbench (designs only: native faults cannot be isolated from
-/// the mapper's lock in one process), calling `row` per row.
+/// the mapper's lock in one process), calling `row` per row. Thread
+/// counts below 2 run as 2 (one mapper, one faulter); userfaultfd rows
+/// are left out (with a note on stderr) where the kernel offers none.
 pub fn faultbench(options: &Options, mut row: impl FnMut(&FaultRow)) -> Vec<FaultRow> {
     let mut rows = Vec::new();
-    for &threads in &options.threads {
+    let systems = usable_systems(&options.systems, |why| eprintln!("faultbench: {why}"));
+    let mut thread_counts: Vec<usize> = options.threads.iter().map(|&t| t.max(2)).collect();
+    thread_counts.dedup();
+    for &threads in &thread_counts {
         for &fraction in &options.map_fractions {
-            for system in &options.systems {
-                let System::Design(design) = *system else {
+            for &system in &systems {
+                let System::Design(design, backend) = system else {
                     continue;
                 };
                 let samples: Vec<_> = (0..options.runs.max(1))
-                    .map(|_| fault_sample(design, threads.max(2), fraction, options.secs))
+                    .map(|_| fault_sample(design, backend, threads, fraction, options.secs))
                     .collect();
                 let (fault_ns, spread_pct) = median_spread(samples.iter().map(|s| s.1).collect());
                 let (faults_per_sec, _) = median_spread(samples.iter().map(|s| s.0).collect());
                 let (maps_per_sec, _) = median_spread(samples.iter().map(|s| s.2).collect());
                 let r = FaultRow {
-                    design,
-                    threads: threads.max(2),
+                    system,
+                    threads,
                     map_fraction: fraction,
                     faults_per_sec,
                     fault_ns,
@@ -824,15 +935,7 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<(Options, bo
                     .map_err(|e| format!("{e}"))?
             }
             "--workloads" => options.workloads = list(args.next(), |w| w.parse())?,
-            "--systems" => {
-                options.systems = list(args.next(), |s| {
-                    if s == "native-linux" {
-                        Ok(System::Native)
-                    } else {
-                        s.parse().map(System::Design)
-                    }
-                })?
-            }
+            "--systems" => options.systems = list(args.next(), |s| s.parse())?,
             "--fractions" => {
                 options.map_fractions =
                     list(args.next(), |f| f.parse().map_err(|e| format!("{e}")))?

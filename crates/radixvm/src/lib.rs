@@ -18,20 +18,27 @@
 //! One parameter, [`Design`], picks the design ([`new_space`]), as sv6
 //! picks its page-table and shootdown schemes.
 //!
-//! The MMU is simulated ([`mmu::sw`]): per-CPU TLBs and page tables are
-//! data structures in memory, a TLB or page-table miss calls `pagefault`,
-//! and a TLB shootdown is a message each target CPU's thread acknowledges
-//! (see [`shootdown`]). Frames are real memory from the `buddy` frame pool
-//! and every touch reads or writes them. Nothing here changes the
-//! process's own page tables: every figure produced with the software MMU
-//! says "TLB simulated".
+//! A second parameter, [`Backend`], picks the MMU ([`new_space_on`]):
+//! * the software MMU ([`mmu::sw`]): per-CPU TLBs and page tables are
+//!   data structures in memory, a TLB or page-table miss calls
+//!   `pagefault`, and a TLB shootdown is a message each target CPU's
+//!   thread acknowledges (see [`shootdown`]). Frames are real memory from
+//!   the `buddy` frame pool and every touch reads or writes them. Nothing
+//!   changes the process's own page tables: every figure produced with
+//!   it says "TLB simulated";
+//! * the userfaultfd MMU ([`mmu::uffd`]): a real arena whose first touch
+//!   is a real page fault, resolved by the design on the faulting thread
+//!   with `UFFDIO_COPY`; unmapping is `madvise(MADV_DONTNEED)` and the
+//!   kernel does the real TLB shootdown.
 //!
 //! Layout, one module per concern:
 //! * [`space`] — the [`AddressSpace`] trait, per-CPU attachment ([`Cpu`]),
 //!   statistics, address allocation.
-//! * [`mmu`] — the [`mmu::Mmu`] trait; [`mmu::sw`] the software MMU.
+//! * [`mmu`] — the [`mmu::Mmu`] trait; [`mmu::sw`] the software MMU,
+//!   [`mmu::uffd`] the userfaultfd MMU.
 //! * [`shootdown`] — the TLB-shootdown handshake.
 //! * [`frames`] — frames from the buddy pool, segments (file-like backing).
+//! * [`frameref`] — Refcache'd frame references (RadixVM's frames).
 //! * [`designs`] — [`designs::radixvm`], [`designs::bonsai`],
 //!   [`designs::linux`].
 //! * [`bench`] — `mapbench` (RadixVM §5) and `faultbench` (Bonsai
@@ -42,6 +49,7 @@
 
 pub mod bench;
 pub mod designs;
+pub mod frameref;
 pub mod frames;
 pub mod mmu;
 pub mod shootdown;
@@ -51,14 +59,16 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use frames::{Frames, Segment};
+pub use mmu::Backend;
 pub use space::{AddressSpace, Cpu, Stats};
 
 /// Bytes per page.
 pub const PAGE_SIZE_BYTES: u64 = 4096;
 /// CPUs an address space can have attached (one bit each in a `u64` set).
 pub const MAX_CPUS: usize = 64;
-/// Virtual addresses are below this (48-bit, as x86-64 user space).
-pub const ADDRESS_LIMIT_BYTES: u64 = 1 << 47;
+/// Virtual addresses are below this (2 TiB: small enough for the
+/// userfaultfd backend to reserve the whole range as its arena).
+pub const ADDRESS_LIMIT_BYTES: u64 = 1 << 41;
 
 /// Page protection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -219,9 +229,21 @@ impl fmt::Display for Design {
 /// A new empty address space of `design` over a software MMU drawing
 /// frames from `frames`.
 pub fn new_space(design: Design, frames: &Arc<Frames>) -> Arc<dyn AddressSpace> {
-    match design {
-        Design::RadixVm => Arc::new(designs::radixvm::RadixVm::new(frames)),
-        Design::Bonsai => Arc::new(designs::bonsai::BonsaiVm::new(frames)),
-        Design::Linux => Arc::new(designs::linux::LinuxVm::new(frames)),
-    }
+    new_space_on(design, Backend::Software, frames).expect("the software MMU always builds")
+}
+
+/// A new empty address space of `design` over `backend`. Fails only for
+/// the userfaultfd backend, with [`mmu::uffd::UffdError::Unavailable`]
+/// where the kernel offers no userfaultfd.
+pub fn new_space_on(
+    design: Design,
+    backend: Backend,
+    frames: &Arc<Frames>,
+) -> Result<Arc<dyn AddressSpace>, mmu::uffd::UffdError> {
+    let mmu = backend.new_mmu(frames, design == Design::RadixVm)?;
+    Ok(match design {
+        Design::RadixVm => Arc::new(designs::radixvm::RadixVm::with_mmu(mmu)),
+        Design::Bonsai => Arc::new(designs::bonsai::BonsaiVm::with_mmu(mmu)),
+        Design::Linux => Arc::new(designs::linux::LinuxVm::with_mmu(mmu)),
+    })
 }

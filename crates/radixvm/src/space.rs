@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
 
-use crate::mmu::{Counter, Mmu};
+use crate::mmu::{Counter, Mmu, Op};
 use crate::{
     Access, Backing, Design, MapAt, Prot, VmError, ADDRESS_LIMIT_BYTES, MAX_CPUS, PAGE_SIZE_BYTES,
 };
@@ -156,51 +156,43 @@ impl<'a> Cpu<'a> {
         self.space.mprotect(self.id, addr, len_bytes, prot)
     }
 
-    /// A user access to the byte at `addr`: the MMU, a page fault on a
-    /// miss, the MMU again. `f` runs on the byte while it is mapped.
-    pub fn touch(
-        &self,
-        addr: u64,
-        access: Access,
-        f: &mut dyn FnMut(*mut u8),
-    ) -> Result<(), VmError> {
+    /// A user operation on the byte at `addr`: the MMU, a page fault on a
+    /// miss, the MMU again, as hardware re-executes a faulting
+    /// instruction. Returns the byte loaded (0 for stores).
+    pub fn op(&self, addr: u64, op: Op) -> Result<u8, VmError> {
         let vpn = addr / PAGE_SIZE_BYTES;
         let offset = (addr % PAGE_SIZE_BYTES) as usize;
         let mmu = self.space.mmu();
         loop {
-            match mmu.access(self.id, vpn, offset, access, f) {
-                Ok(()) => return Ok(()),
-                Err(crate::mmu::Miss::Fault) => self.space.pagefault(self.id, addr, access)?,
+            match mmu.access(self.id, vpn, offset, op) {
+                Ok(v) => return Ok(v),
+                Err(crate::mmu::Miss::Fault) => self.space.pagefault(self.id, addr, op.access())?,
             }
         }
     }
 
+    /// An access to `addr` that changes nothing (a load, or an atomic
+    /// `or` of 0 for a write).
+    pub fn touch(&self, addr: u64, access: Access) -> Result<(), VmError> {
+        self.op(addr, Op::Touch(access)).map(|_| ())
+    }
+
     /// Loads the byte at `addr`.
     pub fn read(&self, addr: u64) -> Result<u8, VmError> {
-        let mut value = 0;
-        self.touch(addr, Access::Read, &mut |p| {
-            // SAFETY: `touch` passes the address of a mapped byte of a live
-            // frame; other CPUs may store to it concurrently, so a
-            // volatile byte load (a racy read of plain memory, as user
-            // code on real hardware).
-            value = unsafe { p.read_volatile() }
-        })?;
-        Ok(value)
+        self.op(addr, Op::Load)
     }
 
     /// Stores `value` at `addr`.
     pub fn write(&self, addr: u64, value: u8) -> Result<(), VmError> {
-        self.touch(addr, Access::Write, &mut |p| {
-            // SAFETY: as in `read`; a byte store to a mapped, writable,
-            // live frame.
-            unsafe { p.write_volatile(value) }
-        })
+        self.op(addr, Op::Store(value)).map(|_| ())
     }
 }
 
 impl Drop for Cpu<'_> {
     fn drop(&mut self) {
         self.space.mmu().detach(self.id);
+        // No longer a CPU: stop holding Refcache's epochs up.
+        crate::frameref::leave();
     }
 }
 
@@ -221,8 +213,9 @@ pub fn page_range(addr: u64, len_bytes: u64) -> Result<Range<u64>, VmError> {
 /// Start of the windows [`MapAt::Anywhere`] allocates from (1 TiB);
 /// fixed mappings below it never collide with them.
 pub const ANYWHERE_BASE_BYTES: u64 = 1 << 40;
-/// Bytes of address space per CPU window (1 TiB).
-pub const WINDOW_BYTES: u64 = 1 << 40;
+/// Bytes of address space per CPU window (16 GiB: the windows end at
+/// [`ADDRESS_LIMIT_BYTES`]).
+pub const WINDOW_BYTES: u64 = (ADDRESS_LIMIT_BYTES - ANYWHERE_BASE_BYTES) / MAX_CPUS as u64;
 
 /// Address allocation for [`MapAt::Anywhere`]: a bump pointer per CPU in
 /// its own window, so concurrent mmaps touch no shared line (sv6 does the

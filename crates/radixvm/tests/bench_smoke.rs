@@ -1,6 +1,7 @@
 //! The benchmarks run end to end (tiny durations) on every system.
 
 use radixvm::bench::{self, Options, System};
+use radixvm::Backend;
 
 #[test]
 fn mapbench_and_faultbench_complete() {
@@ -10,19 +11,23 @@ fn mapbench_and_faultbench_complete() {
         map_fractions: vec![0.5],
         ..Options::default()
     };
+    let uffd = bench::uffd_available();
+    if let Err(why) = &uffd {
+        println!("userfaultfd rows skipped: {why}");
+    }
+    let systems = if uffd.is_ok() { 7 } else { 4 };
     let rows = bench::mapbench(&options, |_| {});
-    assert_eq!(rows.len(), 3 * 2 * 4);
+    assert_eq!(rows.len(), 3 * 2 * systems);
     for r in &rows {
         assert!(r.iters_per_sec > 0.0, "{}", r.to_table_line());
         let json = r.to_json();
         assert!(json.contains("\"bench\":\"mapbench\""));
-        let expected_tlb = if r.system == System::Native {
-            "real"
-        } else {
-            "simulated"
+        let expected_tlb = match r.system {
+            System::Design(_, Backend::Software) => "simulated",
+            _ => "real",
         };
         assert!(json.contains(&format!("\"tlb\":\"{expected_tlb}\"")));
-        if r.system == System::Design(radixvm::Design::RadixVm)
+        if matches!(r.system, System::Design(radixvm::Design::RadixVm, _))
             && r.workload == bench::Workload::Local
         {
             assert_eq!(
@@ -33,8 +38,18 @@ fn mapbench_and_faultbench_complete() {
         }
     }
     let rows = bench::faultbench(&options, |_| {});
-    assert_eq!(rows.len(), 2 * 3);
-    assert!(rows
-        .iter()
-        .all(|r| r.fault_ns > 0.0 && r.to_json().contains("simulated")));
+    assert_eq!(
+        rows.len(),
+        systems - 1,
+        "one thread count (2), one fraction"
+    );
+    for r in &rows {
+        assert!(r.fault_ns > 0.0, "{}", r.to_table_line());
+        let tlb = if r.system.backend() == Some(Backend::Software) {
+            "\"tlb\":\"simulated\""
+        } else {
+            "\"tlb\":\"real\""
+        };
+        assert!(r.to_json().contains(tlb), "{}", r.to_json());
+    }
 }

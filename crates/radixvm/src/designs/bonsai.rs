@@ -43,7 +43,7 @@ use crate::{Access, AddressSpace, Backing, Design, Frames, MapAt, Prot, VmError,
 
 /// The Bonsai VM address space.
 pub struct BonsaiVm {
-    mmu: SoftMmu,
+    mmu: Box<dyn Mmu>,
     /// Regions keyed by last page.
     tree: BonsaiTree<u64, Arc<Region>>,
     /// The address-space lock (mmap, munmap, mprotect).
@@ -60,8 +60,14 @@ impl std::fmt::Debug for BonsaiVm {
 impl BonsaiVm {
     /// An empty address space with a shared page table.
     pub fn new(frames: &Arc<Frames>) -> BonsaiVm {
+        BonsaiVm::with_mmu(Box::new(SoftMmu::new(frames, false)))
+    }
+
+    /// An empty address space over `mmu` (built with a shared page table where the
+    /// backend has a choice).
+    pub fn with_mmu(mmu: Box<dyn Mmu>) -> BonsaiVm {
         BonsaiVm {
-            mmu: SoftMmu::new(frames, false),
+            mmu,
             tree: BonsaiTree::new(),
             lock: Mutex::new(()),
             addrs: AddrAlloc::default(),
@@ -122,7 +128,7 @@ impl AddressSpace for BonsaiVm {
     }
 
     fn mmu(&self) -> &dyn Mmu {
-        &self.mmu
+        &*self.mmu
     }
 
     fn mmap(
@@ -133,7 +139,7 @@ impl AddressSpace for BonsaiVm {
         prot: Prot,
         backing: Backing,
     ) -> Result<u64, VmError> {
-        count(&self.mmu, cpu, Counter::Mmaps);
+        count(&*self.mmu, cpu, Counter::Mmaps);
         page_range(0, len_bytes)?;
         let _as_lock = self.lock.lock();
         let addr = match at {
@@ -157,23 +163,23 @@ impl AddressSpace for BonsaiVm {
         let region = Arc::new(Region::born(vpns.clone(), prot, backing));
         let old = self.carve(&vpns, None, Some(region.clone()));
         if !old.is_empty() {
-            zap_shared(&self.mmu, cpu, vpns, &|v| owned_in(&old, v));
+            zap_shared(&*self.mmu, cpu, vpns, &|v| owned_in(&old, v));
         }
         region.set(LIVE);
         Ok(addr)
     }
 
     fn munmap(&self, cpu: usize, addr: u64, len_bytes: u64) -> Result<(), VmError> {
-        count(&self.mmu, cpu, Counter::Munmaps);
+        count(&*self.mmu, cpu, Counter::Munmaps);
         let vpns = page_range(addr, len_bytes)?;
         let _as_lock = self.lock.lock();
         let old = self.carve(&vpns, None, None);
-        zap_shared(&self.mmu, cpu, vpns, &|v| owned_in(&old, v));
+        zap_shared(&*self.mmu, cpu, vpns, &|v| owned_in(&old, v));
         Ok(())
     }
 
     fn mprotect(&self, cpu: usize, addr: u64, len_bytes: u64, prot: Prot) -> Result<(), VmError> {
-        count(&self.mmu, cpu, Counter::Mprotects);
+        count(&*self.mmu, cpu, Counter::Mprotects);
         let vpns = page_range(addr, len_bytes)?;
         let _as_lock = self.lock.lock();
         let covered: u64 = self
@@ -185,12 +191,12 @@ impl AddressSpace for BonsaiVm {
             return Err(VmError::Unmapped(addr));
         }
         self.carve(&vpns, Some(prot), None);
-        protect_shared(&self.mmu, cpu, vpns, prot);
+        protect_shared(&*self.mmu, cpu, vpns, prot);
         Ok(())
     }
 
     fn pagefault(&self, cpu: usize, addr: u64, access: Access) -> Result<(), VmError> {
-        count(&self.mmu, cpu, Counter::Faults);
+        count(&*self.mmu, cpu, Counter::Faults);
         let vpn = addr / PAGE_SIZE_BYTES;
         loop {
             let reader = self.tree.reader();
@@ -199,7 +205,7 @@ impl AddressSpace for BonsaiVm {
                 .map(|(_, r)| r)
                 .filter(|r| r.start <= vpn)
                 .ok_or(VmError::Unmapped(addr))?;
-            if fault_shared(&self.mmu, cpu, region, vpn, access)? {
+            if fault_shared(&*self.mmu, cpu, region, vpn, access)? {
                 return Ok(());
             }
             // The region died under us: look again.

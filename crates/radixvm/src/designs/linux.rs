@@ -32,7 +32,7 @@ type Regions = BTreeMap<u64, Arc<Region>>;
 
 /// The Linux-style address space.
 pub struct LinuxVm {
-    mmu: SoftMmu,
+    mmu: Box<dyn Mmu>,
     regions: RwLock<Regions>,
     addrs: AddrAlloc,
 }
@@ -79,8 +79,14 @@ fn owned_in(old: &[Arc<Region>], vpn: u64) -> bool {
 impl LinuxVm {
     /// An empty address space with a shared page table.
     pub fn new(frames: &Arc<Frames>) -> LinuxVm {
+        LinuxVm::with_mmu(Box::new(SoftMmu::new(frames, false)))
+    }
+
+    /// An empty address space over `mmu` (built with a shared page table where the
+    /// backend has a choice).
+    pub fn with_mmu(mmu: Box<dyn Mmu>) -> LinuxVm {
         LinuxVm {
-            mmu: SoftMmu::new(frames, false),
+            mmu,
             regions: RwLock::new(BTreeMap::new()),
             addrs: AddrAlloc::default(),
         }
@@ -93,7 +99,7 @@ impl AddressSpace for LinuxVm {
     }
 
     fn mmu(&self) -> &dyn Mmu {
-        &self.mmu
+        &*self.mmu
     }
 
     fn mmap(
@@ -104,7 +110,7 @@ impl AddressSpace for LinuxVm {
         prot: Prot,
         backing: Backing,
     ) -> Result<u64, VmError> {
-        count(&self.mmu, cpu, Counter::Mmaps);
+        count(&*self.mmu, cpu, Counter::Mmaps);
         page_range(0, len_bytes)?;
         let mut regions = self.regions.write();
         let addr = match at {
@@ -131,22 +137,22 @@ impl AddressSpace for LinuxVm {
             Arc::new(Region::new(vpns.clone(), prot, backing)),
         );
         if !old.is_empty() {
-            zap_shared(&self.mmu, cpu, vpns, &|v| owned_in(&old, v));
+            zap_shared(&*self.mmu, cpu, vpns, &|v| owned_in(&old, v));
         }
         Ok(addr)
     }
 
     fn munmap(&self, cpu: usize, addr: u64, len_bytes: u64) -> Result<(), VmError> {
-        count(&self.mmu, cpu, Counter::Munmaps);
+        count(&*self.mmu, cpu, Counter::Munmaps);
         let vpns = page_range(addr, len_bytes)?;
         let mut regions = self.regions.write();
         let old = carve(&mut regions, &vpns, None);
-        zap_shared(&self.mmu, cpu, vpns, &|v| owned_in(&old, v));
+        zap_shared(&*self.mmu, cpu, vpns, &|v| owned_in(&old, v));
         Ok(())
     }
 
     fn mprotect(&self, cpu: usize, addr: u64, len_bytes: u64, prot: Prot) -> Result<(), VmError> {
-        count(&self.mmu, cpu, Counter::Mprotects);
+        count(&*self.mmu, cpu, Counter::Mprotects);
         let vpns = page_range(addr, len_bytes)?;
         let mut regions = self.regions.write();
         let covered: u64 = overlapping(&regions, &vpns)
@@ -157,12 +163,12 @@ impl AddressSpace for LinuxVm {
             return Err(VmError::Unmapped(addr));
         }
         carve(&mut regions, &vpns, Some(prot));
-        protect_shared(&self.mmu, cpu, vpns, prot);
+        protect_shared(&*self.mmu, cpu, vpns, prot);
         Ok(())
     }
 
     fn pagefault(&self, cpu: usize, addr: u64, access: Access) -> Result<(), VmError> {
-        count(&self.mmu, cpu, Counter::Faults);
+        count(&*self.mmu, cpu, Counter::Faults);
         let vpn = addr / PAGE_SIZE_BYTES;
         let regions = self.regions.read();
         let region = regions
@@ -172,6 +178,6 @@ impl AddressSpace for LinuxVm {
             .filter(|r| r.end > vpn)
             .ok_or(VmError::Unmapped(addr))?;
         // The read lock keeps the region alive and undead.
-        fault_shared(&self.mmu, cpu, region, vpn, access).map(|_| ())
+        fault_shared(&*self.mmu, cpu, region, vpn, access).map(|_| ())
     }
 }

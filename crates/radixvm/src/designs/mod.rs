@@ -133,7 +133,7 @@ pub fn fault_shared(
             return old;
         }
         if old.present() {
-            return Pte::new(old.frame(), region.prot);
+            return old.with_prot(region.prot);
         }
         old
     });
@@ -160,7 +160,12 @@ pub fn fault_shared(
             return old;
         }
         used = true;
-        Pte::new(frame, region.prot)
+        let pte = Pte::new(frame, region.prot);
+        if owns_frames(&region.backing) {
+            pte
+        } else {
+            pte.shared()
+        }
     });
     if !used && owns_frames(&region.backing) {
         mmu.frames().free(cpu, frame);
@@ -202,7 +207,7 @@ pub fn protect_shared(mmu: &dyn Mmu, cpu: usize, vpns: Range<u64>, prot: Prot) {
             if !old.present() {
                 return old;
             }
-            let new = Pte::new(old.frame(), prot);
+            let new = old.with_prot(prot);
             changed |= new != old;
             new
         });

@@ -34,19 +34,22 @@
 //!             ─ free frames and metadata ─ unlock
 //! ```
 //!
-//! Frames are freed only after the shootdown completes, so no TLB can
-//! still reach them (the paper frees through Refcache; here the munmap
-//! that removed the last mapping of an anonymous frame frees it, segment
-//! frames belong to their segment).
+//! Frames are released only after the shootdown completes, so no TLB can
+//! still reach them. An anonymous page's metadata holds a Refcache'd
+//! reference to its frame ([`crate::frameref`]); the munmap drops it and
+//! Refcache frees the frame two epochs later. Segment frames belong to
+//! their segment.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use buddy::FrameNo;
+use parking_lot::Mutex;
 use radix::{Config, RadixMap, RangeGuard};
 
 use super::count;
+use crate::frameref::{self, FrameRef};
 use crate::mmu::sw::SoftMmu;
 use crate::mmu::{Counter, Mmu, Pte};
 use crate::shootdown::cpus_in;
@@ -73,6 +76,8 @@ struct PageMeta {
     desc: *const Desc,
     prot: AtomicU8,
     frame: AtomicU64,
+    /// The Refcache'd reference to an anonymous frame.
+    frame_ref: Mutex<Option<FrameRef>>,
     /// CPUs whose page tables (and so TLBs) may hold the translation.
     cpus: AtomicU64,
 }
@@ -106,14 +111,14 @@ fn encode_page(m: *const PageMeta) -> u64 {
 #[derive(Default)]
 struct Taken {
     targets: u64,
-    frames: Vec<FrameNo>,
+    frames: Vec<FrameRef>,
     metas: Vec<*mut PageMeta>,
     descs: Vec<(*const Desc, u64)>,
 }
 
 /// The RadixVM address space.
 pub struct RadixVm {
-    mmu: SoftMmu,
+    mmu: Box<dyn Mmu>,
     map: RadixMap,
     addrs: AddrAlloc,
 }
@@ -134,8 +139,14 @@ impl std::fmt::Debug for RadixVm {
 impl RadixVm {
     /// An empty address space with per-CPU page tables.
     pub fn new(frames: &Arc<Frames>) -> RadixVm {
+        RadixVm::with_mmu(Box::new(SoftMmu::new(frames, true)))
+    }
+
+    /// An empty address space over `mmu` (built with per-CPU page tables where the
+    /// backend has a choice).
+    pub fn with_mmu(mmu: Box<dyn Mmu>) -> RadixVm {
         RadixVm {
-            mmu: SoftMmu::new(frames, true),
+            mmu,
             // sv6 never frees radix nodes; collapse would add an epoch pin
             // and a Refcache registration to every operation.
             map: RadixMap::new(Config {
@@ -151,58 +162,83 @@ impl RadixVm {
         self.map.node_bytes()
     }
 
-    /// The frame for page `vpn` of descriptor `d`.
-    fn obtain(&self, cpu: usize, d: &Desc, vpn: u64) -> Result<FrameNo, VmError> {
+    /// The frame for page `vpn` of descriptor `d`, and for an anonymous
+    /// page the first reference to it.
+    fn obtain(
+        &self,
+        cpu: usize,
+        d: &Desc,
+        vpn: u64,
+    ) -> Result<(FrameNo, Option<FrameRef>), VmError> {
         match &d.backing {
-            Backing::Anonymous => self.mmu.frames().alloc_zeroed(cpu),
+            Backing::Anonymous => {
+                let frame = self.mmu.frames().alloc_zeroed(cpu)?;
+                Ok((frame, Some(FrameRef::new(self.mmu.frames(), cpu, frame))))
+            }
             Backing::Segment {
                 segment,
                 offset_pages,
-            } => segment.frame(cpu, offset_pages + (vpn - d.start)),
+            } => Ok((segment.frame(cpu, offset_pages + (vpn - d.start))?, None)),
         }
     }
 
-    /// Collects what `vpns` maps and clears its page-table entries; the
-    /// caller holds the range lock of `vpns` and replaces the values next.
+    /// Collects what `vpns` maps and clears its page-table entries;
+    /// the caller holds the range lock of `vpns` and replaces the values next.
     fn take(&self, vpns: &Range<u64>) -> Taken {
         let mut taken = Taken::default();
         let mut scratch = Vec::new();
+        // Touched pages, batched into runs of consecutive pages held by
+        // the same tables, so a run is cleared with one call per table
+        // (one madvise on the userfaultfd backend).
+        let mut run: Option<(Range<u64>, u64)> = None;
+        let flush = |run: &mut Option<(Range<u64>, u64)>, scratch: &mut Vec<_>| {
+            if let Some((pages, tables)) = run.take() {
+                for table in cpus_in(tables) {
+                    self.mmu.clear(table, pages.clone(), scratch);
+                }
+                scratch.clear();
+            }
+        };
         self.map
-            .for_each_run(vpns.clone(), |run| match decode(run.value) {
-                Value::Desc(d) => taken.descs.push((d, run.keys.end - run.keys.start)),
+            .for_each_run(vpns.clone(), |r| match decode(r.value) {
+                Value::Desc(d) => taken.descs.push((d, r.keys.end - r.keys.start)),
                 Value::Page(m) => {
-                    for vpn in run.keys.clone() {
+                    for vpn in r.keys.clone() {
                         // SAFETY: the caller holds the lock of `vpn`, so the
                         // metadata its slot points to is alive and ours.
                         let meta = unsafe { &*m };
                         let cpus = meta.cpus.load(Ordering::Relaxed);
-                        for cpu in cpus_in(cpus) {
-                            self.mmu.clear(cpu, vpn..vpn + 1, &mut scratch);
+                        let tables = self.tables_of(cpus);
+                        match &mut run {
+                            Some((pages, t)) if pages.end == vpn && *t == tables => pages.end += 1,
+                            _ => {
+                                flush(&mut run, &mut scratch);
+                                run = Some((vpn..vpn + 1, tables));
+                            }
                         }
-                        scratch.clear();
                         taken.targets |= cpus;
-                        let frame = meta.frame.load(Ordering::Relaxed);
-                        // SAFETY: a page's metadata holds a reference to its
-                        // descriptor, so it is alive.
-                        let desc = unsafe { &*meta.desc };
-                        if frame != NO_FRAME && matches!(desc.backing, Backing::Anonymous) {
-                            taken.frames.push(frame);
+                        if let Some(r) = meta.frame_ref.lock().take() {
+                            taken.frames.push(r);
                         }
                         taken.metas.push(m.cast_mut());
                         taken.descs.push((meta.desc, 1));
                     }
                 }
             });
+        flush(&mut run, &mut scratch);
         taken
+    }
+
+    /// The page tables the CPUs in `cpus` walk, as a set.
+    fn tables_of(&self, cpus: u64) -> u64 {
+        cpus_in(cpus).fold(0, |set, cpu| set | 1 << self.mmu.table_of(cpu))
     }
 
     /// Shoots down what `take` collected, then frees it. The caller still
     /// holds the range lock (§3.4: the shootdown happens under it).
     fn release(&self, cpu: usize, vpns: Range<u64>, taken: Taken) {
         self.mmu.shootdown(cpu, taken.targets, vpns);
-        for frame in taken.frames {
-            self.mmu.frames().free(cpu, frame);
-        }
+        frameref::release_all(taken.frames);
         for m in taken.metas {
             // SAFETY: `take` collected it from a slot since replaced under
             // the lock we hold; nothing else can reach it.
@@ -220,8 +256,11 @@ impl RadixVm {
         }
     }
 
-    fn install(&self, cpu: usize, vpn: u64, frame: FrameNo, prot: Prot) {
-        let pte = Pte::new(frame, prot);
+    fn install(&self, cpu: usize, vpn: u64, frame: FrameNo, prot: Prot, desc: &Desc) {
+        let mut pte = Pte::new(frame, prot);
+        if matches!(desc.backing, Backing::Segment { .. }) {
+            pte = pte.shared();
+        }
         self.mmu
             .update_pte(self.mmu.table_of(cpu), vpn, &mut |_| pte);
     }
@@ -240,7 +279,7 @@ impl AddressSpace for RadixVm {
     }
 
     fn mmu(&self) -> &dyn Mmu {
-        &self.mmu
+        &*self.mmu
     }
 
     fn mmap(
@@ -251,7 +290,7 @@ impl AddressSpace for RadixVm {
         prot: Prot,
         backing: Backing,
     ) -> Result<u64, VmError> {
-        count(&self.mmu, cpu, Counter::Mmaps);
+        count(&*self.mmu, cpu, Counter::Mmaps);
         page_range(0, len_bytes)?;
         let handle = self.map.handle();
         let (addr, guard) = match at {
@@ -299,7 +338,7 @@ impl AddressSpace for RadixVm {
     }
 
     fn munmap(&self, cpu: usize, addr: u64, len_bytes: u64) -> Result<(), VmError> {
-        count(&self.mmu, cpu, Counter::Munmaps);
+        count(&*self.mmu, cpu, Counter::Munmaps);
         let vpns = page_range(addr, len_bytes)?;
         let handle = self.map.handle();
         let guard = handle.lock(vpns.clone());
@@ -311,7 +350,7 @@ impl AddressSpace for RadixVm {
     }
 
     fn mprotect(&self, cpu: usize, addr: u64, len_bytes: u64, prot: Prot) -> Result<(), VmError> {
-        count(&self.mmu, cpu, Counter::Mprotects);
+        count(&*self.mmu, cpu, Counter::Mprotects);
         let vpns = page_range(addr, len_bytes)?;
         let handle = self.map.handle();
         // Page by page, left to right (each page's value changes on its
@@ -321,7 +360,6 @@ impl AddressSpace for RadixVm {
             return Err(VmError::Unmapped(g.keys().start * PAGE_SIZE_BYTES));
         }
         let mut targets = 0;
-        let mut scratch = Vec::new();
         for guard in &guards {
             let vpn = guard.keys().start;
             match decode(guard.get(vpn).expect("checked above")) {
@@ -331,6 +369,7 @@ impl AddressSpace for RadixVm {
                         desc: d,
                         prot: AtomicU8::new(prot.bits()),
                         frame: AtomicU64::new(NO_FRAME),
+                        frame_ref: Mutex::new(None),
                         cpus: AtomicU64::new(0),
                     }));
                     guard.set(encode_page(meta));
@@ -339,9 +378,17 @@ impl AddressSpace for RadixVm {
                     // SAFETY: we hold the page's lock.
                     let meta = unsafe { &*m };
                     meta.prot.store(prot.bits(), Ordering::Relaxed);
-                    let cpus = meta.cpus.swap(0, Ordering::Relaxed);
-                    for c in cpus_in(cpus) {
-                        self.mmu.clear(c, vpn..vpn + 1, &mut scratch);
+                    // Change the entries in place; the CPUs stay in the
+                    // set (their tables still hold the page).
+                    let cpus = meta.cpus.load(Ordering::Relaxed);
+                    for table in cpus_in(self.tables_of(cpus)) {
+                        self.mmu.update_pte(table, vpn, &mut |old| {
+                            if old.present() {
+                                old.with_prot(prot)
+                            } else {
+                                old
+                            }
+                        });
                     }
                     targets |= cpus;
                 }
@@ -353,7 +400,7 @@ impl AddressSpace for RadixVm {
     }
 
     fn pagefault(&self, cpu: usize, addr: u64, access: Access) -> Result<(), VmError> {
-        count(&self.mmu, cpu, Counter::Faults);
+        count(&*self.mmu, cpu, Counter::Faults);
         let vpn = addr / PAGE_SIZE_BYTES;
         if vpn >= self.map.key_limit() {
             return Err(VmError::Unmapped(addr));
@@ -368,15 +415,16 @@ impl AddressSpace for RadixVm {
                 if !desc.prot.allows(access) {
                     return Err(VmError::Protection(addr));
                 }
-                let frame = self.obtain(cpu, desc, vpn)?;
+                let (frame, frame_ref) = self.obtain(cpu, desc, vpn)?;
                 let meta = Box::into_raw(Box::new(PageMeta {
                     desc: d,
                     prot: AtomicU8::new(desc.prot.bits()),
                     frame: AtomicU64::new(frame),
+                    frame_ref: Mutex::new(frame_ref),
                     cpus: AtomicU64::new(1 << cpu),
                 }));
                 guard.set(encode_page(meta));
-                self.install(cpu, vpn, frame, desc.prot);
+                self.install(cpu, vpn, frame, desc.prot, desc);
             }
             Value::Page(m) => {
                 // SAFETY: the slot refers to `m` and we hold its lock.
@@ -385,14 +433,17 @@ impl AddressSpace for RadixVm {
                 if !prot.allows(access) {
                     return Err(VmError::Protection(addr));
                 }
+                // SAFETY: metadata holds a reference to its descriptor.
+                let desc = unsafe { &*meta.desc };
                 let mut frame = meta.frame.load(Ordering::Relaxed);
                 if frame == NO_FRAME {
-                    // SAFETY: metadata holds a reference to its descriptor.
-                    frame = self.obtain(cpu, unsafe { &*meta.desc }, vpn)?;
+                    let (f, r) = self.obtain(cpu, desc, vpn)?;
+                    frame = f;
                     meta.frame.store(frame, Ordering::Relaxed);
+                    *meta.frame_ref.lock() = r;
                 }
                 meta.cpus.fetch_or(1 << cpu, Ordering::Relaxed);
-                self.install(cpu, vpn, frame, prot);
+                self.install(cpu, vpn, frame, prot, desc);
             }
         }
         Ok(())
@@ -412,5 +463,7 @@ impl Drop for RadixVm {
             ..taken
         };
         self.release(cpu, all, taken);
+        // This thread may be no CPU at all: give its Refcache core back.
+        frameref::leave();
     }
 }

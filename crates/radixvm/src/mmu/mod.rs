@@ -3,10 +3,21 @@
 //! A design decides *what* is mapped; the MMU holds the translations
 //! (page tables, TLBs) and performs shootdowns. The designs only
 //! install, clear and shoot down; user accesses go through
-//! [`Mmu::access`], which calls back into the design's `pagefault` on a
-//! miss. [`sw`] is the software MMU (simulated TLB).
+//! [`Mmu::access`], which reports a miss so that the caller runs the
+//! design's `pagefault` and retries, as hardware re-executes a faulting
+//! instruction.
+//!
+//! Two backends, chosen by one parameter ([`Backend`]):
+//! * [`sw`] — the software MMU: page tables and per-CPU TLBs are data
+//!   structures, shootdowns are inter-thread handshakes. The TLB is
+//!   simulated and every output line says so.
+//! * [`uffd`] — the userfaultfd MMU: a real arena whose first touch
+//!   raises a real fault; installs are `UFFDIO_COPY`/`UFFDIO_ZEROPAGE`,
+//!   zaps are `madvise(MADV_DONTNEED)`, and the kernel does the real TLB
+//!   work.
 
 pub mod sw;
+pub mod uffd;
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,6 +37,12 @@ pub struct Pte(u64);
 const PTE_PRESENT: u64 = 1;
 const PTE_READ: u64 = 2;
 const PTE_WRITE: u64 = 4;
+/// The frame outlives the mapping (a segment's page): a backend that
+/// keeps a copy of the page elsewhere must write it back when clearing.
+const PTE_SHARED: u64 = 8;
+/// Bits below the frame number a backend may use for itself; designs
+/// never see them.
+pub const PTE_BACKEND_BITS: u64 = 0xff0;
 const PTE_FRAME_SHIFT: u32 = 12;
 
 impl Pte {
@@ -42,6 +59,24 @@ impl Pte {
             bits |= PTE_WRITE;
         }
         Pte(bits)
+    }
+
+    /// The same entry marked as mapping a frame that outlives the
+    /// mapping (segment pages).
+    pub fn shared(self) -> Pte {
+        Pte(self.0 | PTE_SHARED)
+    }
+
+    /// Whether the frame outlives the mapping.
+    pub fn is_shared(self) -> bool {
+        self.0 & PTE_SHARED != 0
+    }
+
+    /// The same frame (and sharing) with protection `prot`.
+    pub fn with_prot(self, prot: Prot) -> Pte {
+        let mut new = Pte::new(self.frame(), prot);
+        new.0 |= self.0 & PTE_SHARED;
+        new
     }
 
     /// Whether a translation is present.
@@ -79,6 +114,114 @@ impl Pte {
     }
 }
 
+/// One user memory operation on one byte, as one instruction performs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// A load; [`Mmu::access`] returns the byte.
+    Load,
+    /// A store of the byte.
+    Store(u8),
+    /// An access that changes nothing: a load for `Read`, an atomic
+    /// `or` of 0 for `Write` (a store as far as the MMU is concerned).
+    Touch(Access),
+}
+
+impl Op {
+    /// The access the MMU checks.
+    pub fn access(self) -> Access {
+        match self {
+            Op::Load => Access::Read,
+            Op::Store(_) => Access::Write,
+            Op::Touch(a) => a,
+        }
+    }
+
+    /// Performs the operation on `p`; returns the byte loaded (0 for
+    /// stores).
+    ///
+    /// # Safety
+    /// `p` is valid for a one-byte read and write (or read, for loads)
+    /// for the duration of the call; other threads may access it
+    /// concurrently (the accesses are volatile or atomic).
+    pub unsafe fn perform(self, p: *mut u8) -> u8 {
+        match self {
+            // SAFETY: per the contract.
+            Op::Load | Op::Touch(Access::Read) => unsafe { p.read_volatile() },
+            Op::Store(v) => {
+                // SAFETY: per the contract.
+                unsafe { p.write_volatile(v) };
+                0
+            }
+            Op::Touch(Access::Write) => {
+                // SAFETY: per the contract; a byte is always aligned for
+                // an AtomicU8.
+                unsafe { std::sync::atomic::AtomicU8::from_ptr(p) }.fetch_or(0, Ordering::Relaxed);
+                0
+            }
+        }
+    }
+}
+
+/// Which MMU an address space runs over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// [`sw::SoftMmu`]: simulated TLBs and page tables.
+    Software,
+    /// [`uffd::UffdMmu`]: a real arena, real faults, the kernel's TLB.
+    Userfaultfd,
+}
+
+impl Backend {
+    /// Both, in report order.
+    pub const ALL: [Backend; 2] = [Backend::Software, Backend::Userfaultfd];
+
+    /// Name on command lines and in output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Software => "sw",
+            Backend::Userfaultfd => "uffd",
+        }
+    }
+
+    /// What the TLB is: `"simulated"` or `"real"`.
+    pub fn tlb(self) -> &'static str {
+        match self {
+            Backend::Software => "simulated",
+            Backend::Userfaultfd => "real",
+        }
+    }
+
+    /// A new MMU of this kind; `per_cpu_tables` asks for one page table
+    /// per CPU (the userfaultfd backend has the process's one real table
+    /// and ignores it).
+    pub fn new_mmu(
+        self,
+        frames: &Arc<Frames>,
+        per_cpu_tables: bool,
+    ) -> Result<Box<dyn Mmu>, uffd::UffdError> {
+        match self {
+            Backend::Software => Ok(Box::new(sw::SoftMmu::new(frames, per_cpu_tables))),
+            Backend::Userfaultfd => Ok(Box::new(uffd::UffdMmu::new(frames)?)),
+        }
+    }
+}
+
+impl std::str::FromStr for Backend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Backend::ALL
+            .into_iter()
+            .find(|b| b.name() == s)
+            .ok_or_else(|| format!("unknown backend {s:?} (sw, uffd)"))
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Why [`Mmu::access`] did not complete.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Miss {
@@ -106,7 +249,8 @@ pub enum Counter {
     AcksSelf,
     /// Targets flushed by the initiator on their behalf.
     AcksProxy,
-    /// Accesses that missed the TLB.
+    /// Accesses that missed the TLB (software MMU) or took a real fault
+    /// (userfaultfd MMU).
     TlbMisses,
     /// Accesses that reached a frame not live (must stay zero).
     StaleTouches,
@@ -156,6 +300,9 @@ pub trait Mmu: Send + Sync {
     /// Description for output lines (says whether the TLB is simulated).
     fn describe(&self) -> &'static str;
 
+    /// Which backend this is.
+    fn backend(&self) -> Backend;
+
     /// The frame pool.
     fn frames(&self) -> &Arc<Frames>;
 
@@ -190,17 +337,10 @@ pub trait Mmu: Send + Sync {
     fn shootdown(&self, initiator: usize, targets: u64, vpns: Range<u64>);
 
     /// A user access by `cpu` to page `vpn` at byte `offset`: through the
-    /// TLB, then the page table; on success runs `touch` with the byte's
-    /// address while the translation is guaranteed (no shootdown of it
-    /// can complete meanwhile).
-    fn access(
-        &self,
-        cpu: usize,
-        vpn: u64,
-        offset: usize,
-        access: Access,
-        touch: &mut dyn FnMut(*mut u8),
-    ) -> Result<(), Miss>;
+    /// TLB, then the page table; on success performs `op` while the
+    /// translation is guaranteed (no shootdown of it can complete
+    /// meanwhile) and returns the byte loaded.
+    fn access(&self, cpu: usize, vpn: u64, offset: usize, op: Op) -> Result<u8, Miss>;
 
     /// Page-table pages allocated, over all tables.
     fn page_table_pages(&self) -> u64;

@@ -35,9 +35,9 @@ use std::sync::Arc;
 use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 
-use super::{Counter, Counters, Miss, Mmu, Pte};
+use super::{Backend, Counter, Counters, Miss, Mmu, Op, Pte};
 use crate::shootdown::{cpus_in, Mailbox, PROXY_AFTER_SPINS};
-use crate::{Access, Frames, MAX_CPUS};
+use crate::{Frames, MAX_CPUS};
 
 /// Entries in each simulated TLB (direct-mapped).
 pub const TLB_ENTRIES: usize = 64;
@@ -84,8 +84,9 @@ impl Drop for LeafGuard<'_> {
     }
 }
 
-/// One four-level page table.
-struct PageTable {
+/// One four-level page table (also the userfaultfd backend's shadow
+/// table).
+pub(crate) struct PageTable {
     root: Box<Dir>,
     pages: CachePadded<AtomicU64>,
 }
@@ -108,7 +109,7 @@ fn index(vpn: u64, level: u32) -> usize {
 }
 
 impl PageTable {
-    fn new() -> PageTable {
+    pub(crate) fn new() -> PageTable {
         PageTable {
             root: new_dir(),
             pages: CachePadded::new(AtomicU64::new(0)),
@@ -160,11 +161,44 @@ impl PageTable {
         unreachable!("the loop returns at the last directory level")
     }
 
-    fn get(&self, vpn: u64) -> Pte {
+    pub(crate) fn get(&self, vpn: u64) -> Pte {
         match self.leaf(vpn, false) {
             Some(leaf) => Pte::from_bits(leaf.ptes[index(vpn, DIR_LEVELS)].load(Ordering::Acquire)),
             None => Pte::EMPTY,
         }
+    }
+
+    /// Runs `f` on the entry for `vpn` under its leaf's lock (allocating
+    /// the path).
+    pub(crate) fn with_entry<R>(&self, vpn: u64, f: impl FnOnce(&AtomicU64) -> R) -> R {
+        let leaf = self.leaf(vpn, true).expect("create gives a leaf");
+        let _guard = leaf.lock();
+        f(&leaf.ptes[index(vpn, DIR_LEVELS)])
+    }
+
+    /// For each existing leaf overlapping `vpns`, runs `f` on the pages
+    /// of `vpns` it covers and their entries, under that leaf's lock.
+    pub(crate) fn with_leaves(
+        &self,
+        vpns: Range<u64>,
+        mut f: impl FnMut(Range<u64>, &[AtomicU64]),
+    ) {
+        let mut vpn = vpns.start;
+        while vpn < vpns.end {
+            let leaf_end = ((vpn / ENTRIES_PER_TABLE as u64) + 1) * ENTRIES_PER_TABLE as u64;
+            let end = leaf_end.min(vpns.end);
+            if let Some(leaf) = self.leaf(vpn, false) {
+                let _guard = leaf.lock();
+                let first = index(vpn, DIR_LEVELS);
+                f(vpn..end, &leaf.ptes[first..first + (end - vpn) as usize]);
+            }
+            vpn = end;
+        }
+    }
+
+    /// Page-table pages allocated (root not counted).
+    pub(crate) fn pages(&self) -> u64 {
+        self.pages.load(Ordering::Relaxed)
     }
 }
 
@@ -316,6 +350,10 @@ impl Mmu for SoftMmu {
         DESCRIPTION
     }
 
+    fn backend(&self) -> Backend {
+        Backend::Software
+    }
+
     fn frames(&self) -> &Arc<Frames> {
         &self.frames
     }
@@ -351,35 +389,23 @@ impl Mmu for SoftMmu {
     }
 
     fn update_pte(&self, table: usize, vpn: u64, update: &mut dyn FnMut(Pte) -> Pte) -> Pte {
-        let leaf = self.tables[table]
-            .leaf(vpn, true)
-            .expect("create gives a leaf");
-        let _guard = leaf.lock();
-        let entry = &leaf.ptes[index(vpn, DIR_LEVELS)];
-        let new = update(Pte::from_bits(entry.load(Ordering::Relaxed)));
-        // Release: a walker that sees the entry sees the zeroed frame.
-        entry.store(new.bits(), Ordering::Release);
-        new
+        self.tables[table].with_entry(vpn, |entry| {
+            let new = update(Pte::from_bits(entry.load(Ordering::Relaxed)));
+            // Release: a walker that sees the entry sees the zeroed frame.
+            entry.store(new.bits(), Ordering::Release);
+            new
+        })
     }
 
     fn clear(&self, table: usize, vpns: Range<u64>, out: &mut Vec<(u64, Pte)>) {
-        let table = &self.tables[table];
-        let mut vpn = vpns.start;
-        while vpn < vpns.end {
-            let leaf_end = ((vpn / ENTRIES_PER_TABLE as u64) + 1) * ENTRIES_PER_TABLE as u64;
-            let end = leaf_end.min(vpns.end);
-            if let Some(leaf) = table.leaf(vpn, false) {
-                let _guard = leaf.lock();
-                for v in vpn..end {
-                    let old =
-                        Pte::from_bits(leaf.ptes[index(v, DIR_LEVELS)].swap(0, Ordering::AcqRel));
-                    if old.present() {
-                        out.push((v, old));
-                    }
+        self.tables[table].with_leaves(vpns, |pages, entries| {
+            for (v, e) in pages.zip(entries) {
+                let old = Pte::from_bits(e.swap(0, Ordering::AcqRel));
+                if old.present() {
+                    out.push((v, old));
                 }
             }
-            vpn = end;
-        }
+        });
     }
 
     fn shootdown(&self, initiator: usize, targets: u64, vpns: Range<u64>) {
@@ -423,14 +449,8 @@ impl Mmu for SoftMmu {
         }
     }
 
-    fn access(
-        &self,
-        cpu: usize,
-        vpn: u64,
-        offset: usize,
-        access: Access,
-        touch: &mut dyn FnMut(*mut u8),
-    ) -> Result<(), Miss> {
+    fn access(&self, cpu: usize, vpn: u64, offset: usize, op: Op) -> Result<u8, Miss> {
+        let access = op.access();
         let slot = &self.cpus[cpu];
         let mut tlb = slot.tlb.lock();
         SoftMmu::drain(slot, &mut tlb);
@@ -448,19 +468,15 @@ impl Mmu for SoftMmu {
         };
         if !self.frames.is_live(pte.frame()) {
             self.counters.add(cpu, Counter::StaleTouches, 1);
-            return Ok(());
+            return Ok(0);
         }
         // SAFETY: offset < PAGE_SIZE_BYTES (the caller splits addresses)
         // and the frame is live and mapped: it cannot be freed until this
         // CPU's TLB lock is released and the shootdown acknowledged.
-        touch(unsafe { self.frames.ptr(pte.frame()).add(offset) });
-        Ok(())
+        Ok(unsafe { op.perform(self.frames.ptr(pte.frame()).add(offset)) })
     }
 
     fn page_table_pages(&self) -> u64 {
-        self.tables
-            .iter()
-            .map(|t| t.pages.load(Ordering::Relaxed))
-            .sum()
+        self.tables.iter().map(PageTable::pages).sum()
     }
 }

@@ -1,0 +1,154 @@
+//! Refcache'd frames (RadixVM §3.1, §3.4): the reference a page's
+//! metadata holds on its frame is counted with Refcache, so mapping and
+//! unmapping frames on many cores writes no shared counter, and a frame
+//! returns to the buddy pool at least two Refcache epochs after its last
+//! reference is dropped (after the munmap's shootdown, so no TLB can
+//! reach it).
+//!
+//! One Refcache domain serves every address space, as a kernel has one
+//! page-reference system; each thread registers with it on first use and
+//! keeps its delta cache (a Refcache "core") in a thread-local. Threads
+//! end epochs themselves every [`OPS_PER_TICK`] counting operations,
+//! which bounds the frames waiting to be freed.
+//!
+//! A registered thread holds its core until it [`leave`]s: an epoch ends
+//! only when every held core has been flushed in it, so a registered
+//! thread that stops counting holds every free up (a core that stops
+//! taking timer interrupts would do the same to the paper's kernel).
+//! Threads therefore leave when they stop being a CPU: dropping a
+//! [`crate::Cpu`] leaves, and so does a thread that released frames
+//! outside any CPU (address-space teardown).
+//!
+//! ```text
+//!  fault:   alloc frame ─ Counted<FrameBox> (count 1, in the page's metadata)
+//!  munmap:  ... shootdown acked ─ release (count delta -1 in this thread's cache)
+//!  epoch e: caches flushed, global count 0 → queued for review
+//!  epoch e+2: still 0 → on_free: frame back to the buddy pool
+//! ```
+
+use std::cell::RefCell;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use buddy::FrameNo;
+use refcache::{Config, Counted, Local, Refcache};
+
+use crate::Frames;
+
+/// Counting operations a thread performs between its attempts to end the
+/// epoch.
+pub const OPS_PER_TICK: u64 = 1024;
+/// Epochs [`quiesce`] advances per attempt.
+pub const QUIESCE_EPOCHS: u64 = 16;
+/// How long [`quiesce`] keeps trying while other threads hold epochs up.
+pub const QUIESCE_TIMEOUT_MS: u64 = 10_000;
+
+static DOMAIN: OnceLock<Refcache> = OnceLock::new();
+
+thread_local! {
+    static LOCAL: RefCell<Option<Local<'static>>> = const { RefCell::new(None) };
+}
+
+fn domain() -> &'static Refcache {
+    DOMAIN.get_or_init(|| {
+        Refcache::new(Config {
+            ops_per_tick: OPS_PER_TICK,
+            ..Config::default()
+        })
+    })
+}
+
+fn with_local<R>(f: impl FnOnce(&Local<'static>) -> R) -> R {
+    LOCAL.with(|cell| {
+        let mut local = cell.borrow_mut();
+        let local = local.get_or_insert_with(|| {
+            domain()
+                .register()
+                .expect("more threads than refcache::DEFAULT_MAX_THREADS")
+        });
+        f(local)
+    })
+}
+
+/// What Refcache frees: a frame and the pool it goes back to.
+struct FrameBox {
+    frames: Arc<Frames>,
+    frame: FrameNo,
+    cpu: usize,
+}
+
+fn free_frame(b: FrameBox) {
+    b.frames.free(b.cpu, b.frame);
+}
+
+/// One counted reference to a frame.
+pub struct FrameRef(Counted<FrameBox>);
+
+impl std::fmt::Debug for FrameRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FrameRef({})", self.frame())
+    }
+}
+
+impl FrameRef {
+    /// Takes ownership of `frame` (allocated by `cpu` from `frames`): the
+    /// first reference.
+    pub fn new(frames: &Arc<Frames>, cpu: usize, frame: FrameNo) -> FrameRef {
+        let value = FrameBox {
+            frames: frames.clone(),
+            frame,
+            cpu,
+        };
+        FrameRef(with_local(|l| l.alloc_with_callback(value, free_frame)))
+    }
+
+    /// The frame.
+    pub fn frame(&self) -> FrameNo {
+        self.0.frame
+    }
+
+    /// Drops the reference; the frame is freed once no reference is left,
+    /// two epochs later.
+    pub fn release(self) {
+        with_local(|l| l.release(self.0));
+    }
+}
+
+/// Drops every reference in `refs`.
+pub fn release_all(refs: Vec<FrameRef>) {
+    if refs.is_empty() {
+        return;
+    }
+    with_local(|l| {
+        for r in refs {
+            l.release(r.0);
+        }
+    });
+}
+
+/// Flushes this thread's cache and gives its core back (it registers
+/// again on its next counting operation). Cheap when not registered.
+pub fn leave() {
+    // `try_with`: during thread exit the thread-local may be gone (its
+    // destructor flushed already).
+    let _ = LOCAL.try_with(|cell| drop(cell.borrow_mut().take()));
+}
+
+/// Leaves, then advances epochs until every released frame is freed (for
+/// tests and teardown). Returns false if other registered threads kept
+/// epochs from advancing past [`QUIESCE_TIMEOUT_MS`] (a thread holding
+/// its core without counting can keep a single attempt waiting until it
+/// counts or leaves).
+pub fn quiesce() -> bool {
+    leave();
+    let deadline = Instant::now() + Duration::from_millis(QUIESCE_TIMEOUT_MS);
+    loop {
+        if domain().quiesce(QUIESCE_EPOCHS) {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
