@@ -11,15 +11,21 @@
 //!    CLOSED; a compaction destination or a head segment no head links is
 //!    closed; retired segments are freed (nobody is pinned); a dead lease
 //!    holder is cleared;
-//! 2. verifies the index: every entry names an intact, committed, live
-//!    object inside its segment's `used` bytes whose hash tag matches;
+//! 2. verifies the index against the log in one walk of the log (split
+//!    over threads by segment): every committed, not-dead object inside
+//!    its segment's `used` bytes must be named by an entry (with its hash
+//!    tag) in its key's two buckets, and the index must have no other
+//!    entries (entries = objects named). The log is read front to back and
+//!    the random accesses go to the index, 16x smaller: for 3 M objects of
+//!    1 KB this takes about a second here, where checking each entry's
+//!    object took 2.6 s;
 //! 3. if the index fails verification (or a rebuild was asked for),
 //!    rebuilds it from the log: every segment is scanned header by header
 //!    and each committed, not-dead object is indexed, the newest version
 //!    winning if a key appears twice (it cannot after the intents are
 //!    resolved; the check is a second line of defence);
-//! 4. recomputes the live-byte counters, each segment's earliest expiry
-//!    and the item counter from the index.
+//! 4. sets the live-byte counters and each segment's earliest expiry
+//!    (from the walk, over the indexed objects) and the item counter.
 //!
 //! Objects keep their whole nibble header (version, flags, expiry) in the
 //! log, so a rebuilt index serves the same items with the same metadata;
@@ -36,6 +42,22 @@ use crate::error::{Error, Result};
 use crate::layout::*;
 use crate::proc_id;
 use crate::store::Inner;
+
+/// Most threads recovery's log walk uses.
+const MAX_RECOVERY_THREADS: usize = 16;
+/// A recovery thread gets at least this many segments.
+const MIN_SEGMENTS_PER_RECOVERY_THREAD: usize = 16;
+
+/// What a verification walk counted.
+#[derive(Clone, Copy, Debug, Default)]
+struct Tally {
+    /// Committed, not-dead objects in the log.
+    live: u64,
+    /// Of those, the ones the index names.
+    indexed: u64,
+    /// Segments whose walk stopped at a damaged object.
+    damaged: u64,
+}
 
 /// What recovery found and did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -121,53 +143,102 @@ impl Inner {
                 r.segments_repaired += 1;
             }
         }
-        // 2. Verify: every entry sound, and as many entries as the log has
-        //    live objects (an index that lost entries is caught here).
-        r.bad_entries = self.verify_index();
-        let (live_in_log, damaged) = self.count_log_objects();
-        r.damaged_segments = damaged;
+        // 2. Verify: one walk of the log (in parallel over segments)
+        //    checks that the index names every committed, live object, and
+        //    a scan of the index that it names nothing else.
+        let t = self.verify_walk();
         let entries = self.count_entries();
-        r.unindexed_objects = live_in_log.saturating_sub(entries);
-        // 3. Rebuild if needed.
-        if r.bad_entries > 0 || r.unindexed_objects > 0 || force_rebuild {
+        r.damaged_segments = t.damaged;
+        r.unindexed_objects = t.live - t.indexed;
+        r.bad_entries = entries.saturating_sub(t.indexed);
+        // 3. Rebuild if needed (the walk's per-segment figures are redone).
+        let items = if r.bad_entries > 0 || r.unindexed_objects > 0 || force_rebuild {
             r.damaged_segments = 0;
             self.rebuild_index(&mut r)?;
             self.hdr().rebuilds.fetch_add(1, Ordering::Relaxed);
+            self.verify_walk();
+            self.count_entries()
+        } else {
+            entries
+        };
+        // 4. The item counter (live bytes and earliest expiries were set by
+        //    the walk).
+        for (i, c) in self.meta().counts.iter().enumerate() {
+            c.items
+                .store(if i == 0 { items } else { 0 }, Ordering::Relaxed);
         }
-        // 4. Live bytes.
-        self.recompute_live();
         Ok(r)
     }
 
-    fn entry_ok(&self, e: u64) -> bool {
-        let loc = e & LOC_MASK;
-        let Some(h) = self.obj_header(loc) else {
-            return false;
-        };
-        let s = self.seg_of(loc);
-        let st = self.seg(s).state.load(Ordering::Relaxed) & 0xFF;
-        let end =
-            (loc - 1) % self.geo.seg_bytes + object_bytes(h.key_len as usize, h.value_cap as usize);
-        let os = self.obj_state(loc).load(Ordering::Acquire);
-        (st == SEG_OPEN || st == SEG_CLOSED)
-            && end <= self.seg(s).used.load(Ordering::Relaxed)
-            && os & OBJ_COMMITTED != 0
-            && os & OBJ_DEAD == 0
-            && nibble::hash_key(self.obj_key(loc, &h)) >> LOC_BITS == e >> LOC_BITS
+    /// Walk every segment in use, split over up to
+    /// [`MAX_RECOVERY_THREADS`] threads (each owns a contiguous run of
+    /// segments, so each walk is sequential): count committed, live
+    /// objects and those the index names, and set each segment's live
+    /// bytes and earliest expiry from the indexed ones. Objects are walked
+    /// in log order and looked up in the (smaller) index, rather than the
+    /// other way round: the random accesses go to the index, the log is
+    /// read front to back.
+    fn verify_walk(&self) -> Tally {
+        let n = self.geo.log_segments as usize;
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |p| p.get())
+            .clamp(1, MAX_RECOVERY_THREADS)
+            .min(n.div_ceil(MIN_SEGMENTS_PER_RECOVERY_THREAD))
+            .max(1);
+        let chunk = n.div_ceil(threads);
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..threads)
+                .map(|t| {
+                    sc.spawn(move || self.verify_segments(t * chunk..((t + 1) * chunk).min(n)))
+                })
+                .collect();
+            hs.into_iter().fold(Tally::default(), |a, h| {
+                // A walker that panicked (a bug) leaves its segments
+                // unverified: count one unindexed object so the index is
+                // rebuilt rather than trusted.
+                let b = h.join().unwrap_or(Tally {
+                    live: 1,
+                    indexed: 0,
+                    damaged: 0,
+                });
+                Tally {
+                    live: a.live + b.live,
+                    indexed: a.indexed + b.indexed,
+                    damaged: a.damaged + b.damaged,
+                }
+            })
+        })
     }
 
-    /// Entries that fail verification.
-    pub(crate) fn verify_index(&self) -> u64 {
-        let mut bad = 0;
-        for b in 0..self.geo.index_buckets as usize {
-            for e in &self.bucket(b).entries {
-                let e = e.load(Ordering::Acquire);
-                if e != 0 && !self.entry_ok(e) {
-                    bad += 1;
+    fn verify_segments(&self, segs: std::ops::Range<usize>) -> Tally {
+        let mut t = Tally::default();
+        for s in segs {
+            let e = self.seg(s);
+            let (mut live_bytes, mut min_expiry) = (0u64, 0u64);
+            let damaged = self.walk_segment(s, |loc, h| {
+                t.live += 1;
+                let key = self.obj_key(loc, h);
+                let (b0, b1, tag) = self.buckets_of(nibble::hash_key(key));
+                let entry = (tag << LOC_BITS) | loc;
+                let named = [b0, b1].iter().any(|&b| {
+                    self.bucket(b)
+                        .entries
+                        .iter()
+                        .any(|x| x.load(Ordering::Relaxed) == entry)
+                });
+                if named {
+                    t.indexed += 1;
+                    live_bytes += object_bytes(h.key_len as usize, h.value_cap as usize);
+                    if h.expiry_ms != 0 && (min_expiry == 0 || h.expiry_ms < min_expiry) {
+                        min_expiry = h.expiry_ms;
+                    }
                 }
-            }
+            });
+            t.damaged += u64::from(damaged);
+            e.live.store(live_bytes, Ordering::Relaxed);
+            e.min_expiry_ms.store(min_expiry, Ordering::Relaxed);
         }
-        bad
+        t
     }
 
     /// Index entries in use.
@@ -183,55 +254,57 @@ impl Inner {
             .sum()
     }
 
-    /// Walk every segment in use: calls `f(loc, header)` for each committed,
-    /// not-dead object; returns the number of segments whose walk stopped
-    /// at a damaged object.
+    /// Walk segment `s` if in use (OPEN or CLOSED): calls `f(loc, header)`
+    /// for each committed, not-dead object; true if the walk stopped at a
+    /// damaged object.
+    fn walk_segment(&self, s: usize, mut f: impl FnMut(u64, &nibble::object::Header)) -> bool {
+        let e = self.seg(s);
+        let st = e.state.load(Ordering::Acquire) & 0xFF;
+        if st != SEG_OPEN && st != SEG_CLOSED {
+            return false;
+        }
+        let used = e.used.load(Ordering::Acquire).min(self.geo.seg_bytes);
+        let base = s as u64 * self.geo.seg_bytes;
+        let mut off = 0;
+        while off + OBJ_PREFIX_BYTES <= used {
+            let loc = base + off + 1;
+            let Some(h) = self.obj_header(loc) else {
+                return true;
+            };
+            let size = object_bytes(h.key_len as usize, h.value_cap as usize);
+            if off + size > used {
+                return true;
+            }
+            off += size;
+            let os = self.obj_state(loc).load(Ordering::Acquire);
+            if os & OBJ_COMMITTED == 0 || os & OBJ_DEAD != 0 {
+                continue;
+            }
+            f(loc, &h);
+        }
+        false
+    }
+
+    /// Walk every segment in use (see [`walk_segment`](Self::walk_segment));
+    /// stops at the first error of `f`. Returns the number of segments
+    /// whose walk stopped at a damaged object.
     fn walk_log(
         &self,
         mut f: impl FnMut(u64, &nibble::object::Header) -> Result<()>,
     ) -> Result<u64> {
         let mut damaged = 0;
+        let mut res = Ok(());
         for s in 0..self.geo.log_segments as usize {
-            let e = self.seg(s);
-            let st = e.state.load(Ordering::Acquire) & 0xFF;
-            if st != SEG_OPEN && st != SEG_CLOSED {
-                continue;
-            }
-            let used = e.used.load(Ordering::Acquire).min(self.geo.seg_bytes);
-            let base = s as u64 * self.geo.seg_bytes;
-            let mut off = 0;
-            while off + OBJ_PREFIX_BYTES <= used {
-                let loc = base + off + 1;
-                let Some(h) = self.obj_header(loc) else {
-                    damaged += 1;
-                    break;
-                };
-                let size = object_bytes(h.key_len as usize, h.value_cap as usize);
-                if off + size > used {
-                    damaged += 1;
-                    break;
+            damaged += u64::from(self.walk_segment(s, |loc, h| {
+                if res.is_ok() {
+                    res = f(loc, h);
                 }
-                off += size;
-                let os = self.obj_state(loc).load(Ordering::Acquire);
-                if os & OBJ_COMMITTED == 0 || os & OBJ_DEAD != 0 {
-                    continue;
-                }
-                f(loc, &h)?;
+            }));
+            if res.is_err() {
+                break;
             }
         }
-        Ok(damaged)
-    }
-
-    /// (committed live objects in the log, damaged segments).
-    fn count_log_objects(&self) -> (u64, u64) {
-        let mut n = 0;
-        let damaged = self
-            .walk_log(|_, _| {
-                n += 1;
-                Ok(())
-            })
-            .unwrap_or(0);
-        (n, damaged)
+        res.map(|()| damaged)
     }
 
     fn rebuild_index(&self, r: &mut RecoveryReport) -> Result<()> {
@@ -283,34 +356,6 @@ impl Inner {
             None => Err(Error::Corrupt(format!(
                 "index rebuild: both buckets of a key are full at object {loc:#x}"
             ))),
-        }
-    }
-
-    /// Live bytes and earliest expiry per segment, and the item counter,
-    /// from the index.
-    fn recompute_live(&self) {
-        for s in 0..self.geo.log_segments as usize {
-            self.seg(s).live.store(0, Ordering::Relaxed);
-            self.seg(s).min_expiry_ms.store(0, Ordering::Relaxed);
-        }
-        let mut items = 0u64;
-        for b in 0..self.geo.index_buckets as usize {
-            for e in &self.bucket(b).entries {
-                let e = e.load(Ordering::Acquire);
-                if e == 0 {
-                    continue;
-                }
-                let loc = e & LOC_MASK;
-                items += 1;
-                if let Some(h) = self.obj_header(loc) {
-                    self.add_live(loc, object_bytes(h.key_len as usize, h.value_cap as usize));
-                    self.note_expiry(loc, h.expiry_ms);
-                }
-            }
-        }
-        for (i, c) in self.meta().counts.iter().enumerate() {
-            c.items
-                .store(if i == 0 { items } else { 0 }, Ordering::Relaxed);
         }
     }
 }
