@@ -466,11 +466,17 @@ fn expired_items_vanish_at_once_and_compaction_reclaims_them() {
     s.close().unwrap();
 }
 
+/// Mark the store unclean, as the death of its last process leaves it.
+fn mark_unclean(dir: &std::path::Path) {
+    let meta = spacejmp::segment::seg_path(dir, "meta");
+    let mut mb = std::fs::read(&meta).unwrap();
+    let clean_off = 4096 + 8 * 8; // header page + MetaHeader::clean
+    mb[clean_off..clean_off + 8].copy_from_slice(&0u64.to_le_bytes());
+    std::fs::write(&meta, &mb).unwrap();
+}
+
 #[test]
-fn a_crash_keeps_metadata_and_recovery_recounts() {
-    // Simulate "the last process died": attach, write, then drop the
-    // store without close by leaking it is not possible in-process, so a
-    // forced rebuild stands in; the multi-process tests cover real kills.
+fn recovery_and_rebuild_keep_metadata_and_recount() {
     let d = TempDir::new("meta");
     let s = SharedStore::create(&d.0, 8 << 20, &quiet()).unwrap();
     let at = now_ms() + 3_600_000;
@@ -487,21 +493,60 @@ fn a_crash_keeps_metadata_and_recovery_recounts() {
         .unwrap();
     assert!(s.set_expiry(b"a", Some(at + 1)).unwrap());
     let v2 = s.put_with(b"b", b"2", PutOptions::default()).unwrap();
+    s.put(b"c", b"3").unwrap();
+    assert!(s.delete(b"c").unwrap());
     s.close().unwrap();
-    let s = SharedStore::attach(
-        &d.0,
-        &Options {
-            rebuild: true,
-            ..quiet()
-        },
-    )
-    .unwrap();
-    let m = s.meta(b"a").unwrap().unwrap();
-    assert_eq!((m.version, m.flags, m.expiry_ms), (v1, 42, Some(at + 1)));
-    assert_eq!(s.meta(b"b").unwrap().unwrap().version, v2);
-    assert_eq!(s.len(), 2);
+    for rebuild in [false, true] {
+        mark_unclean(&d.0);
+        let s = SharedStore::attach(&d.0, &Options { rebuild, ..quiet() }).unwrap();
+        let r = s.recovery_report();
+        assert!(r.ran && r.unclean && r.rebuilt == rebuild, "{r:?}");
+        let m = s.meta(b"a").unwrap().unwrap();
+        assert_eq!((m.version, m.flags, m.expiry_ms), (v1, 42, Some(at + 1)));
+        assert_eq!(s.meta(b"b").unwrap().unwrap().version, v2);
+        assert_eq!(s.get(b"c").unwrap(), None);
+        assert_eq!(s.len(), 2);
+        s.close().unwrap();
+    }
     // A later write of the key gets a larger version than before.
+    let s = SharedStore::attach(&d.0, &quiet()).unwrap();
     let v3 = s.put_with(b"a", b"x", PutOptions::default()).unwrap();
     assert!(v3 > v1);
+    s.close().unwrap();
+}
+
+#[test]
+fn recovery_catches_an_entry_that_names_nothing() {
+    let d = TempDir::new("badentry");
+    let s = SharedStore::create(&d.0, 8 << 20, &quiet()).unwrap();
+    for i in 0..200 {
+        s.put(format!("k{i}").as_bytes(), b"v").unwrap();
+    }
+    s.close().unwrap();
+    // Plant an entry in an empty slot that names no live object, and mark
+    // the store unclean as a crash would leave it.
+    let idx = spacejmp::segment::seg_path(&d.0, "index");
+    let mut bytes = std::fs::read(&idx).unwrap();
+    let page = 4096; // the SpaceJMP header page
+    let slot = (0..bytes.len().saturating_sub(page) / 128)
+        .flat_map(|b| (1..16).map(move |e| page + b * 128 + e * 8))
+        .find(|&o| bytes[o..o + 8] == [0; 8])
+        .expect("an empty index entry");
+    bytes[slot..slot + 8].copy_from_slice(&((0x1234u64 << 48) | 4097).to_le_bytes());
+    std::fs::write(&idx, &bytes).unwrap();
+    mark_unclean(&d.0);
+    let s = SharedStore::attach(&d.0, &quiet()).unwrap();
+    let r = s.recovery_report().clone();
+    assert!(r.ran && r.unclean && r.rebuilt, "{r:?}");
+    assert_eq!(r.bad_entries, 1, "{r:?}");
+    assert_eq!(r.unindexed_objects, 0, "{r:?}");
+    assert_eq!(s.len(), 200);
+    assert_eq!(walk(&s, 50).len(), 200);
+    for i in 0..200 {
+        assert_eq!(
+            s.get(format!("k{i}").as_bytes()).unwrap().as_deref(),
+            Some(&b"v"[..])
+        );
+    }
     s.close().unwrap();
 }
