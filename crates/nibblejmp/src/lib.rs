@@ -66,6 +66,22 @@
 //!   but had not linked, and extends `used` over completed appends.
 //!   A wait behind a *live* holder ends with `Busy` after `lock_wait`
 //!   (5 s): writers never spin forever; readers never wait at all.
+//! * **What a server needs** (`put_with`, `delete_if`, `set_expiry`,
+//!   `scan`; nibble's own `PutOptions`, `Condition`, `Expiry`, `ItemMeta`).
+//!   A put's condition (absent, present, version) is decided under the
+//!   bucket locks, between "find old" and (a); a failed condition kills the
+//!   appended object and unlocks, as a put that finds the index full does.
+//!   The version (`max(TSC/1024, old + 1)`) and a kept expiry are decided
+//!   there too and written into the new object's header before (a), while
+//!   nobody can read it. Objects stay immutable once published, so an
+//!   expiry change is a put of a copy with the same version (the
+//!   re-expiry retries if the key changed since it was copied). An expired
+//!   object is invisible at once to every read and condition; compaction
+//!   removes it (a delete with a DEL intent) instead of moving it, and a
+//!   segment whose earliest expiry (`min_expiry_ms`) has passed is a
+//!   victim however live it looks. `scan`'s cursor is a bucket number: an
+//!   entry never changes bucket while the store is attached, so a key
+//!   present for a whole walk is returned exactly once.
 //! * **Epochs** (§4.5): an operation stores the TSC in its slot, a
 //!   reclaimer (after a SeqCst fence) frees a retired segment only when
 //!   every non-zero slot is past the segment's retirement stamp; a closed
