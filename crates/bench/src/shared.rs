@@ -104,6 +104,11 @@ const PROBE_INTERVAL: Duration = Duration::from_millis(1);
 const STOP_GRACE: Duration = Duration::from_secs(30);
 /// Header bytes of a Nibble object (for capacity planning).
 const OBJECT_HEADER_BYTES: u64 = 24;
+/// Capacity given per key beyond its objects, for the index.
+const INDEX_ROOM_PER_KEY_BYTES: u64 = 256;
+/// Nibble's index buckets: 128 bytes, 15 entries.
+const INDEX_BUCKET_BYTES: u64 = 128;
+const INDEX_ENTRIES_PER_BUCKET: u64 = 15;
 /// Slack between the common start time and handing it out.
 const START_SLACK: Duration = Duration::from_millis(20);
 
@@ -134,6 +139,10 @@ pub enum System {
     Direct,
     /// The nibble server over a Unix socket
     Nibble,
+    /// The nibble server serving a nibblejmp store (`--data-dir`) over a Unix socket
+    #[value(name = "nibble-data-dir")]
+    #[serde(rename = "nibble-data-dir")]
+    NibbleDataDir,
     /// redis-server over a Unix socket
     Redis,
 }
@@ -143,6 +152,7 @@ impl System {
         match self {
             System::Direct => "direct",
             System::Nibble => "nibble",
+            System::NibbleDataDir => "nibble-data-dir",
             System::Redis => "redis",
         }
     }
@@ -176,7 +186,7 @@ pub struct SharedArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "direct,nibble,redis"
+        default_value = "direct,nibble,nibble-data-dir,redis"
     )]
     systems: Vec<System>,
     /// Client process counts of the ops workload, comma-separated [default: 1,2]
@@ -546,6 +556,8 @@ struct ServerSpec {
     sock: PathBuf,
     args: Vec<String>,
     log: PathBuf,
+    /// nibble's --data-dir.
+    store_dir: Option<PathBuf>,
 }
 
 impl ServerSpec {
@@ -560,8 +572,13 @@ impl ServerSpec {
         let sock = o.dir.join(format!("{}-{tag}.sock", sys.name()));
         let log = o.dir.join(format!("{}-{tag}.log", sys.name()));
         let s = |x: &str| x.to_string();
+        let own_dir = o.dir.join(format!("{}-{tag}.store", sys.name()));
+        let data_dir = match sys {
+            System::NibbleDataDir => Some(data_dir.unwrap_or(&own_dir)),
+            _ => data_dir,
+        };
         let (bin, args) = match sys {
-            System::Nibble => {
+            System::Nibble | System::NibbleDataDir => {
                 let mut v = vec![
                     s("--port=-1"),
                     s("--unixsocket"),
@@ -606,6 +623,9 @@ impl ServerSpec {
             sock,
             args,
             log,
+            store_dir: data_dir
+                .filter(|_| sys != System::Redis)
+                .map(Path::to_path_buf),
         })
     }
 
@@ -937,8 +957,9 @@ struct ClientProc {
 
 impl ClientProc {
     fn spawn(spec: &ChildSpec) -> Result<ClientProc, String> {
-        let exe = std::env::current_exe().map_err(|e| format!("current exe: {e}"))?;
-        let mut cmd = Command::new(exe);
+        // /proc/self/exe, not current_exe(): it still runs this binary if
+        // a build replaced the file since memlab started.
+        let mut cmd = Command::new("/proc/self/exe");
         cmd.args(["shared", "--child"])
             .arg(serde_json::to_string(spec).map_err(|e| e.to_string())?)
             .stdin(Stdio::piped())
@@ -1089,6 +1110,7 @@ fn run(o: &Opts, rep: &mut Reporter) -> std::io::Result<()> {
         let avail = match s {
             System::Direct => Ok(()),
             System::Nibble => o.bins.nibble.clone().map(|_| ()),
+            System::NibbleDataDir => nibble_has_data_dir(&o.bins),
             System::Redis => o.bins.redis.clone().map(|_| ()),
         };
         match avail {
@@ -1103,7 +1125,11 @@ fn run(o: &Opts, rep: &mut Reporter) -> std::io::Result<()> {
     let data_dir = nibble_has_data_dir(&o.bins);
     notes(o, rep, data_dir.is_ok());
     if let Err(e) = &data_dir {
-        if o.workloads.contains(&Workload::Restart) && systems.contains(&System::Nibble) {
+        if o.workloads.contains(&Workload::Restart)
+            && o.systems
+                .iter()
+                .any(|s| matches!(s, System::Nibble | System::NibbleDataDir))
+        {
             let n = format!("no nibble --data-dir rows: {e}");
             rep.note(RESTART, &n);
             eprintln!("memlab shared: note: {n}");
@@ -1149,7 +1175,9 @@ fn run(o: &Opts, rep: &mut Reporter) -> std::io::Result<()> {
                 let res = match sys {
                     System::Direct => restart_direct(o, r, &mut restarts),
                     System::Redis => restart_redis(o, r, &mut restarts),
-                    System::Nibble => match &data_dir {
+                    // Once, under nibble-data-dir when that runs.
+                    System::Nibble if systems.contains(&System::NibbleDataDir) => Ok(()),
+                    System::Nibble | System::NibbleDataDir => match &data_dir {
                         Ok(()) => restart_nibble(o, r, &mut restarts),
                         Err(_) => Ok(()),
                     },
@@ -1168,8 +1196,11 @@ fn run(o: &Opts, rep: &mut Reporter) -> std::io::Result<()> {
         loadavg(),
         util::online_cpus().len()
     );
-    for b in [BENCH, RESTART] {
-        rep.note(b, &load);
+    if !o.cells.is_empty() {
+        rep.note(BENCH, &load);
+    }
+    if restart {
+        rep.note(RESTART, &load);
     }
     emit(o, &systems, &samples, &restarts, rep)?;
     rep.flush()
@@ -1211,8 +1242,25 @@ fn nibble_has_data_dir(bins: &Bins) -> Result<(), String> {
 
 /// Capacity of a store for `keys` objects of `value_size` bytes plus
 /// room for overwrites.
+/// (Index sizing: the stores give the index a fixed share of the
+/// capacity, so a store of many small objects needs capacity for its index
+/// as much as for its log.)
 fn ops_capacity(o: &Opts) -> u64 {
-    (o.keys * object_bytes(o.value_size) * 4).max(64 << 20)
+    (o.keys * (object_bytes(o.value_size) * 4 + INDEX_ROOM_PER_KEY_BYTES)).max(64 << 20)
+}
+
+/// Options of a direct store of `capacity` for `keys` keys: the index
+/// share raised (if need be) so its buckets hold the keys at a load of at
+/// most 40 %.
+fn store_options(capacity: u64, keys: u64) -> StoreOptions {
+    let want_bytes =
+        (keys.div_ceil(INDEX_ENTRIES_PER_BUCKET * 2 / 5)).next_power_of_two() * INDEX_BUCKET_BYTES;
+    let permille = (want_bytes * 1000).div_ceil(capacity) + 1;
+    let d = StoreOptions::default();
+    StoreOptions {
+        index_permille: (permille as u32).clamp(d.index_permille, 500),
+        ..d
+    }
 }
 
 /// All cells of one system in one repeat.
@@ -1231,7 +1279,7 @@ fn run_system(
     let path = match sys {
         System::Direct => {
             let d = o.dir.join(format!("ops-store-{r}"));
-            let s = SharedStore::create(&d, cap, &StoreOptions::default())
+            let s = SharedStore::create(&d, cap, &store_options(cap, o.keys))
                 .map_err(|e| format!("create {}: {e}", d.display()))?;
             load_direct(&s, o.keys, o.value_size, 1)?;
             store = Some(s);
@@ -1241,7 +1289,7 @@ fn run_system(
             let spec = ServerSpec::new(o, sys, &format!("ops-{r}"), cap, None)?;
             let (p, mut c) = spec.start()?;
             load_socket(&mut c, 0, o.keys, o.value_size)?;
-            server = Some(p);
+            server = Some((p, spec.store_dir.clone()));
             spec.sock
         }
     };
@@ -1256,7 +1304,7 @@ fn run_system(
         ));
         let seed = ((r as u64) << 40) ^ ((ci as u64) << 20) ^ sys as u64;
         let out = run_cell(o, sys, &path, cell, seed)?;
-        if let Some(p) = server.as_mut() {
+        if let Some((p, _)) = server.as_mut() {
             if let Some(e) = p.exited() {
                 return Err(e);
             }
@@ -1273,8 +1321,11 @@ fn run_system(
         s.close().map_err(|e| format!("close: {e}"))?;
         SharedStore::remove(&path).map_err(|e| format!("remove: {e}"))?;
     }
-    if let Some(mut p) = server {
+    if let Some((mut p, store_dir)) = server {
         p.stop()?;
+        if let Some(d) = store_dir {
+            let _ = std::fs::remove_dir_all(d);
+        }
     }
     Ok(())
 }
@@ -1301,7 +1352,8 @@ fn probe_key(o: &Opts, r: usize) -> u64 {
 fn restart_direct(o: &Opts, r: usize, out: &mut Vec<RestartSample>) -> Result<(), String> {
     let keys = restart_keys(o);
     let d = o.dir.join(format!("restart-store-{r}"));
-    let s = SharedStore::create(&d, restart_capacity(o), &StoreOptions::default())
+    let cap = restart_capacity(o);
+    let s = SharedStore::create(&d, cap, &store_options(cap, keys))
         .map_err(|e| format!("create {}: {e}", d.display()))?;
     load_direct(&s, keys, o.restart_value_size, 2)?;
     s.close().map_err(|e| format!("close: {e}"))?;
@@ -1505,9 +1557,10 @@ fn notes(o: &Opts, rep: &mut Reporter, data_dir: bool) {
     let common = format!(
         "{} keys (\"key:\"+12 digits) of {} B pseudo-random values, preloaded; each client process sends one \
          request at a time (uniform keys), {} ms warm-up + {} ms measured, all processes in the same window; \
-         direct = the nibblejmp store attached by each client process (compaction in the parent), nibble and \
-         redis = RESP over a Unix socket (nibble server with its own engine; redis-server --save '' \
-         --appendonly no). threads = client processes. ops_per_sec: sum over processes, median of {} runs \
+         direct = the nibblejmp store attached by each client process (compaction in the parent); nibble, \
+         nibble-data-dir and redis = RESP over a Unix socket (nibble: the server with its own process-private \
+         engine; nibble-data-dir: the server on a nibblejmp store, `--data-dir`, the direct rows' engine; \
+         redis-server --save '' --appendonly no). threads = client processes. ops_per_sec: sum over processes, median of {} runs \
          [min, max]; p50/p99_ns: every {}th request, all processes, median over runs. Every GET checks the \
          whole value.",
         o.keys,
@@ -1517,16 +1570,24 @@ fn notes(o: &Opts, rep: &mut Reporter, data_dir: bool) {
         o.repeat,
         SAMPLE_EVERY_OPS
     );
-    rep.note(BENCH, &format!("Fig. 10a/b: 100% GET, 100% SET. {common}"));
-    rep.note(MIX, &format!("Fig. 10c: rising SET share. {common}"));
-    rep.note(
+    let cells = !o.cells.is_empty();
+    if o.cells.iter().any(|c| c.in_ops) {
+        rep.note(BENCH, &format!("Fig. 10a/b: 100% GET, 100% SET. {common}"));
+    }
+    if o.cells.iter().any(|c| c.in_mix) {
+        rep.note(MIX, &format!("Fig. 10c: rising SET share. {common}"));
+    }
+    if cells {
+        rep.note(
         RATIO,
         &format!(
             "Throughput of direct over the server for the same cell, per run, median [min, max]; issue 8 \
              expects direct >= {GOAL_DIRECT_OVER_REDIS}x redis for GET and SET with 1 client process."
         ),
     );
-    rep.note(
+    }
+    if o.workloads.contains(&Workload::Restart) {
+        rep.note(
         RESTART,
         &format!(
             "{} MiB of data ({} keys of {} B values); ms from spawn to the first correct GET answer (the probe \
@@ -1543,6 +1604,7 @@ fn notes(o: &Opts, rep: &mut Reporter, data_dir: bool) {
             o.repeat
         ),
     );
+    }
     if o.quick {
         rep.note(
             BENCH,
@@ -1592,7 +1654,7 @@ fn emit(
     }
     // Ratios: direct over each server, per repeat.
     for cell in &o.cells {
-        for peer in [System::Redis, System::Nibble] {
+        for peer in [System::Redis, System::Nibble, System::NibbleDataDir] {
             if !systems.contains(&System::Direct) || !systems.contains(&peer) {
                 continue;
             }
