@@ -342,7 +342,15 @@ fn open_shared(dir: &Path, cfg: &ServerConfig) -> Result<SharedEngine, String> {
                 r.damaged_segments
             )
         } else {
-            "attached (clean, or other processes attached)".to_string()
+            // Recovery is skipped when the last process closed cleanly, or
+            // when other processes are still attached (they repair what a
+            // dead one left, lazily).
+            let others = s.stats().processes.iter().filter(|p| p.2).count();
+            match others.saturating_sub(1) {
+                0 => "attached (clean shutdown)".to_string(),
+                1 => "attached (1 other process attached)".to_string(),
+                n => format!("attached ({n} other processes attached)"),
+            }
         };
         let cap = s.geometry().capacity_bytes;
         if cap != cfg.capacity {

@@ -3,7 +3,9 @@
 //! `nibble` (or `nibble serve`) with no arguments listens on
 //! 127.0.0.1:6379. SIGINT and SIGTERM (and the SHUTDOWN command) stop it
 //! gracefully: listeners close, connections finish their current batch,
-//! workers join, the engine is dropped.
+//! workers join, the engine is dropped (a `--data-dir` store is closed
+//! cleanly). The handlers are installed before the server starts, so a
+//! signal that arrives once it is ready is never fatal.
 
 use clap::Parser;
 use server::config::{Cli, ServerConfig};
@@ -35,14 +37,6 @@ fn main() {
         }
     };
     init_logging(&cfg.loglevel);
-    let srv = match server::Server::start(cfg) {
-        Ok(s) => s,
-        Err(e) => {
-            log::error!("cannot start: {e}");
-            std::process::exit(1);
-        }
-    };
-    let mut stop = srv.shutdown_signal();
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -53,17 +47,32 @@ fn main() {
             std::process::exit(1);
         }
     };
-    rt.block_on(async {
+    // Handlers first: a SIGTERM or SIGINT that arrives once the server has
+    // said "ready" must stop it gracefully (with --data-dir, a clean close
+    // of the shared store), not kill it.
+    let signals = {
         use tokio::signal::unix::{signal, SignalKind};
-        let mut term = match signal(SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(e) => {
-                log::error!("SIGTERM handler: {e}");
-                return;
-            }
-        };
+        let _guard = rt.enter();
+        signal(SignalKind::terminate()).and_then(|t| Ok((t, signal(SignalKind::interrupt())?)))
+    };
+    let (mut term, mut int) = match signals {
+        Ok(s) => s,
+        Err(e) => {
+            log::error!("signal handlers: {e}");
+            std::process::exit(1);
+        }
+    };
+    let srv = match server::Server::start(cfg) {
+        Ok(s) => s,
+        Err(e) => {
+            log::error!("cannot start: {e}");
+            std::process::exit(1);
+        }
+    };
+    let mut stop = srv.shutdown_signal();
+    rt.block_on(async {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => log::warn!("SIGINT received, shutting down"),
+            _ = int.recv() => log::warn!("SIGINT received, shutting down"),
             _ = term.recv() => log::warn!("SIGTERM received, shutting down"),
             _ = stop.wait_for(|v| *v) => {}
         }

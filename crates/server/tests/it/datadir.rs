@@ -331,8 +331,9 @@ fn restart_serves_every_acknowledged_write() {
     assert!(p.wait().success());
     let p = spawn(&d.0, &[]);
     let mut c = p.con();
-    assert!(
-        info_field(&mut c, "server", "store_start").starts_with("attached"),
+    assert_eq!(
+        info_field(&mut c, "server", "store_start"),
+        "attached (clean shutdown)",
         "a clean shutdown needs no recovery"
     );
     check_kinds(&p);
@@ -515,6 +516,20 @@ fn another_process_attaches_the_store_while_the_server_runs() {
     // The server keeps serving after the other process detaches, and a
     // clean shutdown afterwards leaves the store clean.
     assert_eq!(q::<String>(&mut c, &["GET", "p:0"]), "direct");
+    // A second server on the same directory is one more process.
+    let p2 = spawn(&d.0, &[]);
+    let mut c2 = p2.con();
+    assert_eq!(
+        info_field(&mut c2, "server", "store_start"),
+        "attached (1 other process attached)"
+    );
+    assert_eq!(q::<String>(&mut c2, &["GET", "s:7"]), "served");
+    let _: () = q(&mut c2, &["SET", "from-second", "2"]);
+    assert_eq!(q::<String>(&mut c, &["GET", "from-second"]), "2");
+    p2.signal(libc::SIGTERM);
+    let st = p2.wait();
+    assert!(st.success(), "second server: {st:?}");
+    assert_eq!(q::<String>(&mut c, &["GET", "from-second"]), "2");
     let _ = cmd(&mut c, &["SHUTDOWN"]);
     assert!(p.wait().success());
     let s = nibblejmp::SharedStore::attach(&d.0, &nibblejmp::Options::default()).unwrap();
