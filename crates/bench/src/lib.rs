@@ -44,6 +44,7 @@ mod report;
 mod server;
 mod shared;
 mod util;
+mod vm;
 mod ycsb;
 
 pub use child::Alloc;
@@ -128,6 +129,12 @@ enum Command {
     Refcache(RefcacheArgs),
     /// Lookups with concurrent writers: Bonsai tree, radix map, skip list, RwLock<BTreeMap>
     Tree(TreeArgs),
+    /// Address-space designs (RadixVM, Bonsai VM, Linux-style) on the software and
+    /// userfaultfd MMUs vs native mmap: local, pipeline, global (RadixVM §5)
+    Mapbench(MapbenchArgs),
+    /// Page-fault cost per design while one thread spends a fraction of its time in
+    /// mmap/munmap (Bonsai Figs. 16-18)
+    Faultbench(FaultbenchArgs),
     /// Draw a JSON-lines result file (PNG or SVG): panels per bench, lines per system
     Plot(PlotArgs),
     /// (internal) run one measurement in this process and print its results
@@ -640,6 +647,95 @@ fn run_tree(a: TreeArgs) -> Result<i32, String> {
     Ok(rep.exit_code())
 }
 
+#[derive(Args)]
+struct MapbenchArgs {
+    #[command(flatten)]
+    run: RunOpts,
+    /// Workloads, comma-separated
+    #[arg(long, value_delimiter = ',', default_value = "local,pipeline,global")]
+    workloads: Vec<String>,
+    /// Region size in pages (per thread), comma-separated
+    #[arg(long, value_delimiter = ',', default_value = "4", value_parser = clap::value_parser!(u64).range(1..65537))]
+    pages: Vec<u64>,
+    /// Systems, comma-separated [default: all]: radixvm-sw, bonsai-sw, linux-sw,
+    /// radixvm-uffd, bonsai-uffd, linux-uffd, native-linux
+    #[arg(long, value_delimiter = ',')]
+    systems: Option<Vec<String>>,
+    /// Seconds per run [default: 1; --quick: 0.2]
+    #[arg(long, value_parser = parse_seconds)]
+    seconds: Option<f64>,
+}
+
+fn run_mapbench(a: MapbenchArgs) -> Result<i32, String> {
+    let workloads = a
+        .workloads
+        .iter()
+        .map(|w| w.parse())
+        .collect::<Result<Vec<radixvm::bench::Workload>, String>>()?;
+    let systems = match &a.systems {
+        Some(list) => vm::parse_systems(list)?,
+        None => radixvm::bench::System::ALL.to_vec(),
+    };
+    let opts = vm::MapOpts {
+        threads: a.run.threads(),
+        secs: a.seconds.unwrap_or(if a.run.quick { 0.2 } else { 1.0 }),
+        runs: a.run.repeat(3),
+        region_pages: a.pages.clone(),
+        workloads,
+        systems,
+    };
+    let mut rep = a.run.reporter()?;
+    vm::run_mapbench(&opts, &mut rep).map_err(|e| format!("output error: {e}"))?;
+    Ok(rep.exit_code())
+}
+
+#[derive(Args)]
+struct FaultbenchArgs {
+    #[command(flatten)]
+    run: RunOpts,
+    /// Fractions of the mapper's time spent in mmap/munmap, comma-separated
+    /// [default: 0,0.1,0.25,0.5,0.75,0.9; --quick: 0,0.25,0.5,0.9]
+    #[arg(long, value_delimiter = ',')]
+    fractions: Option<Vec<f64>>,
+    /// Systems, comma-separated [default: every design on both backends]
+    #[arg(long, value_delimiter = ',')]
+    systems: Option<Vec<String>>,
+    /// Seconds per run [default: 1; --quick: 0.2]
+    #[arg(long, value_parser = parse_seconds)]
+    seconds: Option<f64>,
+}
+
+fn run_faultbench(a: FaultbenchArgs) -> Result<i32, String> {
+    let fractions = a.fractions.clone().unwrap_or_else(|| {
+        if a.run.quick {
+            vec![0.0, 0.25, 0.5, 0.9]
+        } else {
+            vec![0.0, 0.1, 0.25, 0.5, 0.75, 0.9]
+        }
+    });
+    if let Some(bad) = fractions.iter().find(|f| !(0.0..=1.0).contains(*f)) {
+        return Err(format!("fraction {bad} is not between 0 and 1"));
+    }
+    let systems = match &a.systems {
+        Some(list) => vm::parse_systems(list)?,
+        None => radixvm::bench::System::ALL
+            .into_iter()
+            .filter(|s| *s != radixvm::bench::System::Native)
+            .collect(),
+    };
+    let opts = vm::FaultOpts {
+        // One mapper and the rest faulting: 2 threads at least.
+        threads: a.run.threads.as_ref().map_or(vec![2], |_| a.run.threads()),
+        secs: a.seconds.unwrap_or(if a.run.quick { 0.2 } else { 1.0 }),
+        runs: a.run.repeat(3),
+        fractions,
+        systems,
+    };
+    let mut rep = a.run.reporter()?;
+    vm::run_faultbench(&opts, &mut rep).map_err(|e| format!("output error: {e}"))?;
+    Ok(rep.exit_code())
+}
+
 /// The whole program; `alloc` is the global allocator of the calling binary.
 pub fn main_entry(alloc: Alloc) -> ExitCode {
     child::set_self_alloc(alloc);
@@ -655,6 +751,8 @@ pub fn main_entry(alloc: Alloc) -> ExitCode {
         Command::Shared(a) => shared::run_cli(a),
         Command::Refcache(a) => run_refcache(a),
         Command::Tree(a) => run_tree(a),
+        Command::Mapbench(a) => run_mapbench(a),
+        Command::Faultbench(a) => run_faultbench(a),
         Command::Plot(a) => run_plot(a),
         Command::Cell { spec } => Ok(child::child_main(&spec)),
         Command::JmpChild { args } => jmp::child(&args),

@@ -29,7 +29,7 @@ use plotters::style::{FontFamily, FontStyle};
 use serde_json::{Map, Value};
 
 /// Fields that split one bench into several panels, when present.
-pub const DEFAULT_SUBKEYS: [&str; 10] = [
+pub const DEFAULT_SUBKEYS: [&str; 11] = [
     "size_frames",
     "order",
     "queue_frames",
@@ -40,12 +40,19 @@ pub const DEFAULT_SUBKEYS: [&str; 10] = [
     "key_bytes",
     "value_bytes",
     "protocol",
+    "region_pages",
 ];
 
 /// Default y fields, in order of preference, when `--y` is not given.
-pub const DEFAULT_Y: [&str; 3] = ["ops_per_sec", "bloat", "ratio"];
+pub const DEFAULT_Y: [&str; 4] = ["ops_per_sec", "bloat", "ratio", "fault_ns"];
 /// Default x fields, in order of preference, when `--x` is not given.
-pub const DEFAULT_X: [&str; 4] = ["t_ms", "utilization", "pair_index", "threads"];
+pub const DEFAULT_X: [&str; 5] = [
+    "t_ms",
+    "utilization",
+    "pair_index",
+    "map_fraction",
+    "threads",
+];
 
 const PANEL_W: u32 = 640;
 const PANEL_H: u32 = 440;

@@ -1,0 +1,105 @@
+//! Smoke test of `memlab mapbench` and `memlab faultbench` through the real
+//! binary, at tiny durations: every workload × system produced its row,
+//! software-MMU rows say the TLB is simulated, and the RadixVM rows of
+//! `local` sent no shootdown. Figures are otherwise not checked.
+
+use std::process::Command;
+
+fn memlab(args: &[&str]) -> (Vec<serde_json::Value>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_memlab"))
+        .args(args)
+        .output()
+        .expect("run memlab");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        out.status.success(),
+        "memlab {args:?} failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    let rows = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON row"))
+        .collect();
+    (rows, stderr)
+}
+
+/// The -uffd systems run unless the kernel has no userfaultfd, in which
+/// case a note says why.
+fn expected_systems(stderr: &str) -> Vec<&'static str> {
+    let mut systems = vec!["radixvm-sw", "bonsai-sw", "linux-sw"];
+    if stderr.contains("userfaultfd unavailable") {
+        println!("userfaultfd rows skipped: {stderr}");
+    } else {
+        systems.extend(["radixvm-uffd", "bonsai-uffd", "linux-uffd"]);
+    }
+    systems
+}
+
+#[test]
+fn mapbench_every_workload_and_system() {
+    let (rows, stderr) = memlab(&[
+        "mapbench",
+        "--json",
+        "--repeat",
+        "1",
+        "--seconds",
+        "0.02",
+        "--threads",
+        "1,2",
+        "--pages",
+        "2",
+    ]);
+    let mut systems = expected_systems(&stderr);
+    systems.push("native-linux");
+    for workload in ["local", "pipeline", "global"] {
+        for system in &systems {
+            for threads in [1, 2] {
+                let row = rows
+                    .iter()
+                    .find(|r| {
+                        r["workload"] == workload
+                            && r["system"] == *system
+                            && r["threads"] == threads
+                    })
+                    .unwrap_or_else(|| panic!("no row {workload} {system} x{threads}: {rows:?}"));
+                assert_eq!(row["bench"], "mapbench");
+                assert_eq!(row["region_pages"], 2);
+                assert!(row["ops_per_sec"].as_f64().unwrap() > 0.0, "{row}");
+                let tlb = if system.ends_with("-sw") {
+                    "simulated"
+                } else {
+                    "real"
+                };
+                assert_eq!(row["tlb"], tlb, "{row}");
+                if workload == "local" && system.starts_with("radixvm") {
+                    assert_eq!(row["shootdowns_per_iter"], 0.0, "{row}");
+                }
+            }
+        }
+    }
+    assert_eq!(rows.len(), 3 * 2 * systems.len());
+}
+
+#[test]
+fn faultbench_every_design() {
+    let (rows, stderr) = memlab(&[
+        "faultbench",
+        "--json",
+        "--repeat",
+        "1",
+        "--seconds",
+        "0.02",
+        "--fractions",
+        "0,0.5",
+    ]);
+    let systems = expected_systems(&stderr);
+    assert_eq!(rows.len(), 2 * systems.len(), "{rows:?}");
+    for r in &rows {
+        assert_eq!(r["bench"], "faultbench");
+        assert_eq!(r["threads"], 2);
+        assert!(r["fault_ns"].as_f64().unwrap() > 0.0, "{r}");
+        let sw = r["system"].as_str().unwrap().ends_with("-sw");
+        assert_eq!(r["tlb"], if sw { "simulated" } else { "real" }, "{r}");
+    }
+}
