@@ -229,11 +229,18 @@ impl Inner {
             if st & OBJ_COMMITTED == 0 || st & OBJ_DEAD != 0 {
                 continue;
             }
-            let moved = if h.expired() {
+            let dropped = if h.expired() {
                 self.drop_expired(loc, &h)
             } else {
-                self.move_object(loc, size, &h, dest)
+                Ok(false)
             };
+            let moved = dropped.and_then(|d| {
+                if d {
+                    Ok(())
+                } else {
+                    self.move_object(loc, size, &h, dest)
+                }
+            });
             match moved {
                 Ok(()) => {}
                 Err(p) => {
@@ -257,8 +264,14 @@ impl Inner {
 
     /// Remove an expired object from the index (a delete under the key's
     /// bucket locks, with a DEL intent, so a death halfway is resolved like
-    /// any delete's) instead of moving it.
-    fn drop_expired(&self, loc: u64, h: &nibble::object::Header) -> std::result::Result<(), Pass> {
+    /// any delete's) instead of moving it. False if, under the locks, it is
+    /// indexed but no longer expired (a `set_expiry` came first): the
+    /// caller moves it instead.
+    fn drop_expired(
+        &self,
+        loc: u64,
+        h: &nibble::object::Header,
+    ) -> std::result::Result<bool, Pass> {
         let key = self.obj_key(loc, h);
         let (b0, b1, _) = self.buckets_of(nibble::hash_key(key));
         let op = self.begin();
@@ -276,6 +289,11 @@ impl Inner {
                 })
                 .map(|i| (b, i))
         });
+        let still_expired = self.obj_header(loc).is_some_and(|h| h.expired());
+        if found.is_some() && !still_expired {
+            self.unlock_pair(b0, b1);
+            return Ok(false);
+        }
         if let Some((b, i)) = found {
             self.bucket(b).entries[i].store(0, Ordering::Release);
             self.mark(loc, OBJ_DEAD);
@@ -283,7 +301,7 @@ impl Inner {
             self.hdr().expired_reclaimed.fetch_add(1, Ordering::Relaxed);
         }
         self.unlock_pair(b0, b1);
-        Ok(())
+        Ok(true)
     }
 
     /// Move one live object into the destination segment.
@@ -348,7 +366,11 @@ impl Inner {
         self.mark(new, OBJ_COMMITTED);
         self.mark(loc, OBJ_DEAD);
         de.live.fetch_add(size, Ordering::Relaxed);
-        self.note_expiry(new, h.expiry_ms);
+        // The copy's expiry, read under the locks (a `set_expiry` may have
+        // changed it since `h` was read).
+        if let Some(nh) = self.obj_header(new) {
+            self.note_expiry(new, nh.expiry_ms);
+        }
         self.unlock_pair(b0, b1);
         Ok(())
     }

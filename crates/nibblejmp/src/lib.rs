@@ -47,8 +47,9 @@
 //!   rebuild the index by scanning it (`recovery`), newest version first
 //!   as a second line of defence.
 //! * Readers take no lock and never wait. An entry is one 8-byte word, the
-//!   object it names is immutable (key and value; only the state word
-//!   changes), and the segment holding it is not reused while the reader is
+//!   object it names is immutable (key, value and lengths; only the state
+//!   word and, under the bucket locks, the expiry word change, each by one
+//!   atomic store), and the segment holding it is not reused while the reader is
 //!   pinned in the epoch table. A reader that sees the new entry linearizes
 //!   after (a), one that sees the old entry before it.
 //! * **Breakable locks.** Every lock word names its holder's epoch slot;
@@ -73,9 +74,11 @@
 //!   appended object and unlocks, as a put that finds the index full does.
 //!   The version (`max(TSC/1024, old + 1)`) and a kept expiry are decided
 //!   there too and written into the new object's header before (a), while
-//!   nobody can read it. Objects stay immutable once published, so an
-//!   expiry change is a put of a copy with the same version (the
-//!   re-expiry retries if the key changed since it was copied). An expired
+//!   nobody can read it. An expiry change (`set_expiry`) is one atomic
+//!   store, under the bucket locks, of the header word that holds the
+//!   expiry (its low 16 bits, the top of the version, unchanged): no copy,
+//!   no space needed, the version kept; readers load header words
+//!   atomically, so they see the old expiry or the new one. An expired
 //!   object is invisible at once to every read and condition; compaction
 //!   removes it (a delete with a DEL intent) instead of moving it, and a
 //!   segment whose earliest expiry (`min_expiry_ms`) has passed is a
@@ -120,6 +123,7 @@
 //! | compaction move, before (a) | original | the partial copy is uncommitted, skipped | rolled back; lease taken over, victim back to CLOSED |
 //! | compaction move, after (a) | the copy (same bytes) | original DEAD | rolled forward |
 //! | compaction, between objects | unchanged | victim is CLOSED again after takeover and compacted later | lease takeover |
+//! | `set_expiry` | old or new expiry (one atomic store) | — | next locker breaks the bucket lock (no intent) |
 //! | segment claim, before the head links it | — | segment closed (empty) and compacted away | head takeover / recovery |
 //! | `create`, before the magic is written | attach reports `NotAStore` | files left; `create` cleans up what it can on errors | user removes the directory |
 //! | `close` | as after a crash of a process with no operation in flight | — | the clean flag stays 0: next sole attach verifies |

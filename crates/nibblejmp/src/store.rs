@@ -50,8 +50,12 @@ const SPINS_BETWEEN_LIVENESS_CHECKS: u32 = 512;
 const SPINS_BEFORE_YIELD: u32 = 64;
 /// Epoch slots a process may claim at most (`Options::epoch_slots`).
 pub const MAX_PROCESS_SLOTS: usize = 64;
-/// Attempts of `set_expiry` when the key keeps changing under it.
-const REEXPIRE_ATTEMPTS: u32 = 64;
+/// The object-prefix word holding the expiry (header bytes 18..24 are
+/// object bytes 26..32: the top 48 bits of word 3; its low 16 bits are the
+/// top of the version).
+const EXPIRY_WORD: usize = 3;
+const EXPIRY_SHIFT: u32 = 16;
+const EXPIRY_WORD_MASK: u64 = nibble::object::FIELD48_MASK << EXPIRY_SHIFT;
 /// A scan step reads at most this many buckets per key asked for.
 const SCAN_BUCKETS_PER_KEY: u64 = 16;
 /// Name of the VAS and of the segments in the SpaceJMP registry.
@@ -409,9 +413,17 @@ impl Inner {
     }
 
     pub(crate) fn obj_state(&self, loc: u64) -> &AtomicU64 {
-        // SAFETY: `loc_ok` holds (callers check), so the 8-aligned word is
-        // inside the log mapping, which lives as long as `self`.
-        unsafe { &*(self.obj(loc) as *const AtomicU64) }
+        self.obj_word(loc, 0)
+    }
+
+    /// Word `i` (0..4) of an object's 32-byte prefix: 0 is the state word,
+    /// 1..=3 nibble's header; word 3 holds the expiry in its top 48 bits.
+    pub(crate) fn obj_word(&self, loc: u64, i: usize) -> &AtomicU64 {
+        debug_assert!(i < 4);
+        // SAFETY: `loc_ok` holds (callers check), so the object's 8-aligned
+        // 32-byte prefix is inside the log mapping, which lives as long as
+        // `self`; `i < 4` keeps the word inside the prefix.
+        unsafe { &*(self.obj(loc).add(8 * i) as *const AtomicU64) }
     }
 
     /// The object's nibble header, if its magic is intact and it fits its
@@ -423,13 +435,13 @@ impl Inner {
         if self.obj_state(loc).load(Ordering::Acquire) & OBJ_MAGIC_MASK != OBJ_MAGIC {
             return None;
         }
+        // Word by word, atomically: the expiry word may be stored by
+        // `set_expiry` (under the bucket locks) while we read.
         let mut b = [0u8; HEADER_BYTES];
-        // SAFETY: the header lies within the prefix checked by `loc_ok`;
-        // header bytes are written once, before the object is published
-        // (head offset release store or index entry), and never after.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.obj(loc).add(8), b.as_mut_ptr(), HEADER_BYTES)
-        };
+        for (i, chunk) in b.chunks_exact_mut(8).enumerate() {
+            let w = self.obj_word(loc, 1 + i).load(Ordering::Acquire);
+            chunk.copy_from_slice(&w.to_le_bytes());
+        }
         let h = Header::decode(&b);
         let end =
             (loc - 1) % self.geo.seg_bytes + object_bytes(h.key_len as usize, h.value_cap as usize);
@@ -1050,18 +1062,23 @@ impl Inner {
     /// version.
     pub(crate) fn put_with(&self, key: &[u8], value: &[u8], opts: PutOptions) -> Result<u64> {
         let op = self.begin();
-        self.write(&op, key, value, Write::Put(opts))
+        self.write(&op, key, value, opts)
     }
 
     /// Append `key` → `value` and swap it into the index under the key's
-    /// bucket locks, as the crate essay's `put` timeline. `what` decides,
-    /// under the locks, whether the write may happen (a put's condition, a
-    /// re-expiry's "still the object I copied") and which version, flags
-    /// and expiry the new object carries. Its header is rewritten before
-    /// the index store if the decision changed them: the object is not
+    /// bucket locks, as the crate essay's `put` timeline. The condition is
+    /// decided under the locks, and so are the version (above every earlier
+    /// one of the key) and a kept expiry; the new object's header is
+    /// rewritten before the index store if they changed: the object is not
     /// published yet (uncommitted, in a segment no compactor may pick while
     /// we are pinned), so nobody reads it.
-    pub(crate) fn write(&self, op: &Op<'_>, key: &[u8], value: &[u8], what: Write) -> Result<u64> {
+    pub(crate) fn write(
+        &self,
+        op: &Op<'_>,
+        key: &[u8],
+        value: &[u8],
+        o: PutOptions,
+    ) -> Result<u64> {
         self.check_key(key)?;
         let size = object_bytes(key.len(), value.len());
         if size > self.geo.seg_bytes || value.len() > u32::MAX as usize {
@@ -1072,22 +1089,10 @@ impl Inner {
         }
         let hash = nibble::hash_key(key);
         let (b0, b1, tag) = self.buckets_of(hash);
-        let (cond, flags, version, expiry) = match what {
-            Write::Put(o) => (
-                o.condition,
-                o.flags,
-                nibble::object::next_version(0),
-                match o.expiry {
-                    Expiry::At(t) => t.clamp(1, nibble::object::FIELD48_MASK),
-                    Expiry::Never | Expiry::Keep => 0,
-                },
-            ),
-            Write::Reexpire {
-                version,
-                flags,
-                expiry_ms,
-                ..
-            } => (Condition::Always, flags, version, expiry_ms),
+        let (cond, flags, version) = (o.condition, o.flags, nibble::object::next_version(0));
+        let expiry = match o.expiry {
+            Expiry::At(t) => t.clamp(1, nibble::object::FIELD48_MASK),
+            Expiry::Never | Expiry::Keep => 0,
         };
         if cond != Condition::Always {
             // Cheap optimistic check first, so a failing condition does
@@ -1138,25 +1143,16 @@ impl Inner {
         let found = self.find(key, b0, b1, tag);
         let old_hdr = found.and_then(|(_, _, old)| self.obj_header(old));
         let live_old = old_hdr.filter(|h| !h.expired());
-        let decided = match what {
-            Write::Put(o) => check_condition(o.condition, live_old.as_ref()).map(|()| {
-                if let Some(oh) = old_hdr {
-                    hdr.version = hdr.version.max(oh.version + 1) & nibble::object::FIELD48_MASK;
-                }
-                if o.expiry == Expiry::Keep {
-                    hdr.expiry_ms = live_old.map_or(0, |h| h.expiry_ms);
-                }
-            }),
-            Write::Reexpire { expect, .. } => match found {
-                Some((_, _, old)) if old == expect && live_old.is_some() => Ok(()),
-                // The key changed since it was copied: the caller retries.
-                _ => Err(Error::VersionMismatch { current: 0 }),
-            },
-        };
-        if let Err(e) = decided {
+        if let Err(e) = check_condition(cond, live_old.as_ref()) {
             self.mark(loc, OBJ_DEAD);
             self.unlock_pair(b0, b1);
             return Err(e);
+        }
+        if let Some(oh) = old_hdr {
+            hdr.version = hdr.version.max(oh.version + 1) & nibble::object::FIELD48_MASK;
+        }
+        if o.expiry == Expiry::Keep {
+            hdr.expiry_ms = live_old.map_or(0, |h| h.expiry_ms);
         }
         if hdr.version != version || hdr.expiry_ms != expiry {
             self.rewrite_header(loc, &hdr);
@@ -1202,14 +1198,17 @@ impl Inner {
     }
 
     /// Rewrite the header of an unpublished object this operation appended.
+    /// (It is not published, so nobody reads it; the stores are atomic
+    /// anyway, as every access to header words after the append. Key and
+    /// value lengths are unchanged, so scans that size it agree.)
     fn rewrite_header(&self, loc: u64, hdr: &Header) {
         let hb = hdr.encode();
-        // SAFETY: `loc` names an object this operation appended and has not
-        // published (no index entry names it, it is uncommitted): no other
-        // thread or process reads or writes its header bytes, which lie in
-        // the log mapping (checked when appended). Key and value lengths
-        // are unchanged, so scans that size it agree before and after.
-        unsafe { std::ptr::copy_nonoverlapping(hb.as_ptr(), self.obj(loc).add(8), HEADER_BYTES) };
+        for (i, chunk) in hb.chunks_exact(8).enumerate() {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(chunk);
+            self.obj_word(loc, 1 + i)
+                .store(u64::from_le_bytes(w), Ordering::Relaxed);
+        }
     }
 
     /// Record that the object at `loc` expires at `expiry_ms` (0 = never)
@@ -1255,8 +1254,9 @@ impl Inner {
         let (b0, b1, tag) = self.buckets_of(nibble::hash_key(key));
         let _op = self.begin();
         // No seqlock validation is needed: an entry is one word, read
-        // atomically, and the object it names is immutable and stays
-        // mapped while we are pinned (see the crate essay).
+        // atomically; the object it names has an immutable key and value
+        // (header words are loaded atomically) and stays mapped while we
+        // are pinned (see the crate essay).
         Ok(self.find_live(key, b0, b1, tag).map(|(loc, h)| {
             buf.extend_from_slice(self.obj_value(loc, &h));
             item_meta(&h)
@@ -1317,38 +1317,38 @@ impl Inner {
         }
     }
 
-    /// Set or clear the expiry of `key`: objects are immutable here (a
-    /// reader copies a header without a lock), so this writes a copy with
-    /// the new expiry and the *same* version through the put protocol, as
-    /// `nibble::Store` keeps the version on an expiry change.
+    /// Set or clear the expiry of `key` in place: one atomic store of the
+    /// header word that holds the expiry (its low 16 bits, the top of the
+    /// version, are kept), under the key's bucket locks, so it cannot race
+    /// a put's "keep the expiry" or a compaction move. Readers load header
+    /// words atomically and see the old or the new expiry. The version is
+    /// kept, as `nibble::Store` keeps it; no space is needed, so this works
+    /// in a full store too.
     pub(crate) fn set_expiry(&self, key: &[u8], expiry_ms: Option<u64>) -> Result<bool> {
         self.check_key(key)?;
         let (b0, b1, tag) = self.buckets_of(nibble::hash_key(key));
-        let mut value = Vec::new();
-        for _ in 0..REEXPIRE_ATTEMPTS {
-            let op = self.begin();
-            let Some((loc, h)) = self.find_live(key, b0, b1, tag) else {
-                return Ok(false);
-            };
-            // Copied out: the write may leave the epoch while it waits for
-            // space, after which the old object's bytes may be reused.
-            value.clear();
-            value.extend_from_slice(self.obj_value(loc, &h));
-            let w = Write::Reexpire {
-                expect: loc,
-                version: h.version,
-                flags: h.flags,
-                expiry_ms: expiry_ms.map_or(0, |t| t.clamp(1, nibble::object::FIELD48_MASK)),
-            };
-            match self.write(&op, key, &value, w) {
-                Ok(_) => return Ok(true),
-                Err(Error::VersionMismatch { .. }) => continue, // changed: again
-                Err(e) => return Err(e),
+        let t = expiry_ms.map_or(0, |t| t.clamp(1, nibble::object::FIELD48_MASK));
+        let op = self.begin();
+        // No intent to resolve (one atomic store), but the buckets are
+        // named so that a reclaimer of a dead holder finds its locks.
+        self.set_intent(&op, INTENT_NONE, b0, b1, 0, 0);
+        self.lock_pair(&op, b0, b1)?;
+        let done = match self.find_live(key, b0, b1, tag) {
+            Some((loc, _)) => {
+                let w = self.obj_word(loc, EXPIRY_WORD);
+                let old = w.load(Ordering::Relaxed);
+                w.store(
+                    (old & !EXPIRY_WORD_MASK) | (t << EXPIRY_SHIFT),
+                    Ordering::Release,
+                );
+                self.note_expiry(loc, t);
+                point(CrashPoint::ExpiryStored);
+                true
             }
-        }
-        Err(Error::Busy(format!(
-            "the key changed {REEXPIRE_ATTEMPTS} times while its expiry was set"
-        )))
+            None => false,
+        };
+        self.unlock_pair(b0, b1);
+        Ok(done)
     }
 
     /// One step of a cursor over the keys (Redis SCAN: the cursor is the
@@ -1434,19 +1434,6 @@ impl Inner {
             b += BUCKETS_PER_PIN;
         }
     }
-}
-
-/// What a write is: a put with options, or a re-expiry (a copy of the
-/// object at `expect` with another expiry, same version and flags).
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Write {
-    Put(PutOptions),
-    Reexpire {
-        expect: u64,
-        version: u64,
-        flags: u32,
-        expiry_ms: u64,
-    },
 }
 
 /// A write's condition against the current live item (`None` = absent or

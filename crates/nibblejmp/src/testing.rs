@@ -32,6 +32,8 @@ pub enum CrashPoint {
     MoveCopied,
     /// Compaction: holding the bucket locks, entry moved (a), before (b).
     MoveEntryStored,
+    /// `set_expiry`: holding the bucket locks, the expiry word stored.
+    ExpiryStored,
 }
 
 static CRASH_AT: AtomicU8 = AtomicU8::new(CrashPoint::Never as u8);

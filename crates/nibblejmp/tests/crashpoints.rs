@@ -34,7 +34,10 @@ fn opts() -> Options {
     }
 }
 
-const POINTS: [(&str, CrashPoint); 8] = [
+/// The expiry the `expiry-stored` child sets (year 2096).
+const EXPIRY_AT_MS: u64 = 4_000_000_000_000;
+
+const POINTS: [(&str, CrashPoint); 9] = [
     ("append-mid-copy", CrashPoint::AppendMidCopy),
     ("segment-claimed", CrashPoint::SegmentClaimed),
     ("put-appended", CrashPoint::PutAppended),
@@ -43,6 +46,7 @@ const POINTS: [(&str, CrashPoint); 8] = [
     ("delete-entry-cleared", CrashPoint::DeleteEntryCleared),
     ("move-copied", CrashPoint::MoveCopied),
     ("move-entry-stored", CrashPoint::MoveEntryStored),
+    ("expiry-stored", CrashPoint::ExpiryStored),
 ];
 
 /// Baseline contents the child writes before crashing.
@@ -76,6 +80,9 @@ fn child() {
     match p {
         CrashPoint::DeleteEntryCleared => {
             s.delete(b"victim").unwrap();
+        }
+        CrashPoint::ExpiryStored => {
+            s.set_expiry(b"victim", Some(EXPIRY_AT_MS)).unwrap();
         }
         CrashPoint::MoveCopied | CrashPoint::MoveEntryStored => {
             // Roll the heads over a few segments so there is something to
@@ -127,6 +134,11 @@ fn run_point(name: &str, p: CrashPoint) {
         _ => Some(b"old"),
     };
     assert_eq!(seen.as_deref(), expect, "{name}: visible value");
+    if p == CrashPoint::ExpiryStored {
+        // One atomic store: it happened, whole.
+        let m = parent.meta(b"victim").unwrap().unwrap();
+        assert_eq!(m.expiry_ms, Some(EXPIRY_AT_MS), "{name}");
+    }
     let mut model = baseline();
     for i in 0..100u32 {
         model.remove(format!("base{}", 100 + i).as_bytes());
@@ -200,6 +212,10 @@ fn run_point(name: &str, p: CrashPoint) {
     assert_eq!(r.duplicates, 0, "{name}: {r:?}");
     assert_eq!(r.damaged_segments, 0, "{name}: {r:?}");
     check(&s, &want, name);
+    if p == CrashPoint::ExpiryStored {
+        let m = s.meta(b"victim").unwrap().unwrap();
+        assert_eq!(m.expiry_ms, Some(EXPIRY_AT_MS), "{name}: after the rebuild");
+    }
     s.close().unwrap();
 }
 

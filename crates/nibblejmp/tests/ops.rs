@@ -550,3 +550,53 @@ fn recovery_catches_an_entry_that_names_nothing() {
     }
     s.close().unwrap();
 }
+
+#[test]
+fn expiry_changes_work_in_a_full_store_and_never_tear() {
+    let d = TempDir::new("fullexp");
+    let s = SharedStore::create(&d.0, 8 << 20, &quiet()).unwrap();
+    let value = vec![1u8; 2000];
+    let mut n = 0;
+    loop {
+        match s.put(format!("k{n}").as_bytes(), &value) {
+            Ok(()) => n += 1,
+            Err(Error::OutOfMemory { .. }) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(n > 100);
+    // Full: an expiry change needs no space (one store in the header).
+    let v = s.meta(b"k1").unwrap().unwrap().version;
+    let at = now_ms() + 1_000_000;
+    assert!(s.set_expiry(b"k1", Some(at)).unwrap());
+    let m = s.meta(b"k1").unwrap().unwrap();
+    assert_eq!((m.version, m.expiry_ms), (v, Some(at)));
+    assert!(s.set_expiry(b"k1", None).unwrap());
+    assert_eq!(s.meta(b"k1").unwrap().unwrap().expiry_ms, None);
+    // A reader racing expiry changes sees one of the values written, never
+    // a mix, and the version never moves.
+    let (t1, t2) = (now_ms() + 0x1_0000_0000, now_ms() + 0xFF_0000_FFFF);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        let stop = &stop;
+        let s = &s;
+        sc.spawn(move || {
+            for i in 0..20_000 {
+                let t = if i % 2 == 0 { t1 } else { t2 };
+                assert!(s.set_expiry(b"k2", Some(t)).unwrap());
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        let v2 = s.meta(b"k2").unwrap().unwrap().version;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let m = s.meta(b"k2").unwrap().unwrap();
+            assert_eq!(m.version, v2);
+            assert!(
+                m.expiry_ms.is_none() || m.expiry_ms == Some(t1) || m.expiry_ms == Some(t2),
+                "torn expiry {:?}",
+                m.expiry_ms
+            );
+        }
+    });
+    s.close().unwrap();
+}

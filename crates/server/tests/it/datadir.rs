@@ -186,8 +186,11 @@ fn oom_then_deletes_make_room_on_the_shared_engine() {
     };
     assert_eq!(oom.code(), Some("OOM"), "{oom}");
     assert!(written > 1000, "only {written} writes before OOM");
-    // Reads and deletes keep working.
+    // Reads, expiry changes and deletes keep working.
     assert_eq!(q::<String>(&mut c, &["GET", "k0"]), value);
+    assert_eq!(q::<i64>(&mut c, &["EXPIRE", "k0", "1000"]), 1);
+    assert!(q::<i64>(&mut c, &["TTL", "k0"]) > 900);
+    assert_eq!(q::<i64>(&mut c, &["PERSIST", "k0"]), 1);
     for i in 0..written {
         let _: i64 = q(&mut c, &["DEL", &format!("k{i}")]);
     }
