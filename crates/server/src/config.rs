@@ -529,6 +529,11 @@ mod tests {
         assert_eq!(c.capacity, 64 << 20);
         assert_eq!(c.requirepass.as_deref(), Some("s p"));
         assert_eq!(c.mode, Mode::Nibble2);
+        assert_eq!(c.data_dir, None);
+        c.apply_file_text("data-dir \"/dev/shm/my store\"\n")
+            .unwrap();
+        assert_eq!(c.data_dir, Some(PathBuf::from("/dev/shm/my store")));
+        assert!(c.apply_file_text("data-dir \"\"").is_err());
         assert!(c.apply_file_text("bogus 1").is_err());
     }
 
@@ -547,6 +552,9 @@ mod tests {
         assert_eq!(c.memcached_port, Some(DEFAULT_MEMCACHED_PORT));
         assert_eq!(c.port, None);
         assert_eq!(c.capacity, 1 << 30);
+        let c =
+            ServerConfig::from_cli(&Cli::parse_from(["nibble", "--data-dir", "/tmp/x"])).unwrap();
+        assert_eq!(c.data_dir, Some(PathBuf::from("/tmp/x")));
         let d = ServerConfig::from_cli(&Cli::parse_from(["nibble"])).unwrap();
         assert_eq!(
             (d.bind.clone(), d.port, d.memcached_port),
