@@ -158,6 +158,21 @@ fn commands_on_the_shared_engine() {
     assert_eq!(m.req("append n2 0 0 1\r\n0\r\n"), "STORED");
     m.send(b"get n2\r\n");
     assert_eq!(m.until_end()[1], "100");
+    // Concurrent read-modify-writes lose nothing (compare-and-swap on the
+    // shared item's version).
+    std::thread::scope(|sc| {
+        for _ in 0..3 {
+            sc.spawn(|| {
+                let mut c = client(&s);
+                for _ in 0..200 {
+                    let _: i64 = q(&mut c, &["INCR", "race"]);
+                    let _: i64 = q(&mut c, &["HINCRBY", "hrace", "f", "1"]);
+                }
+            });
+        }
+    });
+    assert_eq!(q::<i64>(&mut c, &["GET", "race"]), 600);
+    assert_eq!(q::<i64>(&mut c, &["HGET", "hrace", "f"]), 600);
     // FLUSHALL empties it.
     assert_eq!(q::<String>(&mut c, &["FLUSHALL"]), "OK");
     assert_eq!(q::<i64>(&mut c, &["DBSIZE"]), 0);
