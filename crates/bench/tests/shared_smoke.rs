@@ -32,6 +32,15 @@ fn shared_every_workload_tiny() {
     match nibble_bin() {
         Some(p) => {
             systems.push("nibble");
+            let help = Command::new(&p)
+                .arg("--help")
+                .output()
+                .expect("nibble --help");
+            if String::from_utf8_lossy(&help.stdout).contains("--data-dir") {
+                systems.push("nibble-data-dir");
+            } else {
+                eprintln!("shared_smoke: no nibble-data-dir rows: this nibble has no --data-dir");
+            }
             cmd.arg("--nibble-bin").arg(p);
         }
         None => eprintln!("shared_smoke: no nibble rows: the nibble binary is not built"),
@@ -86,6 +95,10 @@ fn shared_every_workload_tiny() {
     }
     assert_eq!(count("shared-restart", "direct-attach"), 1, "{stdout}");
     assert_eq!(count("shared-restart", "direct-attach-after-kill"), 1);
+    if systems.contains(&"nibble-data-dir") {
+        assert_eq!(count("shared-restart", "nibble-data-dir"), 1, "{stdout}");
+        assert_eq!(count("shared-restart", "nibble-data-dir-after-kill"), 1);
+    }
     if systems.contains(&"redis") {
         assert_eq!(count("shared-restart", "redis-rdb"), 1, "{stdout}");
         assert_eq!(count("shared-ratio", "direct/redis"), 5, "{stdout}");
