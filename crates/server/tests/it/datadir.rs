@@ -571,3 +571,50 @@ fn bad_data_dir_is_a_clear_error() {
         .unwrap();
     assert!(!out.status.success());
 }
+
+#[test]
+fn server_sigkilled_while_another_process_stays_attached() {
+    let d = DataDir::new("survivor");
+    let p = spawn(&d.0, &[]);
+    let mut c = p.con();
+    for i in 0..300 {
+        let _: () = q(&mut c, &["SET", &format!("k{i}"), &format!("v{i}")]);
+    }
+    let s = nibblejmp::SharedStore::attach(
+        &d.0,
+        &nibblejmp::Options {
+            compaction_thread: false,
+            ..nibblejmp::Options::default()
+        },
+    )
+    .unwrap();
+    // The server dies; this process carries on with the store.
+    p.signal(libc::SIGKILL);
+    assert!(!p.wait().success());
+    s.put(b"while-down", b"x").unwrap();
+    assert_eq!(s.get(b"k7").unwrap().as_deref(), Some(&b"v7"[..]));
+    s.reclaim_dead();
+    assert!(
+        s.stats().slots_reclaimed >= 1,
+        "the dead server's epoch slots are reclaimed"
+    );
+    // A new server attaches next to the survivor: no recovery needed (the
+    // survivor's attach keeps the store in use), everything served.
+    let p = spawn(&d.0, &[]);
+    let mut c = p.con();
+    assert_eq!(
+        info_field(&mut c, "server", "store_start"),
+        "attached (1 other process attached)"
+    );
+    for i in 0..300 {
+        assert_eq!(
+            q::<String>(&mut c, &["GET", &format!("k{i}")]),
+            format!("v{i}")
+        );
+    }
+    assert_eq!(q::<String>(&mut c, &["GET", "while-down"]), "x");
+    assert_eq!(q::<i64>(&mut c, &["DBSIZE"]), 301);
+    s.close().unwrap();
+    let _ = cmd(&mut c, &["SHUTDOWN"]);
+    assert!(p.wait().success());
+}
