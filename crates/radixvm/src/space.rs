@@ -219,10 +219,16 @@ pub const WINDOW_BYTES: u64 = (ADDRESS_LIMIT_BYTES - ANYWHERE_BASE_BYTES) / MAX_
 
 /// Address allocation for [`MapAt::Anywhere`]: a bump pointer per CPU in
 /// its own window, so concurrent mmaps touch no shared line (sv6 does the
-/// same with per-CPU address hints). Addresses are not reused.
+/// same with per-CPU address hints). The pointer wraps around at the end
+/// of the window, so addresses are reused; a design must check that the
+/// range it gets is free and ask again if not ([`ANYWHERE_TRIES`]).
 pub struct AddrAlloc {
     next: Box<[CachePadded<AtomicU64>]>,
 }
+
+/// How many ranges a design tries for one [`MapAt::Anywhere`] mmap before
+/// it reports [`VmError::OutOfMemory`].
+pub const ANYWHERE_TRIES: usize = 64;
 
 impl std::fmt::Debug for AddrAlloc {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -233,21 +239,27 @@ impl std::fmt::Debug for AddrAlloc {
 impl Default for AddrAlloc {
     fn default() -> Self {
         AddrAlloc {
-            next: (0..MAX_CPUS as u64)
-                .map(|i| CachePadded::new(AtomicU64::new(ANYWHERE_BASE_BYTES + i * WINDOW_BYTES)))
+            next: (0..MAX_CPUS)
+                .map(|_| CachePadded::new(AtomicU64::new(0)))
                 .collect(),
         }
     }
 }
 
 impl AddrAlloc {
-    /// A fresh range of `len_bytes` in `cpu`'s window.
+    /// A range of `len_bytes` in `cpu`'s window, the next one after the
+    /// last handed out (wrapping around); possibly still in use.
     pub fn alloc(&self, cpu: usize, len_bytes: u64) -> Result<u64, VmError> {
-        let addr = self.next[cpu].fetch_add(len_bytes, Ordering::Relaxed);
-        let window_end = ANYWHERE_BASE_BYTES + (cpu as u64 + 1) * WINDOW_BYTES;
-        if addr + len_bytes > window_end {
+        if len_bytes > WINDOW_BYTES {
             return Err(VmError::OutOfMemory);
         }
-        Ok(addr)
+        let window = ANYWHERE_BASE_BYTES + cpu as u64 * WINDOW_BYTES;
+        loop {
+            let offset = self.next[cpu].fetch_add(len_bytes, Ordering::Relaxed) % WINDOW_BYTES;
+            if offset + len_bytes <= WINDOW_BYTES {
+                return Ok(window + offset);
+            }
+            // Straddles the end: skip to the start of the window.
+        }
     }
 }

@@ -497,3 +497,37 @@ fn uffd_faults_are_real() {
     assert_eq!(cpu.write(BASE, 1), Err(VmError::Protection(BASE)));
     assert_eq!(space.stats().tlb_misses, pages + 3);
 }
+
+/// `MapAt::Anywhere` reuses its window once it wraps around, but never
+/// hands out a range that is still mapped.
+#[test]
+fn anywhere_wraps_without_clobbering() {
+    let len = 1 << 30;
+    let rounds = 2 * radixvm::space::WINDOW_BYTES / len;
+    for design in Design::ALL {
+        let frames = frames();
+        let space = new_space(design, Backend::Software, &frames).expect("software MMU");
+        let cpu = Cpu::attach(&*space, 0);
+        let kept = cpu
+            .mmap(MapAt::Anywhere, len, Prot::READ_WRITE, Backing::Anonymous)
+            .unwrap();
+        cpu.write(kept + 5, 42).unwrap();
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..rounds {
+            let a = cpu
+                .mmap(MapAt::Anywhere, len, Prot::READ_WRITE, Backing::Anonymous)
+                .unwrap();
+            assert!(
+                a + len <= kept || a >= kept + len,
+                "{design}: {a:#x} overlaps the kept mapping"
+            );
+            seen.insert(a);
+            cpu.munmap(a, len).unwrap();
+        }
+        assert!(
+            (seen.len() as u64) < rounds,
+            "{design}: addresses were reused"
+        );
+        assert_eq!(cpu.read(kept + 5).unwrap(), 42, "{design}");
+    }
+}

@@ -38,7 +38,7 @@ use parking_lot::Mutex;
 use super::{count, fault_shared, protect_shared, zap_shared, Region, DEAD, LIVE};
 use crate::mmu::sw::SoftMmu;
 use crate::mmu::{Counter, Mmu};
-use crate::space::{page_range, AddrAlloc};
+use crate::space::{page_range, AddrAlloc, ANYWHERE_TRIES};
 use crate::{Access, AddressSpace, Backing, Design, Frames, MapAt, Prot, VmError, PAGE_SIZE_BYTES};
 
 /// The Bonsai VM address space.
@@ -142,13 +142,24 @@ impl AddressSpace for BonsaiVm {
         count(&*self.mmu, cpu, Counter::Mmaps);
         page_range(0, len_bytes)?;
         let _as_lock = self.lock.lock();
+        // A free range in this CPU's window.
+        let anywhere = || {
+            for _ in 0..ANYWHERE_TRIES {
+                let a = self.addrs.alloc(cpu, len_bytes)?;
+                let vpns = page_range(a, len_bytes)?;
+                if self.overlapping(&vpns).is_empty() {
+                    return Ok(a);
+                }
+            }
+            Err(VmError::OutOfMemory)
+        };
         let addr = match at {
             MapAt::Fixed(a) => a,
             MapAt::Hint(a) => match page_range(a, len_bytes) {
                 Ok(vpns) if self.overlapping(&vpns).is_empty() => a,
-                _ => self.addrs.alloc(cpu, len_bytes)?,
+                _ => anywhere()?,
             },
-            MapAt::Anywhere => self.addrs.alloc(cpu, len_bytes)?,
+            MapAt::Anywhere => anywhere()?,
         };
         let vpns = page_range(addr, len_bytes)?;
         if let Backing::Segment {

@@ -53,7 +53,7 @@ use crate::frameref::{self, FrameRef};
 use crate::mmu::sw::SoftMmu;
 use crate::mmu::{Counter, Mmu, Pte};
 use crate::shootdown::cpus_in;
-use crate::space::{page_range, AddrAlloc};
+use crate::space::{page_range, AddrAlloc, ANYWHERE_TRIES};
 use crate::{Access, AddressSpace, Backing, Design, Frames, MapAt, Prot, VmError, PAGE_SIZE_BYTES};
 
 /// Marks a frame slot as empty.
@@ -293,6 +293,17 @@ impl AddressSpace for RadixVm {
         count(&*self.mmu, cpu, Counter::Mmaps);
         page_range(0, len_bytes)?;
         let handle = self.map.handle();
+        // A free range in this CPU's window (locked).
+        let anywhere = || {
+            for _ in 0..ANYWHERE_TRIES {
+                let a = self.addrs.alloc(cpu, len_bytes)?;
+                let g = handle.lock(page_range(a, len_bytes)?);
+                if self.is_free(&g) {
+                    return Ok((a, g));
+                }
+            }
+            Err(VmError::OutOfMemory)
+        };
         let (addr, guard) = match at {
             MapAt::Fixed(a) => (a, handle.lock(page_range(a, len_bytes)?)),
             MapAt::Hint(a) => {
@@ -302,16 +313,10 @@ impl AddressSpace for RadixVm {
                     .filter(|g| self.is_free(g));
                 match hinted {
                     Some(g) => (a, g),
-                    None => {
-                        let a = self.addrs.alloc(cpu, len_bytes)?;
-                        (a, handle.lock(page_range(a, len_bytes)?))
-                    }
+                    None => anywhere()?,
                 }
             }
-            MapAt::Anywhere => {
-                let a = self.addrs.alloc(cpu, len_bytes)?;
-                (a, handle.lock(page_range(a, len_bytes)?))
-            }
+            MapAt::Anywhere => anywhere()?,
         };
         let vpns = guard.keys();
         let pages = vpns.end - vpns.start;
