@@ -41,7 +41,7 @@
 //! * [`frameref`] — Refcache'd frame references (RadixVM's frames).
 //! * [`designs`] — [`designs::radixvm`], [`designs::bonsai`],
 //!   [`designs::linux`].
-//! * [`bench`] — `mapbench` (RadixVM §5) and `faultbench` (Bonsai
+//! * [`bench`](mod@bench) — `mapbench` (RadixVM §5) and `faultbench` (Bonsai
 //!   Fig. 16-18) as library functions.
 
 #![warn(missing_docs)]
