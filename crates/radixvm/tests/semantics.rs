@@ -531,3 +531,50 @@ fn anywhere_wraps_without_clobbering() {
         assert_eq!(cpu.read(kept + 5).unwrap(), 42, "{design}");
     }
 }
+
+/// A fault outside the userfaultfd MMU's probes still kills the process
+/// the usual way (the fixup handler hands it on instead of looping): a
+/// child copy of this test binary makes a userfaultfd space and then
+/// stores through a null pointer.
+#[test]
+fn uffd_handler_passes_other_faults_on() {
+    if std::env::var_os("RADIXVM_CRASH_CHILD").is_some() {
+        let frames = frames();
+        let _space = new_space(Design::Linux, Backend::Userfaultfd, &frames);
+        let null = std::hint::black_box(std::ptr::null_mut::<u8>());
+        // SAFETY: deliberately unsound: this child process exists to take
+        // SIGSEGV here.
+        unsafe { null.write_volatile(1) };
+        std::process::exit(0);
+    }
+    let frames = frames();
+    if new_space(Design::Linux, Backend::Userfaultfd, &frames).is_none() {
+        return;
+    }
+    let exe = std::env::current_exe().expect("test binary");
+    let mut child = std::process::Command::new(exe)
+        .args([
+            "--exact",
+            "uffd_handler_passes_other_faults_on",
+            "--test-threads",
+            "1",
+        ])
+        .env("RADIXVM_CRASH_CHILD", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run the child");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the child") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the child did not die: the fault handler loops");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(libc::SIGSEGV), "child: {status:?}");
+}
