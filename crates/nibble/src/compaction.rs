@@ -45,7 +45,7 @@ use std::time::Duration;
 use epoch::{EpochScheme, RetireList};
 
 use crate::memory::{loc_of, Memory, SegId, SegState, BLOCK_BYTES};
-use crate::object::{now_ms, HEADER_BYTES};
+use crate::object::{now_ms, Header, HEADER_BYTES};
 use crate::store::Inner;
 
 /// How often an idle worker wakes to free retired segments.
@@ -270,6 +270,18 @@ pub fn run(inner: Arc<Inner>, node: usize, worker: usize) {
     drop(std::mem::take(&mut inner.workers[node][worker].lock().retired).into_items());
 }
 
+/// Run one step of worker `worker` of `node` on the calling thread
+/// (waiting for the worker if it is in the middle of one), for
+/// `Store::compact_now`. Returns true if the step made progress or retired
+/// segments still wait for the epoch.
+pub fn step_now(inner: &Inner, node: usize, worker: usize) -> bool {
+    let mut st = inner.workers[node][worker].lock();
+    step(inner, node, worker, &mut st)
+        != Step::Idle {
+            retired_pending: false,
+        }
+}
+
 /// What a writer waiting for space got from [`help`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Help {
@@ -391,7 +403,12 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
         // the batch is read and its index buckets prefetched, then each
         // object is checked. The bucket misses of a batch overlap instead
         // of being paid one after another.
-        let mut batch: Vec<(u64, usize, u64)> = Vec::with_capacity(PREFETCH_BATCH);
+        let mut batch: Vec<(u64, Header, u64)> = Vec::with_capacity(PREFETCH_BATCH);
+        // In a mostly live segment (what compaction gets at high
+        // utilization) the lock-free liveness check below finds most
+        // objects live and is only a second bucket scan before the locked
+        // one: skip it there.
+        let precheck = c.live * 2 < c.used;
         let mut scan = 0usize;
         'objects: while at < c.used as usize {
             if batch.is_empty() {
@@ -404,7 +421,7 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
                     }
                     let hash = crate::store::hash_key(&key);
                     inner.index.prefetch(hash);
-                    batch.push((off, h.object_bytes(), hash));
+                    batch.push((off, h, hash));
                     scan += h.object_bytes();
                 }
                 if batch.is_empty() {
@@ -415,20 +432,18 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
                 }
                 batch.reverse();
             }
-            let (off, size, hash) = batch.pop().expect("a non-empty batch");
-            let Some(h) = mem.header(off) else {
-                complete = false;
-                break;
-            };
-            // Dead objects (most of a segment worth compacting) are skipped
-            // with a lock-free seqlock read: once the index stops pointing
-            // at an offset it never points there again, so "not found" is
-            // final and needs no bucket lock.
+            let (off, h, hash) = batch.pop().expect("a non-empty batch");
+            let size = h.object_bytes();
+            // Dead objects (most of a sparse segment) are skipped with a
+            // lock-free seqlock read: once the index stops pointing at an
+            // offset it never points there again, so "not found" is final
+            // and needs no bucket lock.
             let here = loc_of(off);
-            if inner
-                .index
-                .read(hash, |l| (l == here).then_some(()))
-                .is_none()
+            if precheck
+                && inner
+                    .index
+                    .read(hash, |l| (l == here).then_some(()))
+                    .is_none()
             {
                 at += size;
                 continue;

@@ -107,7 +107,8 @@ pub struct Config {
     pub segment_bytes: Option<usize>,
     /// Heads per node; `None` = one per CPU of the node.
     pub heads_per_node: Option<usize>,
-    /// Compaction workers per node; `None` = one per 8 CPUs of the node.
+    /// Compaction workers per node; `None` = one per 8 CPUs of the node,
+    /// at least two when the node has two CPUs or more.
     pub compaction_workers: Option<usize>,
     /// Epoch scheme.
     pub epoch: EpochKind,
@@ -553,9 +554,15 @@ impl Store {
         segment_blocks = segment_blocks
             .min(blocks / (4 * heads_per_node * nodes))
             .max(1);
+        // A worker per 8 CPUs (the paper runs 8 per socket), and at least
+        // two where there are two CPUs: a writer that finds no space runs
+        // an idle worker's step, so with one worker state only one thread
+        // at a time can compact, however many cores wait. At 90 %
+        // utilization on 2 CPUs a second worker doubled YCSB-A throughput.
+        let cpus_per_node = topo.num_cpus().div_ceil(nodes);
         let workers_per_node = cfg
             .compaction_workers
-            .unwrap_or_else(|| topo.num_cpus().div_ceil(nodes).div_ceil(8))
+            .unwrap_or_else(|| cpus_per_node.div_ceil(8).max(cpus_per_node.min(2)))
             .max(1);
         // Each worker fills one open destination at a time.
         let reserve = ((blocks * cfg.reserve_permille / 1000)
@@ -996,14 +1003,21 @@ impl Store {
         inner.force_compaction.store(true, Ordering::Release);
         inner.nothing_to_compact.store(false, Ordering::Release);
         let start = std::time::Instant::now();
+        // Run every worker's steps here until none of them has anything
+        // left: with several workers, one finding nothing says nothing
+        // about the others' candidates.
         while start.elapsed() < timeout {
-            inner.wake_workers();
-            inner.wait_space(Duration::from_millis(5));
-            if inner.nothing_to_compact.load(Ordering::Acquire)
-                && inner.mem.seg_slots() > 0
-                && self.stats().segments_retired == 0
-            {
+            let mut busy = false;
+            for (node, workers) in inner.workers.iter().enumerate() {
+                for worker in 0..workers.len() {
+                    busy |= crate::compaction::step_now(inner, node, worker);
+                }
+            }
+            if !busy && self.stats().segments_retired == 0 {
                 break;
+            }
+            if !busy {
+                inner.wait_space(Duration::from_millis(1));
             }
         }
         inner.force_compaction.store(false, Ordering::Release);
