@@ -40,8 +40,10 @@ use crate::Frames;
 pub const OPS_PER_TICK: u64 = 1024;
 /// Epochs [`quiesce`] advances per attempt.
 pub const QUIESCE_EPOCHS: u64 = 16;
-/// How long [`quiesce`] keeps trying while other threads hold epochs up.
-pub const QUIESCE_TIMEOUT_MS: u64 = 10_000;
+/// How long [`quiesce`] keeps trying while other threads hold epochs up
+/// (a registered thread that counts rarely, such as a thread that only
+/// reads, holds them up until it counts again or leaves).
+pub const QUIESCE_TIMEOUT_MS: u64 = 60_000;
 
 static DOMAIN: OnceLock<Refcache> = OnceLock::new();
 
