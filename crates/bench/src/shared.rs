@@ -340,10 +340,10 @@ pub fn run_cli(a: SharedArgs) -> Result<i32, String> {
     let mut systems = a.systems.clone();
     systems.dedup();
     sut::install_missing_peers();
-    let dir = a
-        .dir
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(format!("/dev/shm/memlab-shared-{}", std::process::id())));
+    let dir = a.dir.clone().unwrap_or_else(|| {
+        remove_stale_scratch();
+        PathBuf::from(format!("{SCRATCH_PREFIX}{}", std::process::id()))
+    });
     let o = Opts {
         workloads,
         systems,
@@ -368,6 +368,35 @@ pub fn run_cli(a: SharedArgs) -> Result<i32, String> {
     let _scratch = Scratch::create(&o.dir)?;
     run(&o, &mut rep).map_err(|e| format!("output error: {e}"))?;
     Ok(rep.exit_code())
+}
+
+/// Default scratch directories: this prefix + the pid.
+const SCRATCH_PREFIX: &str = "/dev/shm/memlab-shared-";
+
+/// Remove default scratch directories of memlab processes that no longer
+/// exist (a run killed by a signal cannot remove its own).
+fn remove_stale_scratch() {
+    let (parent, stem) = SCRATCH_PREFIX.rsplit_once('/').unwrap_or(("/dev/shm", ""));
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(stem))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            eprintln!(
+                "memlab shared: note: removing {} (its memlab is gone)",
+                e.path().display()
+            );
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 /// The scratch directory, removed on drop.
