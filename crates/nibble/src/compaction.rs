@@ -287,27 +287,35 @@ pub fn step_now(inner: &Inner, node: usize, worker: usize) -> bool {
 pub enum Help {
     /// It ran a step of an idle worker, which made progress.
     Progress,
-    /// It ran a step of an idle worker, which found nothing to do now.
+    /// It ran a step of every worker, and none had anything to do now.
     Idle,
-    /// Every worker of the node is in the middle of a step (a pass over
-    /// sparse segments can take tens of milliseconds): space is coming.
+    /// The idle workers' steps found nothing, but some worker is in the
+    /// middle of a step (a pass over sparse segments can take tens of
+    /// milliseconds): space may be coming.
     Busy,
 }
 
-/// A writer that found no space (and holds no epoch guard) runs one step
-/// of an idle worker of `node` instead of sleeping: at high utilization
-/// compaction is the bottleneck and the writer's core would idle anyway.
-/// Never blocks on a busy worker.
+/// A writer that found no space (and holds no epoch guard) runs a step of
+/// each idle worker of `node` in turn, until one makes progress, instead
+/// of sleeping: at high utilization compaction is the bottleneck and the
+/// writer's core would idle anyway. Never blocks on a busy worker.
 pub fn help(inner: &Inner, node: usize) -> Help {
+    let mut busy = false;
     for (w, state) in inner.workers[node].iter().enumerate() {
-        if let Some(mut st) = state.try_lock() {
-            return match step(inner, node, w, &mut st) {
-                Step::Progress => Help::Progress,
-                Step::Idle { .. } => Help::Idle,
-            };
+        match state.try_lock() {
+            Some(mut st) => {
+                if step(inner, node, w, &mut st) == Step::Progress {
+                    return Help::Progress;
+                }
+            }
+            None => busy = true,
         }
     }
-    Help::Busy
+    if busy {
+        Help::Busy
+    } else {
+        Help::Idle
+    }
 }
 
 /// One compaction pass over `cands`.

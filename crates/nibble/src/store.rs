@@ -467,8 +467,11 @@ impl Inner {
         // (blocks in flight between buddy heaps, or taken by a racing
         // writer), not a full store.
         let space_exists = self.mem.client_blocks_free() > self.segment_blocks as u64;
-        let gave_up = gave_up && !space_exists;
         let progressed = progressed || space_exists;
+        // With several workers, one finding nothing while another compacts
+        // is no reason to give up: only after a round in which this writer
+        // ran every idle worker's step and none had anything to do (below).
+        let gave_up = gave_up && !progressed && w.last_idle;
         let max_rounds = (self.cfg.max_write_wait_ms / APPEND_WAIT_ROUND_MS) as u32;
         if round >= max_rounds
             || (w.stalled >= APPEND_WAIT_ROUNDS.min(max_rounds) && !progressed)
@@ -479,7 +482,9 @@ impl Inner {
         self.wake_workers();
         let cpu = topology::current_cpu();
         let node = self.cpu_slot.get(cpu).map_or(0, |&(n, _)| n);
-        match crate::compaction::help(self, node) {
+        let helped = crate::compaction::help(self, node);
+        w.last_idle = helped == crate::compaction::Help::Idle;
+        match helped {
             crate::compaction::Help::Progress => {}
             crate::compaction::Help::Idle => {
                 w.stalled += 1;
@@ -503,6 +508,8 @@ struct SpaceWait {
     rounds: u32,
     /// Rounds in which no compaction worker was busy and none progressed.
     stalled: u32,
+    /// The last round's help found every worker idle with nothing to do.
+    last_idle: bool,
     /// Compaction passes begun before the wait.
     since_pass: u64,
     /// Segments compacted before the wait.
@@ -770,6 +777,7 @@ impl Store {
         let mut wait = SpaceWait {
             rounds: 0,
             stalled: 0,
+            last_idle: false,
             since_pass: inner.stats.passes.load(Ordering::Acquire),
             since_compacted: inner.stats.segments_compacted.load(Ordering::Acquire),
         };
