@@ -57,8 +57,9 @@ pub const REGION_STRIDE_BYTES: u64 = 1 << 30;
 pub const FAULT_PERIOD_US: u64 = 200;
 /// faultbench: pages per faulting thread's region.
 pub const FAULT_REGION_PAGES: u64 = 256;
-/// Frame pool per run.
-pub const POOL_BYTES: usize = 256 << 20;
+/// Frame pool per run (RadixVM's frames come back only epochs after
+/// munmap, so the pool must hold what is in flight meanwhile).
+pub const POOL_BYTES: usize = 1 << 30;
 
 /// A system under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

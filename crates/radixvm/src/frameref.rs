@@ -17,7 +17,10 @@
 //! taking timer interrupts would do the same to the paper's kernel).
 //! Threads therefore leave when they stop being a CPU: dropping a
 //! [`crate::Cpu`] leaves, and so does a thread that released frames
-//! outside any CPU (address-space teardown).
+//! outside any CPU (address-space teardown). Frames in flight are bounded
+//! by the allocation rate times the epoch length; an allocation that
+//! finds the pool empty [`reclaim`]s: it ends epochs itself and retries,
+//! as a kernel's direct reclaim would.
 //!
 //! ```text
 //!  fault:   alloc frame ─ Counted<FrameBox> (count 1, in the page's metadata)
@@ -33,7 +36,7 @@ use std::time::{Duration, Instant};
 use buddy::FrameNo;
 use refcache::{Config, Counted, Local, Refcache};
 
-use crate::Frames;
+use crate::{Frames, VmError};
 
 /// Counting operations a thread performs between its attempts to end the
 /// epoch.
@@ -44,6 +47,10 @@ pub const QUIESCE_EPOCHS: u64 = 16;
 /// (a registered thread that counts rarely, such as a thread that only
 /// reads, holds them up until it counts again or leaves).
 pub const QUIESCE_TIMEOUT_MS: u64 = 60_000;
+
+/// How long an allocation that found the pool empty keeps ending epochs
+/// (so released frames get freed) before it reports out of memory.
+pub const RECLAIM_TIMEOUT_MS: u64 = 2_000;
 
 static DOMAIN: OnceLock<Refcache> = OnceLock::new();
 
@@ -126,6 +133,21 @@ pub fn release_all(refs: Vec<FrameRef>) {
             l.release(r.0);
         }
     });
+}
+
+/// Direct reclaim: the pool may be empty only because released frames
+/// wait for their epochs. Retries `alloc` after flushing this thread's
+/// cache and trying to end the epoch (yielding to threads that hold it
+/// up), until it succeeds or [`RECLAIM_TIMEOUT_MS`] passes.
+pub fn reclaim<T>(mut alloc: impl FnMut() -> Result<T, VmError>) -> Result<T, VmError> {
+    let deadline = Instant::now() + Duration::from_millis(RECLAIM_TIMEOUT_MS);
+    loop {
+        with_local(|l| l.flush());
+        match alloc() {
+            Err(VmError::OutOfMemory) if Instant::now() < deadline => std::thread::yield_now(),
+            other => return other,
+        }
+    }
 }
 
 /// Flushes this thread's cache and gives its core back (it registers

@@ -588,3 +588,32 @@ fn uffd_handler_passes_other_faults_on() {
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(status.signal(), Some(libc::SIGSEGV), "child: {status:?}");
 }
+
+/// RadixVM frees frames epochs after munmap; an allocation that finds the
+/// pool empty meanwhile reclaims (ends epochs itself) instead of failing.
+#[test]
+fn radixvm_reclaims_released_frames_when_the_pool_runs_dry() {
+    let frames = Frames::new(1 << 20).expect("frame pool");
+    let pool_frames = frames.capacity_frames();
+    let space = new_space(Design::RadixVm, Backend::Software, &frames).expect("software MMU");
+    let cpu = Cpu::attach(&*space, 0);
+    let pages = pool_frames / 2;
+    for round in 0..20 {
+        let a = cpu
+            .mmap(
+                MapAt::Anywhere,
+                pages * PAGE,
+                Prot::READ_WRITE,
+                Backing::Anonymous,
+            )
+            .unwrap();
+        for p in 0..pages {
+            cpu.write(a + p * PAGE, 1)
+                .unwrap_or_else(|e| panic!("round {round}, page {p}: {e}"));
+        }
+        cpu.munmap(a, pages * PAGE).unwrap();
+    }
+    drop(cpu);
+    drop(space);
+    assert_eq!(quiesced(&frames, 0), 0);
+}

@@ -172,7 +172,12 @@ impl RadixVm {
     ) -> Result<(FrameNo, Option<FrameRef>), VmError> {
         match &d.backing {
             Backing::Anonymous => {
-                let frame = self.mmu.frames().alloc_zeroed(cpu)?;
+                let frames = self.mmu.frames();
+                let frame = match frames.alloc_zeroed(cpu) {
+                    // Released frames may still wait for their epochs.
+                    Err(VmError::OutOfMemory) => frameref::reclaim(|| frames.alloc_zeroed(cpu))?,
+                    other => other?,
+                };
                 Ok((frame, Some(FrameRef::new(self.mmu.frames(), cpu, frame))))
             }
             Backing::Segment {
