@@ -473,7 +473,10 @@ impl Inner {
         // ran every idle worker's step and none had anything to do (below).
         let gave_up = gave_up && !progressed && w.last_idle;
         let max_rounds = (self.cfg.max_write_wait_ms / APPEND_WAIT_ROUND_MS) as u32;
-        if round >= max_rounds
+        // The bound is time, not rounds: a round in which this writer's
+        // help made progress does not sleep, and the space it freed may go
+        // to another writer.
+        if w.start.elapsed() >= Duration::from_millis(self.cfg.max_write_wait_ms)
             || (w.stalled >= APPEND_WAIT_ROUNDS.min(max_rounds) && !progressed)
             || (round > 1 && gave_up)
         {
@@ -506,6 +509,8 @@ impl Inner {
 struct SpaceWait {
     /// Rounds waited.
     rounds: u32,
+    /// When the wait began.
+    start: std::time::Instant,
     /// Rounds in which no compaction worker was busy and none progressed.
     stalled: u32,
     /// The last round's help found every worker idle with nothing to do.
@@ -774,19 +779,22 @@ impl Store {
             mem.write_part(off, HEADER_BYTES, key);
             mem.write_part(off, HEADER_BYTES + key.len(), value);
         };
-        let mut wait = SpaceWait {
-            rounds: 0,
-            stalled: 0,
-            last_idle: false,
-            since_pass: inner.stats.passes.load(Ordering::Acquire),
-            since_compacted: inner.stats.segments_compacted.load(Ordering::Acquire),
-        };
+        // Made at the first failed append only (it reads the clock).
+        let mut wait = None;
         let app = loop {
             match inner.try_append(len, &fill) {
                 Ok(a) => break a,
                 Err(_) => {
                     drop(guard);
-                    inner.wait_for_space(&mut wait)?;
+                    let w = wait.get_or_insert_with(|| SpaceWait {
+                        rounds: 0,
+                        start: std::time::Instant::now(),
+                        stalled: 0,
+                        last_idle: false,
+                        since_pass: inner.stats.passes.load(Ordering::Acquire),
+                        since_compacted: inner.stats.segments_compacted.load(Ordering::Acquire),
+                    });
+                    inner.wait_for_space(w)?;
                     guard = inner.epochs.try_pin()?;
                 }
             }
