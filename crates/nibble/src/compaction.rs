@@ -192,7 +192,6 @@ fn step(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState) -> Step
         let pass = inner.stats.passes.fetch_add(1, Ordering::AcqRel) + 1;
         match compact_once(inner, st, IDLE_DEFRAG_MAX_UTILISATION_PERMILLE) {
             Pass::Progress => {
-                inner.nothing_to_compact.store(false, Ordering::Release);
                 inner.last_progress_pass.fetch_max(pass, Ordering::AcqRel);
                 return Step::Progress;
             }
@@ -208,7 +207,6 @@ fn step(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState) -> Step
         let pass = inner.stats.passes.fetch_add(1, Ordering::AcqRel) + 1;
         let outcome = compact_once(inner, st, MAX_UTILISATION_PERMILLE);
         if outcome == Pass::Progress {
-            inner.nothing_to_compact.store(false, Ordering::Release);
             inner.last_progress_pass.fetch_max(pass, Ordering::AcqRel);
             return Step::Progress;
         }
@@ -220,7 +218,6 @@ fn step(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState) -> Step
             };
         }
         if st.retired.is_empty() {
-            inner.nothing_to_compact.store(true, Ordering::Release);
             inner.last_nothing_pass.fetch_max(pass, Ordering::AcqRel);
         }
         inner.notify_space();

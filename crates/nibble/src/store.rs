@@ -367,7 +367,6 @@ pub struct Inner {
     pub(crate) segment_blocks: usize,
     index_budget: usize,
     pub(crate) shutdown: AtomicBool,
-    pub(crate) nothing_to_compact: AtomicBool,
     /// Number of the last compaction pass that found nothing to do.
     pub(crate) last_nothing_pass: AtomicU64,
     /// Number of the last compaction pass that made progress.
@@ -622,7 +621,6 @@ impl Store {
             segment_blocks,
             index_budget,
             shutdown: AtomicBool::new(false),
-            nothing_to_compact: AtomicBool::new(false),
             last_nothing_pass: AtomicU64::new(0),
             last_progress_pass: AtomicU64::new(0),
             force_compaction: AtomicBool::new(false),
@@ -1017,7 +1015,6 @@ impl Store {
             log.close_all(&inner.mem, &inner.epochs);
         }
         inner.force_compaction.store(true, Ordering::Release);
-        inner.nothing_to_compact.store(false, Ordering::Release);
         let start = std::time::Instant::now();
         // Run every worker's steps here until none of them has anything
         // left: with several workers, one finding nothing says nothing
