@@ -3,40 +3,13 @@
 //! recovery after deletes, compaction reclaiming churn.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 
 use nibblejmp::{Error, Options, SharedStore};
 use proptest::prelude::*;
 
-/// A store directory removed when dropped.
-struct TempDir(PathBuf);
+mod common;
 
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        use std::sync::atomic::{AtomicU32, Ordering};
-        static N: AtomicU32 = AtomicU32::new(0);
-        let p = PathBuf::from(format!(
-            "/dev/shm/nibblejmp-test-{}-{tag}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn quiet() -> Options {
-    Options {
-        compaction_thread: false,
-        ..Options::default()
-    }
-}
+use common::{quiet, TempDir};
 
 #[test]
 fn put_get_delete_close_attach() {

@@ -6,40 +6,14 @@
 //! at once and reclaimed by compaction.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 use std::time::Duration;
 
 use nibblejmp::{Condition, Error, Expiry, Options, PutOptions, SharedStore};
 use proptest::prelude::*;
 
-struct TempDir(PathBuf);
+mod common;
 
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        use std::sync::atomic::{AtomicU32, Ordering};
-        static N: AtomicU32 = AtomicU32::new(0);
-        let p = PathBuf::from(format!(
-            "/dev/shm/nibblejmp-test-{}-{tag}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn quiet() -> Options {
-    Options {
-        compaction_thread: false,
-        ..Options::default()
-    }
-}
+use common::{quiet, TempDir};
 
 fn now_ms() -> u64 {
     nibble::object::now_ms()
