@@ -215,8 +215,6 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                     let limits = shared.settings.limits();
                     match parser.parse(inb.pending(), &limits) {
                         Ok(Parsed::Request(req)) => {
-                            let pending = inb.pending();
-                            let args = req.slices(pending);
                             let mut ctx = Ctx {
                                 shared: &shared,
                                 stats,
@@ -227,9 +225,13 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                                 out: &mut out,
                                 proto: ctx.sess.proto,
                             };
-                            commands::execute(&mut ctx, &args, &mut r);
+                            req.with_slices(inb.pending(), |args| {
+                                commands::execute(&mut ctx, args, &mut r)
+                            });
                             close = sess.close;
-                            Ok(req.consumed)
+                            let used = req.consumed;
+                            parser.recycle(req.args);
+                            Ok(used)
                         }
                         Ok(Parsed::Incomplete(n)) => Err(Some(n)),
                         Err(e) => {

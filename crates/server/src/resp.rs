@@ -125,6 +125,24 @@ impl Request {
             })
             .collect()
     }
+
+    /// Run `f` on the arguments as slices of `buf`, without allocating
+    /// for requests of up to 8 arguments (GET, SET and most others).
+    #[inline]
+    pub fn with_slices<R>(&self, buf: &[u8], f: impl FnOnce(&[&[u8]]) -> R) -> R {
+        const N: usize = 8;
+        if self.args.len() > N {
+            return f(&self.slices(buf));
+        }
+        let mut a: [&[u8]; N] = [&[]; N];
+        for (d, s) in a.iter_mut().zip(&self.args) {
+            *d = match s {
+                Arg::Range(r) => &buf[r.clone()],
+                Arg::Owned(v) => &v[..],
+            };
+        }
+        f(&a[..self.args.len()])
+    }
 }
 
 /// Longest `*<n>` or `$<len>` header line accepted (Redis's 64 KiB inline
@@ -144,6 +162,9 @@ pub enum Parsed {
 #[derive(Debug, Default)]
 pub struct Parser {
     partial: Option<Partial>,
+    /// An emptied argument vector handed back by [`Parser::recycle`], reused
+    /// for the next multibulk request so that parsing does not allocate.
+    spare: Vec<Arg>,
 }
 
 #[derive(Debug)]
@@ -184,6 +205,16 @@ impl Parser {
     /// A fresh parser.
     pub fn new() -> Parser {
         Parser::default()
+    }
+
+    /// Hand back a request's argument vector once the request has run; the
+    /// next multibulk request reuses its allocation.
+    #[inline]
+    pub fn recycle(&mut self, mut args: Vec<Arg>) {
+        if args.capacity() <= 1024 {
+            args.clear();
+            self.spare = args;
+        }
     }
 
     /// Forget any partial request (the buffer was reset).
@@ -228,10 +259,12 @@ impl Parser {
                 args: Vec::new(),
             }));
         }
+        let mut args = std::mem::take(&mut self.spare);
+        args.reserve((n as usize).min(1024));
         let p = Partial {
             remaining: n as usize,
             pos: lf + 1,
-            args: Vec::with_capacity((n as usize).min(1024)),
+            args,
         };
         self.multibulk_from(buf, limits, p)
     }
@@ -480,6 +513,8 @@ impl Reply<'_> {
 
     /// `$len\r\nbytes\r\n`.
     pub fn bulk(&mut self, b: &[u8]) {
+        // One capacity check for the whole reply (header is at most 23 bytes).
+        self.out.reserve(b.len() + 25);
         self.out.push(b'$');
         push_int(self.out, b.len() as i64);
         self.out.extend_from_slice(b"\r\n");

@@ -1,7 +1,8 @@
 //! Redis commands: the table, dispatch, and what every command shares.
 //!
-//! A request is a list of byte slices. [`execute`] lower-cases the name
-//! into a stack buffer, finds its [`Spec`] in a hash map built once, checks
+//! A request is a list of byte slices. [`execute`] finds the name's
+//! [`Spec`] in a table built once (bucketed by name length and first
+//! letter, compared ASCII-case-insensitively: no hashing, no copy), checks
 //! authentication and arity the way Redis does, and runs the handler. A
 //! handler writes its reply only on success; on failure it returns a
 //! [`CmdError`] holding the complete error line (`ERR ...`, `WRONGTYPE ...`,
@@ -39,7 +40,6 @@ pub mod keys;
 pub mod strings;
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 
@@ -789,22 +789,71 @@ pub static COMMANDS: &[Spec] = &[
     ),
 ];
 
-fn table() -> &'static HashMap<&'static str, &'static Spec> {
-    static T: OnceLock<HashMap<&'static str, &'static Spec>> = OnceLock::new();
-    T.get_or_init(|| COMMANDS.iter().map(|s| (s.name, s)).collect())
+/// Longest command name the table can hold (names are looked up by
+/// length, then by first letter).
+const MAX_NAME: usize = 32;
+
+/// The command table as looked up: buckets indexed by [`bucket`] (no
+/// hashing and no copy of the name, just an index and a case-insensitive
+/// compare against the few names of the same length and first letter),
+/// plus GET and SET, which are checked first.
+struct Table {
+    buckets: Vec<Vec<&'static Spec>>,
+    get: &'static Spec,
+    set: &'static Spec,
+}
+
+fn table() -> &'static Table {
+    static T: OnceLock<Table> = OnceLock::new();
+    T.get_or_init(|| {
+        let mut buckets: Vec<Vec<&'static Spec>> = vec![Vec::new(); (MAX_NAME + 1) * 32];
+        for s in COMMANDS {
+            let name = s.name.as_bytes();
+            assert!(
+                !name.is_empty() && name.len() <= MAX_NAME,
+                "command name {:?} is empty or too long",
+                s.name
+            );
+            buckets[bucket(name)].push(s);
+        }
+        let find = |n: &str| *COMMANDS.iter().find(|s| s.name == n).as_ref().unwrap();
+        Table {
+            buckets,
+            get: find("get"),
+            set: find("set"),
+        }
+    })
+}
+
+/// The bucket of a non-empty name of at most [`MAX_NAME`] bytes.
+#[inline]
+fn bucket(name: &[u8]) -> usize {
+    name.len() * 32 + usize::from(name[0].to_ascii_lowercase() & 31)
 }
 
 /// Find a command by (any-case) name.
+#[inline]
 pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
-    let mut b = [0u8; 32];
-    if name.len() > b.len() {
+    let t = table();
+    if let &[a, b, c] = name {
+        // `x | 0x20` equals a lower-case letter exactly when x is that
+        // letter in either case.
+        match [a | 0x20, b | 0x20, c | 0x20] {
+            [b'g', b'e', b't'] => return Some(t.get),
+            [b's', b'e', b't'] => return Some(t.set),
+            _ => {}
+        }
+    }
+    if name.is_empty() || name.len() > MAX_NAME {
         return None;
     }
-    for (d, s) in b.iter_mut().zip(name) {
-        *d = s.to_ascii_lowercase();
-    }
-    let s = std::str::from_utf8(&b[..name.len()]).ok()?;
-    table().get(s).copied()
+    // Names in the table are lower-case ASCII, so an ASCII
+    // case-insensitive compare matches exactly the names that lower-case
+    // to one of them (a non-ASCII byte only equals itself).
+    t.buckets[bucket(name)]
+        .iter()
+        .find(|s| s.name.as_bytes().eq_ignore_ascii_case(name))
+        .copied()
 }
 
 /// Show bytes in an error message: lossy UTF-8, at most 128 bytes.
@@ -932,8 +981,27 @@ mod tests {
 
     #[test]
     fn table_is_consistent() {
-        assert_eq!(table().len(), COMMANDS.len());
+        assert_eq!(
+            table().buckets.iter().map(Vec::len).sum::<usize>(),
+            COMMANDS.len()
+        );
+        assert!(lookup(b"gEt").is_some_and(|s| s.name == "get"));
+        assert!(lookup(b"SeT").is_some_and(|s| s.name == "set"));
+        assert!(lookup(b"ge\x14").is_none());
+        assert!(lookup(b"g\xc5t").is_none());
+        // Every name finds its own spec, in any case (so no name is listed
+        // twice: the second would be shadowed by the first).
+        for s in COMMANDS {
+            assert!(std::ptr::eq(lookup(s.name.as_bytes()).unwrap(), s));
+            let upper = s.name.to_ascii_uppercase();
+            assert!(std::ptr::eq(lookup(upper.as_bytes()).unwrap(), s));
+        }
         assert!(lookup(b"GeT").is_some());
         assert!(lookup(b"nope").is_none());
+        assert!(lookup(b"").is_none());
+        assert!(lookup(b"ge").is_none());
+        assert!(lookup(b"gett").is_none());
+        assert!(lookup("g\u{e9}t".as_bytes()).is_none());
+        assert!(lookup(&[b'g'; 40]).is_none());
     }
 }
