@@ -279,16 +279,7 @@ impl Inner {
         if self.lock_pair(&op, b0, b1).is_err() {
             return Err(Pass::Busy);
         }
-        let found = [b0, b1].into_iter().find_map(|b| {
-            self.bucket(b)
-                .entries
-                .iter()
-                .position(|e| {
-                    let e = e.load(Ordering::Acquire);
-                    e != 0 && e & LOC_MASK == loc
-                })
-                .map(|i| (b, i))
-        });
+        let found = self.find_entry(b0, b1, loc);
         let still_expired = self.obj_header(loc).is_some_and(|h| h.expired());
         if found.is_some() && !still_expired {
             self.unlock_pair(b0, b1);
@@ -319,16 +310,7 @@ impl Inner {
         if self.lock_pair(&op, b0, b1).is_err() {
             return Err(Pass::Busy);
         }
-        let found = [b0, b1].into_iter().find_map(|b| {
-            self.bucket(b)
-                .entries
-                .iter()
-                .position(|e| {
-                    let e = e.load(Ordering::Acquire);
-                    e != 0 && e & LOC_MASK == loc
-                })
-                .map(|i| (b, i))
-        });
+        let found = self.find_entry(b0, b1, loc);
         let Some((b, i)) = found else {
             self.unlock_pair(b0, b1);
             return Ok(()); // not the key's current value

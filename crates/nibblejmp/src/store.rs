@@ -600,6 +600,21 @@ impl Inner {
         self.slot(op.slot).intent_new.store(new, Ordering::Release);
     }
 
+    /// The (bucket, entry) of `b0`/`b1` that names `loc`, if any. The
+    /// caller holds both buckets' locks when it acts on the answer.
+    pub(crate) fn find_entry(&self, b0: usize, b1: usize, loc: u64) -> Option<(usize, usize)> {
+        [b0, b1].into_iter().find_map(|b| {
+            self.bucket(b)
+                .entries
+                .iter()
+                .position(|e| {
+                    let e = e.load(Ordering::Acquire);
+                    e != 0 && e & LOC_MASK == loc
+                })
+                .map(|i| (b, i))
+        })
+    }
+
     fn bucket_has(&self, b: u64, loc: u64) -> bool {
         b != 0
             && b <= self.geo.index_buckets
@@ -1543,31 +1558,6 @@ fn io_err(what: &str, path: &Path, e: std::io::Error) -> Error {
     }
 }
 
-/// Whether `[base, base + len)` is free in this process right now.
-fn range_free(base: u64, len: u64) -> bool {
-    // SAFETY: MAP_FIXED_NOREPLACE never replaces a mapping; the probe is
-    // unmapped at once if it landed where asked.
-    let p = unsafe {
-        libc::mmap(
-            base as *mut libc::c_void,
-            len as usize,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE
-                | libc::MAP_ANONYMOUS
-                | libc::MAP_NORESERVE
-                | libc::MAP_FIXED_NOREPLACE,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return false;
-    }
-    // SAFETY: `p` is the probe mapping just made, of length `len`.
-    unsafe { libc::munmap(p, len as usize) };
-    p as u64 == base
-}
-
 impl SharedStore {
     /// Create a store of `capacity_bytes` in directory `dir` (a SpaceJMP
     /// store directory of its own: registry + three segment files).
@@ -1620,9 +1610,8 @@ impl SharedStore {
         let mut jmp = None;
         for i in 0..64 {
             let base = WINDOW_AREA_BASE + ((first + i) % slots) * gran;
-            if !range_free(base, win_len) {
-                continue;
-            }
+            // Jmp::open reserves the window with MAP_FIXED_NOREPLACE and
+            // reports a collision as WindowTaken: try the next slot.
             let _ = std::fs::remove_file(dir.join("registry"));
             match Jmp::open(Config::with_store(dir).window(base, win_len)) {
                 Ok(j) => {
