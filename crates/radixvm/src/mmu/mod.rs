@@ -295,6 +295,36 @@ impl Counters {
     }
 }
 
+/// The set of CPUs attached to an MMU, a bit per CPU (shared by the
+/// backends' `attach` / `detach` / `attached`).
+#[derive(Default)]
+pub struct AttachedCpus(CachePadded<AtomicU64>);
+
+impl std::fmt::Debug for AttachedCpus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AttachedCpus({:#x})", self.get())
+    }
+}
+
+impl AttachedCpus {
+    /// Adds `cpu`; panics if it is out of range or already attached.
+    pub fn attach(&self, cpu: usize) {
+        assert!(cpu < MAX_CPUS, "cpu {cpu} out of range");
+        let was = self.0.fetch_or(1 << cpu, Ordering::SeqCst);
+        assert_eq!(was & (1 << cpu), 0, "cpu {cpu} attached twice");
+    }
+
+    /// Removes `cpu`.
+    pub fn detach(&self, cpu: usize) {
+        self.0.fetch_and(!(1 << cpu), Ordering::SeqCst);
+    }
+
+    /// The attached CPUs as a bit mask.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
 /// The MMU interface.
 pub trait Mmu: Send + Sync {
     /// Description for output lines (says whether the TLB is simulated).

@@ -35,7 +35,7 @@ use std::sync::Arc;
 use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 
-use super::{Backend, Counter, Counters, Miss, Mmu, Op, Pte};
+use super::{AttachedCpus, Backend, Counter, Counters, Miss, Mmu, Op, Pte};
 use crate::shootdown::{cpus_in, Mailbox, PROXY_AFTER_SPINS};
 use crate::{Frames, MAX_CPUS};
 
@@ -292,7 +292,7 @@ pub struct SoftMmu {
     tables: Box<[PageTable]>,
     per_cpu_tables: bool,
     cpus: Box<[CachePadded<CpuSlot>]>,
-    attached: CachePadded<AtomicU64>,
+    attached: AttachedCpus,
     counters: Counters,
 }
 
@@ -321,7 +321,7 @@ impl SoftMmu {
                     })
                 })
                 .collect(),
-            attached: CachePadded::new(AtomicU64::new(0)),
+            attached: AttachedCpus::default(),
             counters: Counters::default(),
         }
     }
@@ -363,9 +363,7 @@ impl Mmu for SoftMmu {
     }
 
     fn attach(&self, cpu: usize) {
-        assert!(cpu < MAX_CPUS, "cpu {cpu} out of range");
-        let was = self.attached.fetch_or(1 << cpu, Ordering::SeqCst);
-        assert_eq!(was & (1 << cpu), 0, "cpu {cpu} attached twice");
+        self.attached.attach(cpu);
     }
 
     fn detach(&self, cpu: usize) {
@@ -373,11 +371,11 @@ impl Mmu for SoftMmu {
         let mut tlb = slot.tlb.lock();
         SoftMmu::drain(slot, &mut tlb);
         tlb.flush(&(0..u64::MAX));
-        self.attached.fetch_and(!(1 << cpu), Ordering::SeqCst);
+        self.attached.detach(cpu);
     }
 
     fn attached(&self) -> u64 {
-        self.attached.load(Ordering::SeqCst)
+        self.attached.get()
     }
 
     fn table_of(&self, cpu: usize) -> usize {

@@ -76,11 +76,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Once, OnceLock};
 
-use crossbeam_utils::CachePadded;
-
 use super::sw::PageTable;
-use super::{Backend, Counter, Counters, Miss, Mmu, Op, Pte, PTE_BACKEND_BITS};
-use crate::{Access, Frames, ADDRESS_LIMIT_BYTES, MAX_CPUS, PAGE_SIZE_BYTES};
+use super::{AttachedCpus, Backend, Counter, Counters, Miss, Mmu, Op, Pte, PTE_BACKEND_BITS};
+use crate::{Access, Frames, ADDRESS_LIMIT_BYTES, PAGE_SIZE_BYTES};
 
 /// Bytes of the arena: every address a design can hand out.
 pub const ARENA_BYTES: u64 = ADDRESS_LIMIT_BYTES;
@@ -391,7 +389,7 @@ pub struct UffdMmu {
     arena: usize,
     /// What the design installed (one table: the process has one).
     shadow: PageTable,
-    attached: CachePadded<AtomicU64>,
+    attached: AttachedCpus,
     counters: Counters,
 }
 
@@ -466,7 +464,7 @@ impl UffdMmu {
             uffd,
             arena: arena as usize,
             shadow: PageTable::new(),
-            attached: CachePadded::new(AtomicU64::new(0)),
+            attached: AttachedCpus::default(),
             counters: Counters::default(),
         };
         let mut register = UffdioRegister {
@@ -631,17 +629,15 @@ impl Mmu for UffdMmu {
     }
 
     fn attach(&self, cpu: usize) {
-        assert!(cpu < MAX_CPUS, "cpu {cpu} out of range");
-        let was = self.attached.fetch_or(1 << cpu, Ordering::SeqCst);
-        assert_eq!(was & (1 << cpu), 0, "cpu {cpu} attached twice");
+        self.attached.attach(cpu);
     }
 
     fn detach(&self, cpu: usize) {
-        self.attached.fetch_and(!(1 << cpu), Ordering::SeqCst);
+        self.attached.detach(cpu);
     }
 
     fn attached(&self) -> u64 {
-        self.attached.load(Ordering::SeqCst)
+        self.attached.get()
     }
 
     fn table_of(&self, _cpu: usize) -> usize {
