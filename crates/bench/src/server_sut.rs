@@ -389,29 +389,7 @@ impl ServerProc {
             std::process::id(),
             LOG_SEQ.fetch_add(1, Ordering::Relaxed)
         ));
-        let out = File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
-        let err = out
-            .try_clone()
-            .map_err(|e| format!("{}: {e}", log.display()))?;
-        cmd.stdin(Stdio::null()).stdout(out).stderr(err);
-        let parent = std::process::id() as libc::pid_t;
-        // SAFETY: the closure runs in the forked child before exec and
-        // calls only async-signal-safe functions (prctl, getppid); it
-        // touches no memory of the parent's other threads.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0
-                    || libc::getppid() != parent
-                {
-                    return Err(std::io::Error::other("parent gone"));
-                }
-                Ok(())
-            });
-        }
-        let child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
-        register_child(child.id());
+        let child = spawn_tied(&mut cmd, Some(&log), &bin.display().to_string())?;
         let mut p = ServerProc {
             sys,
             child,
@@ -495,26 +473,73 @@ impl ServerProc {
 
 impl Drop for ServerProc {
     fn drop(&mut self) {
-        unregister_child(self.child.id());
-        let pid = self.child.id() as libc::pid_t;
-        if let Ok(None) = self.child.try_wait() {
-            // SAFETY: `pid` is our own child, not yet reaped (try_wait said
-            // it is running), so the id cannot have been reused.
-            unsafe {
-                libc::kill(pid, libc::SIGTERM);
-            }
-            let t0 = Instant::now();
-            while t0.elapsed() < STOP_GRACE {
-                if let Ok(Some(_)) = self.child.try_wait() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            let _ = self.child.kill();
-        }
-        let _ = self.child.wait();
+        terminate(&mut self.child, STOP_GRACE);
         let _ = std::fs::remove_file(&self.log);
     }
+}
+
+/// Spawns `cmd` tied to memlab: with `log`, its stdout and stderr go
+/// there; it gets SIGKILL if memlab dies (`PR_SET_PDEATHSIG`), and it is
+/// registered so memlab's signal handler kills it. `what` names it in
+/// errors.
+pub(crate) fn spawn_tied(
+    cmd: &mut Command,
+    log: Option<&Path>,
+    what: &str,
+) -> Result<Child, String> {
+    if let Some(l) = log {
+        let out = File::create(l).map_err(|e| format!("{}: {e}", l.display()))?;
+        let err = out
+            .try_clone()
+            .map_err(|e| format!("{}: {e}", l.display()))?;
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+    }
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs in the forked child before exec and calls
+    // only async-signal-safe functions (prctl, getppid); it touches no
+    // memory of the parent's other threads.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 || libc::getppid() != parent
+            {
+                return Err(std::io::Error::other("parent gone"));
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().map_err(|e| format!("cannot run {what}: {e}"))?;
+    register_child(child.id());
+    Ok(child)
+}
+
+/// Stops a child spawned with [`spawn_tied`]: SIGTERM, up to `grace` for
+/// it to exit, then SIGKILL; reaps and unregisters it. Its exit status if
+/// it exited by itself within the grace (or had already).
+pub(crate) fn terminate(child: &mut Child, grace: Duration) -> Option<std::process::ExitStatus> {
+    let status = match child.try_wait() {
+        Ok(None) => {
+            // SAFETY: our own child, not yet reaped (try_wait said it
+            // runs), so its pid cannot have been reused.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            let t0 = Instant::now();
+            let mut exited = None;
+            while exited.is_none() && t0.elapsed() < grace {
+                exited = child.try_wait().ok().flatten();
+                if exited.is_none() {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+            if exited.is_none() {
+                let _ = child.kill();
+            }
+            exited
+        }
+        Ok(Some(st)) => Some(st),
+        Err(_) => None,
+    };
+    let _ = child.wait();
+    unregister_child(child.id());
+    status
 }
 
 /// Server-side figures: keys stored and the memory the server says it

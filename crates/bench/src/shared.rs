@@ -68,7 +68,6 @@
 //! beside Redis's heap as a second, unreclaimable copy of the data.)
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -505,39 +504,12 @@ impl Proc {
     /// Spawn `cmd`; `log`: its stdout and stderr go there (else as set on
     /// `cmd`).
     fn spawn(mut cmd: Command, what: &str, log: Option<&Path>) -> Result<Proc, String> {
-        if let Some(l) = log {
-            let f = std::fs::File::create(l).map_err(|e| format!("{}: {e}", l.display()))?;
-            let g = f.try_clone().map_err(|e| format!("{}: {e}", l.display()))?;
-            cmd.stdin(Stdio::null()).stdout(f).stderr(g);
-        }
-        let parent = std::process::id() as libc::pid_t;
-        // SAFETY: the closure runs in the forked child before exec and
-        // calls only async-signal-safe functions (prctl, getppid).
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0
-                    || libc::getppid() != parent
-                {
-                    return Err(std::io::Error::other("parent gone"));
-                }
-                Ok(())
-            });
-        }
-        let child = cmd.spawn().map_err(|e| format!("cannot run {what}: {e}"))?;
-        sut::register_child(child.id());
+        let child = sut::spawn_tied(&mut cmd, log, what)?;
         Ok(Proc {
             child,
             what: what.to_string(),
             log: log.map(Path::to_path_buf),
         })
-    }
-
-    fn signal(&mut self, sig: libc::c_int) {
-        if let Ok(None) = self.child.try_wait() {
-            // SAFETY: our own child, not reaped yet (try_wait said it
-            // runs), so its pid cannot have been reused.
-            unsafe { libc::kill(self.child.id() as libc::pid_t, sig) };
-        }
     }
 
     /// Exited already? Then why, with the log's tail.
@@ -559,28 +531,18 @@ impl Proc {
 
     /// SIGTERM, wait (up to STOP_GRACE), SIGKILL if needed.
     fn stop(&mut self) -> Result<ExitStatus, String> {
-        self.signal(libc::SIGTERM);
-        let t0 = Instant::now();
-        while t0.elapsed() < STOP_GRACE {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                sut::unregister_child(self.child.id());
-                return Ok(st);
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        sut::unregister_child(self.child.id());
-        Err(format!(
-            "{} did not stop within {} s of SIGTERM (killed)",
-            self.what,
-            STOP_GRACE.as_secs()
-        ))
+        sut::terminate(&mut self.child, STOP_GRACE).ok_or_else(|| {
+            format!(
+                "{} did not stop within {} s of SIGTERM (killed)",
+                self.what,
+                STOP_GRACE.as_secs()
+            )
+        })
     }
 
     /// SIGKILL and reap.
     fn kill(&mut self) {
-        self.signal(libc::SIGKILL);
+        let _ = self.child.kill(); // SIGKILL (std does nothing once reaped)
         let _ = self.child.wait();
         sut::unregister_child(self.child.id());
     }
@@ -588,11 +550,7 @@ impl Proc {
 
 impl Drop for Proc {
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.stop();
-        }
-        let _ = self.child.wait();
-        sut::unregister_child(self.child.id());
+        sut::terminate(&mut self.child, STOP_GRACE);
     }
 }
 
