@@ -216,3 +216,28 @@ pub fn q<T: redis::FromRedisValue>(con: &mut redis::Connection, args: &[&str]) -
     c.query(con)
         .unwrap_or_else(|e| panic!("{args:?} failed: {e}"))
 }
+
+/// Parse `WHAT Some(PORT)` (e.g. `resp Some(6379)`) out of the server's
+/// ready line.
+pub fn ready_port(line: &str, what: &str) -> Option<u16> {
+    let rest = line.split(&format!("{what} Some(")).nth(1)?;
+    rest.split(')').next()?.parse().ok()
+}
+
+/// Reads a spawned server's piped stderr until its "ready" line (panics if
+/// it exits first or takes longer than `timeout`); returns that line and
+/// the reader, for the caller to keep draining or read to the end.
+pub fn wait_ready(
+    child: &mut std::process::Child,
+    timeout: Duration,
+) -> (String, BufReader<std::process::ChildStderr>) {
+    let mut err = BufReader::new(child.stderr.take().expect("stderr piped"));
+    let mut line = String::new();
+    let deadline = std::time::Instant::now() + timeout;
+    while !line.contains("ready") {
+        line.clear();
+        assert!(err.read_line(&mut line).unwrap() > 0, "server exited");
+        assert!(std::time::Instant::now() < deadline, "server not ready");
+    }
+    (line, err)
+}

@@ -11,14 +11,14 @@
 //!   other's writes.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::{client, cmd, err, q, start_with, Mc};
+use crate::common::{client, cmd, err, q, ready_port, start_with, wait_ready, Mc};
 
 const BIN: &str = env!("CARGO_BIN_EXE_nibble");
 
@@ -243,14 +243,7 @@ fn spawn(dir: &Path, extra: &[&str]) -> Proc {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !line.contains("ready") {
-        line.clear();
-        assert!(err.read_line(&mut line).unwrap() > 0, "server exited");
-        assert!(Instant::now() < deadline, "server not ready");
-    }
+    let (line, mut err) = wait_ready(&mut child, Duration::from_secs(30));
     // Keep draining stderr so the server never blocks on a full pipe.
     std::thread::spawn(move || {
         let mut sink = String::new();
@@ -258,12 +251,7 @@ fn spawn(dir: &Path, extra: &[&str]) -> Proc {
             sink.clear();
         }
     });
-    let port = line
-        .split("resp Some(")
-        .nth(1)
-        .and_then(|r| r.split(')').next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no port in {line:?}"));
+    let port = ready_port(&line, "resp").unwrap_or_else(|| panic!("no port in {line:?}"));
     Proc { child, port }
 }
 

@@ -1,12 +1,11 @@
 //! The real `nibble` binary (flags, config file, signals) and
 //! redis-benchmark against the server.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{client, q, start_with};
+use crate::common::{client, q, ready_port, start_with, wait_ready};
 
 const BIN: &str = env!("CARGO_BIN_EXE_nibble");
 
@@ -18,12 +17,6 @@ fn version_flag() {
     assert_eq!(s.trim(), format!("nibble {}", env!("CARGO_PKG_VERSION")));
     let out = Command::new(BIN).arg("--bogus-flag").output().unwrap();
     assert!(!out.status.success());
-}
-
-/// Parse `resp Some(PORT)` out of the ready line.
-fn ready_port(line: &str, what: &str) -> Option<u16> {
-    let rest = line.split(&format!("{what} Some(")).nth(1)?;
-    rest.split(')').next()?.parse().ok()
 }
 
 #[test]
@@ -44,14 +37,7 @@ fn config_file_flags_and_sigterm() {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !line.contains("ready") {
-        line.clear();
-        assert!(err.read_line(&mut line).unwrap() > 0, "server exited");
-        assert!(Instant::now() < deadline);
-    }
+    let (line, mut err) = wait_ready(&mut child, Duration::from_secs(20));
     let port = ready_port(&line, "resp").unwrap();
     assert!(ready_port(&line, "memcached").is_some());
     let url = format!("redis://:pw@127.0.0.1:{port}/");
