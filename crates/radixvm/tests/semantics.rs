@@ -49,20 +49,12 @@ fn new_space(
     }
 }
 
-/// Live frames once Refcache has freed what was released, waiting up to
-/// 10 s for them to reach `expected`: after `quiesce` has seen every
-/// review queue empty, another test's thread may still be in the middle
-/// of freeing what its own tick took from a queue.
-fn quiesced(frames: &Frames, expected: i64) -> i64 {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        assert!(radixvm::frameref::quiesce(), "Refcache epochs stuck");
-        let live = frames.live_frames();
-        if live == expected || std::time::Instant::now() > deadline {
-            return live;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
+/// Live frames once Refcache has freed what was released (`quiesce`
+/// returns only when no review queue holds a frame and no free taken off
+/// a queue is still running).
+fn quiesced(frames: &Frames) -> i64 {
+    assert!(radixvm::frameref::quiesce(), "Refcache epochs stuck");
+    frames.live_frames()
 }
 
 fn stress() -> bool {
@@ -116,7 +108,7 @@ fn munmap_revokes_on_every_cpu(design: Design, backend: Backend) {
     });
     assert_eq!(space.stats().stale_touches, 0);
     drop(space);
-    assert_eq!(quiesced(&frames, 0), 0);
+    assert_eq!(quiesced(&frames), 0);
 }
 
 fn mmap_is_visible_to_every_cpu(design: Design, backend: Backend) {
@@ -208,7 +200,7 @@ fn mprotect_and_partial_unmap(design: Design, backend: Backend) {
     cpu.munmap(a, 6 * PAGE).unwrap();
     cpu.munmap(b, PAGE).unwrap();
     drop(cpu);
-    assert_eq!(quiesced(&frames, 0), 0);
+    assert_eq!(quiesced(&frames), 0);
 }
 
 fn segments_share_frames(design: Design, backend: Backend) {
@@ -246,9 +238,9 @@ fn segments_share_frames(design: Design, backend: Backend) {
             "the segment keeps its frames"
         );
     }
-    assert_eq!(quiesced(&frames, 1), 1, "one segment page was touched");
+    assert_eq!(quiesced(&frames), 1, "one segment page was touched");
     drop(segment);
-    assert_eq!(quiesced(&frames, 0), 0);
+    assert_eq!(quiesced(&frames), 0);
 }
 
 /// Two CPUs replace the same range with mappings of two segments over and
@@ -380,9 +372,9 @@ fn random_workload_leaks_nothing(design: Design, backend: Backend) {
         let cpu = Cpu::attach(&*space, 0);
         cpu.munmap(BASE, (slots + 8) * PAGE).unwrap();
     }
-    assert_eq!(quiesced(&frames, 0), 0, "{design}: frames leaked");
+    assert_eq!(quiesced(&frames), 0, "{design}: frames leaked");
     drop(space);
-    assert_eq!(quiesced(&frames, 0), 0);
+    assert_eq!(quiesced(&frames), 0);
 }
 
 macro_rules! suite {
@@ -615,5 +607,5 @@ fn radixvm_reclaims_released_frames_when_the_pool_runs_dry() {
     }
     drop(cpu);
     drop(space);
-    assert_eq!(quiesced(&frames, 0), 0);
+    assert_eq!(quiesced(&frames), 0);
 }

@@ -259,6 +259,10 @@ pub struct Refcache {
     cores: Box<[CachePadded<Core>]>,
     config: Config,
     freed: CachePadded<AtomicU64>,
+    /// Objects a review has taken off a queue to free but whose free has
+    /// not finished (the free runs after the core's lock is dropped), so
+    /// that `quiesce` does not report done in between.
+    freeing: CachePadded<AtomicUsize>,
 }
 
 impl fmt::Debug for Refcache {
@@ -308,6 +312,7 @@ impl Refcache {
                 ..config
             },
             freed: CachePadded::new(AtomicU64::new(0)),
+            freeing: CachePadded::new(AtomicUsize::new(0)),
         }
     }
 
@@ -454,7 +459,9 @@ impl Refcache {
             // A registered thread's queue cannot be seen: count it pending.
             let pending = self.cores[..self.cores_in_use.load(Ordering::Acquire)]
                 .iter()
-                .any(|core| core.state.try_lock().is_none_or(|s| !s.review.is_empty()));
+                .any(|core| core.state.try_lock().is_none_or(|s| !s.review.is_empty()))
+                // Taken off a queue by another thread's review, not freed yet.
+                || self.freeing.load(Ordering::Acquire) != 0;
             if !pending {
                 return true;
             }
@@ -534,6 +541,9 @@ impl Refcache {
             } else {
                 state.review.swap_remove(index);
                 drop(obj);
+                // Counted while the core's lock is still held: whoever next
+                // sees this queue without the object sees the count too.
+                self.freeing.fetch_add(1, Ordering::AcqRel);
                 frees.push(object);
             }
         }
@@ -547,6 +557,7 @@ impl Refcache {
             // it, and it left the only queue that held it.
             unsafe { (object.header().free)(object.0) };
             self.freed.fetch_add(1, Ordering::Relaxed);
+            self.freeing.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
