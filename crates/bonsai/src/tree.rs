@@ -11,6 +11,7 @@ use std::ops::{Bound, RangeBounds};
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
+use crossbeam_utils::CachePadded;
 use epoch::{EpochKind, EpochScheme, Epochs, Guard, RetireList};
 use parking_lot::Mutex;
 
@@ -84,11 +85,16 @@ struct Writer<K, V> {
 
 /// An RCU bounded-balance ordered map: lock-free readers, one writer at a
 /// time.
+///
+/// Layout: `root` and `epochs` are what every lookup reads; the writer
+/// lock, the retire list, the counters and `len` change on every write.
+/// Each group sits on cache lines of its own (`CachePadded`), so a write
+/// does not invalidate the line a reader needs to start its descent.
 pub struct BonsaiTree<K, V, S: EpochScheme = Epochs> {
-    root: AtomicPtr<Node<K, V>>,
-    writer: Mutex<Writer<K, V>>,
+    root: CachePadded<AtomicPtr<Node<K, V>>>,
     epochs: S,
-    len: AtomicUsize,
+    writer: CachePadded<Mutex<Writer<K, V>>>,
+    len: CachePadded<AtomicUsize>,
 }
 
 // SAFETY: readers on any thread get `&K`/`&V` (hence `Sync` bounds), and
@@ -137,13 +143,13 @@ impl<K, V, S: EpochScheme> BonsaiTree<K, V, S> {
     /// An empty tree using `epochs` to defer frees.
     pub fn with_epochs(epochs: S) -> Self {
         BonsaiTree {
-            root: AtomicPtr::new(ptr::null_mut()),
-            writer: Mutex::new(Writer {
+            root: CachePadded::new(AtomicPtr::new(ptr::null_mut())),
+            epochs,
+            writer: CachePadded::new(Mutex::new(Writer {
                 retired: RetireList::new(),
                 stats: Stats::default(),
-            }),
-            epochs,
-            len: AtomicUsize::new(0),
+            })),
+            len: CachePadded::new(AtomicUsize::new(0)),
         }
     }
 

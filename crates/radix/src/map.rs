@@ -19,6 +19,7 @@ use alloc::vec::Vec;
 use core::fmt;
 use core::ops::Range;
 
+use crossbeam_utils::CachePadded;
 use epoch::{EpochKind, EpochScheme, Epochs, RetireList};
 use refcache::{Counted, Local, Refcache, Weak};
 use std::sync::Mutex;
@@ -180,11 +181,15 @@ struct Garbage(NodePtr);
 unsafe impl Send for Garbage {}
 
 /// The radix address map.
+///
+/// Layout: `root`, `config` and `collapse` are read by every lookup; the
+/// node counters change when writers expand or collapse nodes, so they sit
+/// on a line of their own (`CachePadded`) and a write does not invalidate
+/// the line a lookup starts from.
 pub struct RadixMap {
     root: NodePtr,
     config: Config,
-    nodes: AtomicUsize,
-    collapsed: AtomicUsize,
+    counts: CachePadded<NodeCounts>,
     /// Present when `config.collapse` is on.
     collapse: Option<Box<Collapse>>,
 }
@@ -193,8 +198,15 @@ pub struct RadixMap {
 /// for unlinked nodes that lookups may still be reading.
 struct Collapse {
     refs: Refcache,
-    epochs: Epochs,
-    retired: Mutex<RetireList<Garbage>>,
+    /// Pinned by every lookup: kept off the line of the writers' lock.
+    epochs: CachePadded<Epochs>,
+    retired: CachePadded<Mutex<RetireList<Garbage>>>,
+}
+
+/// Nodes allocated and nodes collapsed, counted by writers.
+struct NodeCounts {
+    nodes: AtomicUsize,
+    collapsed: AtomicUsize,
 }
 
 // SAFETY: the map's shared state is atomics (slot words), nodes owned by
@@ -240,8 +252,10 @@ impl RadixMap {
         RadixMap {
             root: NodePtr::alloc(config.fanout(), 0, |_| EMPTY),
             config,
-            nodes: AtomicUsize::new(1),
-            collapsed: AtomicUsize::new(0),
+            counts: CachePadded::new(NodeCounts {
+                nodes: AtomicUsize::new(1),
+                collapsed: AtomicUsize::new(0),
+            }),
             collapse: config.collapse.then(|| {
                 Box::new(Collapse {
                     refs: Refcache::new(refcache::Config {
@@ -249,8 +263,8 @@ impl RadixMap {
                         ops_per_tick: NODE_COUNT_OPS_PER_TICK,
                         ..refcache::Config::default()
                     }),
-                    epochs: Epochs::new(EpochKind::Tsc),
-                    retired: Mutex::new(RetireList::new()),
+                    epochs: CachePadded::new(Epochs::new(EpochKind::Tsc)),
+                    retired: CachePadded::new(Mutex::new(RetireList::new())),
                 })
             }),
         }
@@ -268,12 +282,12 @@ impl RadixMap {
 
     /// Nodes linked or awaiting free (root included).
     pub fn node_count(&self) -> usize {
-        self.nodes.load(Ordering::Relaxed)
+        self.counts.nodes.load(Ordering::Relaxed)
     }
 
     /// Nodes collapsed (unlinked after staying empty) so far.
     pub fn collapsed_count(&self) -> usize {
-        self.collapsed.load(Ordering::Relaxed)
+        self.counts.collapsed.load(Ordering::Relaxed)
     }
 
     /// Bytes of node memory.
@@ -411,17 +425,17 @@ impl RadixMap {
         let Some(collapse) = &self.collapse else {
             unreachable!("only collapse unlinks nodes");
         };
-        self.collapsed.fetch_add(1, Ordering::Relaxed);
+        self.counts.collapsed.fetch_add(1, Ordering::Relaxed);
         let garbage = {
             let mut retired = collapse.retired.lock().unwrap_or_else(|e| e.into_inner());
-            retired.push(&collapse.epochs, Garbage(node));
-            retired.collect(&collapse.epochs)
+            retired.push(&*collapse.epochs, Garbage(node));
+            retired.collect(&*collapse.epochs)
         };
         for Garbage(node) in garbage {
             // SAFETY: unlinked before it was retired, and every lookup that
             // started before that has finished; retired once.
             unsafe { node.free(self.config.fanout()) };
-            self.nodes.fetch_sub(1, Ordering::Relaxed);
+            self.counts.nodes.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
@@ -718,7 +732,7 @@ impl<'m> Handle<'m> {
                 folded
             }
         });
-        map.nodes.fetch_add(1, Ordering::Relaxed);
+        map.counts.nodes.fetch_add(1, Ordering::Relaxed);
         // Release: the entries are initialised before a lookup can follow
         // the pointer.
         slot.store(child.word(), Ordering::Release);
