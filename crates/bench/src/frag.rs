@@ -31,8 +31,8 @@
 //! with out-of-memory, the store is compacted (`compact_now`) and the
 //! insert retried once; if it fails again the phase stops and the row says
 //! `completed = false` and why. Small objects do not fit: Nibble's object
-//! header is 24 bytes, which for 64-byte objects is 40 % more than the
-//! client's data, and the index's budget (6.2 % of the capacity) bounds the
+//! header is 16 bytes, which for 64-byte objects with 16-byte keys is 20 %
+//! more than the client's data, and the index's budget (6.2 % of the capacity) bounds the
 //! number of objects.
 //!
 //! Before RSS is read every system gets the idle-time cleanup a long-running
@@ -98,6 +98,8 @@ pub struct NibbleFigures {
     pub capacity_bytes: u64,
     pub pool_bytes: u64,
     pub index_bytes: u64,
+    /// Blocks holding log data (heads, closed and retired segments), bytes.
+    pub log_bytes: u64,
     pub segments_compacted: u64,
     pub bytes_relocated: u64,
 }
@@ -298,6 +300,7 @@ pub fn run_job(job: &FragJob, emit: &mut dyn FnMut(FragCell)) -> Result<(), Stri
             capacity_bytes: st.capacity_bytes,
             pool_bytes: st.pool_bytes,
             index_bytes: st.index_bytes,
+            log_bytes: st.blocks_in_use * (st.pool_bytes / st.blocks_total.max(1)),
             segments_compacted: st.segments_compacted,
             bytes_relocated: st.bytes_relocated,
         }
@@ -357,7 +360,7 @@ pub fn run(o: &FragOpts, rep: &mut Reporter) -> std::io::Result<()> {
              (size - 16) B value. Each (system, pair, run) in a fresh process, {} at a time (secs: wall time of a cell, under that load); rss_bytes = VmRSS at the end (the \
              process's own ~few MiB included); bloat = rss / live, median of {} runs [min, max]. Nibble capacity \
              {:.0} MiB (1.5 x target); on out-of-memory: compact_now, retry once, else stop (completed = NO). \
-             nibble_live_bytes: the store's own count (24 B object headers included).",
+             nibble_live_bytes: the store's own count (16 B object headers included; 20-26 B with flags or expiry).",
             o.target_bytes as f64 / (1u64 << 20) as f64,
             o.jobs,
             o.repeat,
@@ -469,6 +472,16 @@ pub fn run(o: &FragOpts, rep: &mut Reporter) -> std::io::Result<()> {
                             med(&|c| c.nibble.as_ref().map_or(f64::NAN, |n| n.live_bytes as f64)),
                             0,
                         )
+                        .set_f(
+                            "nibble_index_bytes",
+                            med(&|c| c.nibble.as_ref().map_or(f64::NAN, |n| n.index_bytes as f64)),
+                            0,
+                        )
+                        .set_f(
+                            "nibble_log_bytes",
+                            med(&|c| c.nibble.as_ref().map_or(f64::NAN, |n| n.log_bytes as f64)),
+                            0,
+                        )
                         .set("capacity_bytes", n.capacity_bytes)
                         .set(
                             "forced_compactions",
@@ -478,6 +491,8 @@ pub fn run(o: &FragOpts, rep: &mut Reporter) -> std::io::Result<()> {
                 None => {
                     row = row
                         .set("nibble_live_bytes", serde_json::Value::Null)
+                        .set("nibble_index_bytes", serde_json::Value::Null)
+                        .set("nibble_log_bytes", serde_json::Value::Null)
                         .set("capacity_bytes", serde_json::Value::Null)
                         .set("forced_compactions", serde_json::Value::Null);
                 }

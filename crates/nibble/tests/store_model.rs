@@ -21,6 +21,12 @@ enum Op {
     Get(u8),
     Add(u8, usize),
     Replace(u8, usize),
+    /// A write with client flags (a flags slot in the header).
+    PutFlags(u8, usize, u32),
+    /// A write that keeps the item's expiry (Redis KEEPTTL).
+    PutKeep(u8, usize),
+    /// Set an expiry an hour away (`true`) or clear it (`false`).
+    Expire(u8, bool),
     Compact,
 }
 
@@ -31,6 +37,9 @@ fn op() -> impl Strategy<Value = Op> {
         4 => any::<u8>().prop_map(Op::Get),
         1 => (any::<u8>(), 0..300usize).prop_map(|(k, n)| Op::Add(k, n)),
         1 => (any::<u8>(), 0..300usize).prop_map(|(k, n)| Op::Replace(k, n)),
+        1 => (any::<u8>(), 0..300usize, 0..3u32).prop_map(|(k, n, f)| Op::PutFlags(k, n, f)),
+        1 => (any::<u8>(), 0..300usize).prop_map(|(k, n)| Op::PutKeep(k, n)),
+        2 => (any::<u8>(), any::<bool>()).prop_map(|(k, e)| Op::Expire(k, e)),
         1 => Just(Op::Compact),
     ]
 }
@@ -46,26 +55,55 @@ fn value(k: u8, n: usize, salt: usize) -> Vec<u8> {
     (0..n).map(|i| (i + k as usize * 31 + salt) as u8).collect()
 }
 
+/// What the model holds per key: the value, the client flags and the
+/// expiry. In Nibble mode (every write appends) the object's size follows:
+/// a flags slot when the flags are not 0.
+#[derive(Clone, Debug, PartialEq)]
+struct Item {
+    value: Vec<u8>,
+    flags: u32,
+    expiry_ms: Option<u64>,
+}
+
+impl Item {
+    fn plain(value: Vec<u8>) -> Item {
+        Item {
+            value,
+            flags: 0,
+            expiry_ms: None,
+        }
+    }
+
+    fn object_bytes(&self, key: &[u8]) -> u64 {
+        let header = nibble::object::HEADER_MIN_BYTES + if self.flags != 0 { 4 } else { 0 };
+        (header + key.len() + self.value.len()) as u64
+    }
+}
+
 fn run(mode: Mode, ops: &[Op]) {
     let s = small_store(mode);
-    let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+    let later = nibble::object::now_ms() + 3_600_000;
+    let mut model: HashMap<Vec<u8>, Item> = HashMap::new();
     for (i, op) in ops.iter().enumerate() {
         match *op {
             Op::Put(k, n) => {
                 let v = value(k, n, i);
                 s.put(&key(k), &v).unwrap();
-                model.insert(key(k), v);
+                model.insert(key(k), Item::plain(v));
             }
             Op::Del(k) => {
                 assert_eq!(s.delete(&key(k)).unwrap(), model.remove(&key(k)).is_some());
             }
             Op::Get(k) => {
-                assert_eq!(s.get(&key(k)).unwrap(), model.get(&key(k)).cloned());
+                assert_eq!(
+                    s.get(&key(k)).unwrap(),
+                    model.get(&key(k)).map(|it| it.value.clone())
+                );
             }
             Op::Add(k, n) => {
                 let v = value(k, n, i);
                 match s.put_if_absent(&key(k), &v) {
-                    Ok(_) => assert!(model.insert(key(k), v).is_none()),
+                    Ok(_) => assert!(model.insert(key(k), Item::plain(v)).is_none()),
                     Err(Error::Exists) => assert!(model.contains_key(&key(k))),
                     Err(e) => panic!("{e}"),
                 }
@@ -73,23 +111,63 @@ fn run(mode: Mode, ops: &[Op]) {
             Op::Replace(k, n) => {
                 let v = value(k, n, i);
                 match s.replace(&key(k), &v) {
-                    Ok(_) => assert!(model.insert(key(k), v).is_some()),
+                    Ok(_) => assert!(model.insert(key(k), Item::plain(v)).is_some()),
                     Err(Error::NotFound) => assert!(!model.contains_key(&key(k))),
                     Err(e) => panic!("{e}"),
+                }
+            }
+            Op::PutFlags(k, n, flags) => {
+                let v = value(k, n, i);
+                let opts = PutOptions {
+                    flags,
+                    ..Default::default()
+                };
+                s.put_with(&key(k), &v, opts).unwrap();
+                model.insert(
+                    key(k),
+                    Item {
+                        flags,
+                        ..Item::plain(v)
+                    },
+                );
+            }
+            Op::PutKeep(k, n) => {
+                let v = value(k, n, i);
+                let opts = PutOptions {
+                    expiry: Expiry::Keep,
+                    ..Default::default()
+                };
+                s.put_with(&key(k), &v, opts).unwrap();
+                let expiry_ms = model.get(&key(k)).and_then(|it| it.expiry_ms);
+                model.insert(
+                    key(k),
+                    Item {
+                        expiry_ms,
+                        ..Item::plain(v)
+                    },
+                );
+            }
+            Op::Expire(k, set) => {
+                let e = set.then_some(later);
+                assert_eq!(
+                    s.set_expiry(&key(k), e).unwrap(),
+                    model.contains_key(&key(k))
+                );
+                if let Some(it) = model.get_mut(&key(k)) {
+                    it.expiry_ms = e;
                 }
             }
             Op::Compact => s.compact_now(Duration::from_secs(2)),
         }
     }
-    for (k, v) in &model {
-        assert_eq!(s.get(k).unwrap().as_ref(), Some(v));
+    for (k, it) in &model {
+        assert_eq!(s.get(k).unwrap().as_ref(), Some(&it.value));
+        let m = s.meta(k).unwrap().unwrap();
+        assert_eq!((m.flags, m.expiry_ms), (it.flags, it.expiry_ms), "{k:?}");
     }
     let st = s.stats();
     assert_eq!(st.items, model.len() as u64);
-    let expect_live: u64 = model
-        .iter()
-        .map(|(k, v)| (nibble::object::HEADER_BYTES + k.len() + v.len()) as u64)
-        .sum();
+    let expect_live: u64 = model.iter().map(|(k, it)| it.object_bytes(k)).sum();
     if mode == Mode::Nibble {
         assert_eq!(st.live_bytes, expect_live, "live bytes drifted");
     } else {
@@ -187,10 +265,17 @@ fn expiry_hides_at_once_and_compaction_reclaims() {
         // An expired key counts as absent for add.
         s.put_if_absent(b"e8", b"fresh").unwrap();
         assert_eq!(s.get(b"e8").unwrap().as_deref(), Some(&b"fresh"[..]));
-        s.put(b"keep", b"v").unwrap();
+        let version = s.put(b"keep", b"v").unwrap();
         let later = nibble::object::now_ms() + 3_600_000;
+        // The expiry is metadata: set in place, the version stays.
         assert!(s.set_expiry(b"keep", Some(later)).unwrap());
-        assert_eq!(s.meta(b"keep").unwrap().unwrap().expiry_ms, Some(later));
+        let m = s.meta(b"keep").unwrap().unwrap();
+        assert_eq!((m.expiry_ms, m.version), (Some(later), version));
+        assert!(s.set_expiry(b"keep", Some(later + 1)).unwrap());
+        assert!(s.set_expiry(b"keep", None).unwrap());
+        assert!(s.set_expiry(b"keep", Some(later)).unwrap());
+        assert_eq!(s.meta(b"keep").unwrap().unwrap().version, version);
+        assert!(!s.set_expiry(b"absent", Some(later)).unwrap());
         s.compact_now(Duration::from_secs(5));
         let st = s.stats();
         assert!(st.expired_reclaimed >= 150, "{st:?}");
@@ -216,4 +301,31 @@ fn scan_returns_every_key() {
         cursor = next;
     }
     assert_eq!(seen.len(), 1000);
+}
+
+#[test]
+fn set_expiry_works_on_a_full_store() {
+    // Every object has an expiry field: a TTL is set in place, so it works
+    // on a full store (Redis allows EXPIRE over maxmemory).
+    let s = Store::new(Config::new(nibble::MIN_CAPACITY_BYTES)).unwrap();
+    let v = vec![b'x'; 32 << 10];
+    let mut stored = 0u32;
+    while s.put(format!("k{stored}").as_bytes(), &v).is_ok() {
+        stored += 1;
+        assert!(stored < 10_000, "never ran out of memory");
+    }
+    let later = nibble::object::now_ms() + 100_000;
+    let st = s.stats();
+    for i in 0..3 {
+        let r = s.set_expiry(format!("k{i}").as_bytes(), Some(later));
+        assert!(matches!(r, Ok(true)), "k{i}: {r:?} {st:?}");
+        assert_eq!(
+            s.meta(format!("k{i}").as_bytes())
+                .unwrap()
+                .unwrap()
+                .expiry_ms,
+            Some(later)
+        );
+    }
+    assert_eq!(s.get(b"k0").unwrap().unwrap(), v);
 }
