@@ -4,7 +4,7 @@
 //! ```text
 //!  for each utilization u (10 %, 30 %, 50 %, 70 %, 90 %):
 //!    a fresh store whose block pool the data fills to u           (Nibble's
-//!      count: 24 B header + key + value per record)
+//!      count: 18 B header + key + value per record)
 //!    2 × records random overwrites, unmeasured (`ycsb::condition`)
 //!    YCSB-A, uniform, 2 threads, warm-up + `seconds`              -> one row
 //! ```
@@ -97,7 +97,7 @@ pub struct FillCell {
 /// `target` bytes.
 pub fn records_for(target: u64, value_size: usize) -> u64 {
     let mut k = KeyBuf::default();
-    let per = (nibble::object::HEADER_BYTES + value_size) as u64;
+    let per = (nibble::object::HEADER_MIN_BYTES + value_size) as u64;
     let (mut sum, mut n) = (0u64, 0u64);
     while sum < target {
         sum += per + k.ycsb(n).len() as u64;
@@ -255,7 +255,7 @@ pub fn run(o: &FillOpts, rep: &mut Reporter) -> std::io::Result<()> {
              measured; fresh store per utilization, one process per (system, run). ops_per_sec: median of {} runs \
              [min, max]. Compaction columns: deltas over warm-up + run (Nibble variants only). Baselines load the \
              same records.",
-            nibble::object::HEADER_BYTES,
+            nibble::object::HEADER_MIN_BYTES,
             o.value_size,
             o.warmup.as_millis(),
             o.duration.as_millis(),

@@ -45,7 +45,7 @@ use std::time::Duration;
 use epoch::{EpochScheme, RetireList};
 
 use crate::memory::{loc_of, Memory, SegId, SegState, BLOCK_BYTES};
-use crate::object::{now_ms, Header, HEADER_BYTES};
+use crate::object::{now_ms, Header};
 use crate::store::Inner;
 
 /// How often an idle worker wakes to free retired segments.
@@ -421,7 +421,7 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
                     let off = Memory::seg_offset(&blocks, scan);
                     let Some(h) = mem.header(off) else { break };
                     key.resize(h.key_len as usize, 0);
-                    if !mem.read_part(off, HEADER_BYTES, &mut key) {
+                    if !mem.read_part(off, h.header_bytes(), &mut key) {
                         break;
                     }
                     let hash = crate::store::hash_key(&key);

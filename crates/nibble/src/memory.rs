@@ -50,7 +50,7 @@ use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 
 use crate::index::Loc;
-use crate::object::{now_ms, Header, HEADER_BYTES};
+use crate::object::{now_ms, Header, HEADER_MAX_BYTES, HEADER_MIN_BYTES};
 
 /// Bytes per block (the paper's default).
 pub const BLOCK_BYTES: usize = 64 << 10;
@@ -548,8 +548,26 @@ impl Memory {
     /// Read the header at pool offset `off`.
     #[inline]
     pub fn header(&self, off: u64) -> Option<Header> {
-        let mut b = [0u8; HEADER_BYTES];
-        self.read(off, &mut b).then(|| Header::decode(&b))
+        let mut b = [0u8; HEADER_MIN_BYTES];
+        if !self.read(off, &mut b) {
+            return None;
+        }
+        let (mut h, slots) = Header::decode_base(&b);
+        if slots > 0 {
+            let mut ext = [0u8; HEADER_MAX_BYTES - HEADER_MIN_BYTES];
+            let ext = &mut ext[..slots];
+            if !self.read_part(off, HEADER_MIN_BYTES, ext) {
+                return None;
+            }
+            h.decode_slots(ext);
+        }
+        Some(h)
+    }
+
+    /// Write the header `h` at the start of the object at `off`.
+    #[inline]
+    pub fn write_header(&self, off: u64, h: &Header) {
+        self.write(off, h.encode().as_bytes());
     }
 
     /// Pool offset `n` bytes past `off` within the segment; `None` if that
@@ -599,18 +617,18 @@ impl Memory {
         // The length first: a stored key that merely starts with `key` is
         // another key.
         match self.header(off) {
-            Some(h) if h.key_len as usize == key.len() => self.key_bytes_equal(off, key),
+            Some(h) if h.key_len as usize == key.len() => self.key_bytes_equal(off, &h, key),
             _ => false,
         }
     }
 
-    /// Compare the key bytes of the object at `off` with `key`, for a caller
-    /// that has already checked the header's key length.
+    /// Compare the key bytes of the object at `off` (whose header is `h`)
+    /// with `key`, for a caller that has already checked the key length.
     #[inline]
-    pub fn key_bytes_equal(&self, off: u64, key: &[u8]) -> bool {
+    pub fn key_bytes_equal(&self, off: u64, h: &Header, key: &[u8]) -> bool {
         const CHUNK_BYTES: usize = 256;
         let mut buf = [0u8; CHUNK_BYTES];
-        let mut skip = HEADER_BYTES;
+        let mut skip = h.header_bytes();
         for chunk in key.chunks(CHUNK_BYTES) {
             let dst = &mut buf[..chunk.len()];
             if !self.read_part(off, skip, dst) || dst != chunk {

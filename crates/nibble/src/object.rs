@@ -3,32 +3,68 @@
 //! An object is a header followed by the key and the value, written
 //! back-to-back into a segment with no alignment (so a scan can walk a
 //! segment header by header). The paper's header is a 32-bit length plus a
-//! 64-bit key; ours carries what a server needs, in 24 bytes (at 256-byte
-//! objects every header byte is 0.4 % of memory bloat, so it is packed):
+//! 64-bit key; ours carries what a server needs. It is 18 bytes for the
+//! common object and grows by a slot for each optional field the object
+//! carries, because at 256-byte objects every header byte is 0.4 % of
+//! memory bloat (issue 3's bloat figure for 1 KiB -> 256 B objects was
+//! 1.17 with a fixed 24-byte header):
 //!
 //! ```text
-//!  0           2           4            8        12              18              24
-//!  | key_len   | cap_slack | value_len  | flags  | version (u48)  | expiry (u48)  | key … | value … (value_cap bytes)
+//!  0         2                 6               12              18
+//!  | key_len | value_len + ext | version (u48) | expiry (u48)  | [flags u32] | [cap_slack u16] | key … | value … (value_cap bytes)
 //! ```
 //!
 //! * `key_len` (u16): keys are 0 to 65 535 bytes (Redis allows the empty key).
-//! * `cap_slack` (u16) = `value_cap - value_len`: the space reserved for the
-//!   value is `value_len` when appended; Nibble-2's in-place overwrite may
-//!   store a shorter value in the same space (at most 65 535 bytes shorter,
-//!   see [`Header::can_hold`]), so scans use `value_cap` to find the next
-//!   object.
+//! * `value_len` (low 30 bits of a u32; values are below 1 GiB, see
+//!   [`MAX_VALUE_BYTES`]). The top two bits (`ext`) say which slots follow:
+//!   bit 30 a 4-byte `flags` slot (memcached's opaque client flags), bit 31
+//!   a 2-byte `cap_slack` slot.
 //! * `version` (48 bits) changes on every modification (memcached CAS,
 //!   Redis WATCH): the TSC divided by 1024, or the old version plus one if
 //!   that is not larger (see [`next_version`]).
 //! * `expiry` (48 bits) is a Unix time in milliseconds (good until the year
-//!   10 889), 0 for none.
-//! * `flags` are memcached's opaque client flags.
+//!   10 889), 0 for none. Every object has it, so a TTL can always be set
+//!   in place, even on a full store (Redis allows EXPIRE over maxmemory).
+//! * `cap_slack` = `value_cap - value_len`: the space reserved for the value
+//!   is `value_len` when appended; Nibble-2's in-place overwrite may store a
+//!   shorter value in the same space (at most 65 535 bytes shorter) if the
+//!   object has this slot, so scans use `value_cap` to find the next
+//!   object. Nibble-2 gives the slot to an object that replaces one of a
+//!   different size (the key's values vary, so a later shorter value can
+//!   stay in place); objects without it are overwritten in place only by a
+//!   value of exactly their size.
 //!
-//! `key_len` and `value_cap` never change after the append; the rest may
+//! The layout (`key_len`, `value_cap`, which slots exist) never changes
+//! after the append, so the key and value stay where a scan expects them;
+//! the rest (`value_len` within the capacity, version, expiry, flags) may
 //! change only under the object's bucket lock.
+//!
+//! The shared store (`nibblejmp`) keeps the earlier fixed 24-byte layout
+//! ([`Header::encode_wide`]), in which the expiry is one atomic word at a
+//! fixed offset that another process may update.
 
-/// Bytes of the object header.
-pub const HEADER_BYTES: usize = 24;
+/// Bytes of the header of an object with neither optional slot.
+pub const HEADER_MIN_BYTES: usize = 18;
+
+/// Bytes of the largest header (both slots).
+pub const HEADER_MAX_BYTES: usize = HEADER_MIN_BYTES + FLAGS_SLOT_BYTES + SLACK_SLOT_BYTES;
+
+/// Bytes of the fixed layout used by `nibblejmp` ([`Header::encode_wide`]).
+pub const WIDE_HEADER_BYTES: usize = 24;
+
+/// Values are shorter than this: `value_len` has 30 bits in the header.
+pub const MAX_VALUE_BYTES: usize = (1 << 30) - 1;
+
+/// Bytes of the optional flags slot.
+const FLAGS_SLOT_BYTES: usize = 4;
+/// Bytes of the optional capacity-slack slot.
+const SLACK_SLOT_BYTES: usize = 2;
+/// `value_len` word bit: a flags slot follows the base header.
+const EXT_FLAGS: u32 = 1 << 30;
+/// `value_len` word bit: a slack slot follows (after the flags slot).
+const EXT_SLACK: u32 = 1 << 31;
+/// The length bits of the `value_len` word.
+const VALUE_LEN_MASK: u32 = (1 << 30) - 1;
 
 /// Largest `value_cap - value_len` a header can record.
 pub const MAX_CAP_SLACK_BYTES: u32 = u16::MAX as u32;
@@ -51,39 +87,187 @@ pub struct Header {
     pub value_len: u32,
     /// Bytes reserved for the value (`value_len` to `value_len + 65 535`).
     pub value_cap: u32,
-    /// Opaque client flags.
+    /// Opaque client flags (0 when the object has no flags slot).
     pub flags: u32,
     /// Modification version (48 bits).
     pub version: u64,
     /// Unix time in ms at which the object expires; 0 = never (48 bits).
     pub expiry_ms: u64,
+    /// The object has a flags slot (layout; fixed at the append).
+    pub flags_slot: bool,
+    /// The object has a capacity-slack slot (layout; fixed at the append).
+    pub slack_slot: bool,
+}
+
+/// A header encoded for the log: [`EncodedHeader::as_bytes`] is 16 to
+/// [`HEADER_MAX_BYTES`] bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct EncodedHeader {
+    bytes: [u8; HEADER_MAX_BYTES],
+    len: usize,
+}
+
+impl EncodedHeader {
+    /// The encoded bytes.
+    #[inline]
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
 }
 
 impl Header {
+    /// A header for a new object (capacity = `value_len`), with a flags
+    /// slot if `flags` is not 0 and a slack slot if `slack_slot`.
+    #[inline]
+    pub fn new(
+        key_len: usize,
+        value_len: usize,
+        flags: u32,
+        version: u64,
+        expiry_ms: u64,
+        slack_slot: bool,
+    ) -> Header {
+        Header {
+            key_len: key_len as u32,
+            value_len: value_len as u32,
+            value_cap: value_len as u32,
+            flags,
+            version,
+            expiry_ms,
+            flags_slot: flags != 0,
+            slack_slot,
+        }
+    }
+
+    /// Bytes of this object's header in the log.
+    #[inline]
+    pub fn header_bytes(&self) -> usize {
+        HEADER_MIN_BYTES
+            + if self.flags_slot { FLAGS_SLOT_BYTES } else { 0 }
+            + if self.slack_slot { SLACK_SLOT_BYTES } else { 0 }
+    }
+
     /// Total bytes the object occupies in the log.
     #[inline]
     pub fn object_bytes(&self) -> usize {
-        HEADER_BYTES + self.key_len as usize + self.value_cap as usize
+        self.header_bytes() + self.key_len as usize + self.value_cap as usize
     }
 
     /// Whether a value of `len` bytes can overwrite this object's value in
-    /// place (Nibble-2): it fits, and the slack left is representable.
+    /// place (Nibble-2): exactly its capacity, or shorter if the object has
+    /// a slack slot and the slack left is representable.
     #[inline]
     pub fn can_hold(&self, len: usize) -> bool {
-        len <= self.value_cap as usize
-            && self.value_cap as usize - len <= MAX_CAP_SLACK_BYTES as usize
+        let cap = self.value_cap as usize;
+        len == cap || (self.slack_slot && len < cap && cap - len <= MAX_CAP_SLACK_BYTES as usize)
     }
 
-    /// Encode to bytes. `key_len` must be at most 65 535 and `value_cap -
-    /// value_len` at most [`MAX_CAP_SLACK_BYTES`] (the store ensures both);
-    /// `version` and `expiry_ms` are cut to 48 bits (an expiry beyond the
-    /// year 10 889 becomes that year).
+    /// Whether `flags` can be stored in this object's header (0 needs no
+    /// slot).
     #[inline]
-    pub fn encode(&self) -> [u8; HEADER_BYTES] {
+    pub fn fits_flags(&self, flags: u32) -> bool {
+        flags == 0 || self.flags_slot
+    }
+
+    /// Encode for the log. `key_len` must be at most 65 535, `value_cap` at
+    /// most [`MAX_VALUE_BYTES`], `value_cap - value_len` 0 without a slack
+    /// slot and at most [`MAX_CAP_SLACK_BYTES`] with one, and the flags
+    /// must fit (the store ensures all of it); `version` and `expiry_ms` are
+    /// cut to 48 bits (an expiry beyond the year 10 889 becomes that year).
+    #[inline]
+    pub fn encode(&self) -> EncodedHeader {
+        debug_assert!(self.key_len <= u16::MAX as u32);
+        debug_assert!(self.value_cap as usize <= MAX_VALUE_BYTES);
+        debug_assert!(self.value_cap >= self.value_len);
+        debug_assert!(self.slack_slot || self.value_cap == self.value_len);
+        debug_assert!(self.value_cap - self.value_len <= MAX_CAP_SLACK_BYTES);
+        debug_assert!(self.fits_flags(self.flags));
+        let mut b = [0u8; HEADER_MAX_BYTES];
+        let key = self.key_len.min(u16::MAX as u32) as u16;
+        let mut len_word = self.value_len & VALUE_LEN_MASK;
+        if self.flags_slot {
+            len_word |= EXT_FLAGS;
+        }
+        if self.slack_slot {
+            len_word |= EXT_SLACK;
+        }
+        b[0..2].copy_from_slice(&key.to_le_bytes());
+        b[2..6].copy_from_slice(&len_word.to_le_bytes());
+        b[6..12].copy_from_slice(&(self.version & FIELD48_MASK).to_le_bytes()[..6]);
+        b[12..18].copy_from_slice(&self.expiry_ms.min(FIELD48_MASK).to_le_bytes()[..6]);
+        let mut at = HEADER_MIN_BYTES;
+        if self.flags_slot {
+            b[at..at + FLAGS_SLOT_BYTES].copy_from_slice(&self.flags.to_le_bytes());
+            at += FLAGS_SLOT_BYTES;
+        }
+        if self.slack_slot {
+            let slack = self
+                .value_cap
+                .saturating_sub(self.value_len)
+                .min(MAX_CAP_SLACK_BYTES) as u16;
+            b[at..at + SLACK_SLOT_BYTES].copy_from_slice(&slack.to_le_bytes());
+            at += SLACK_SLOT_BYTES;
+        }
+        EncodedHeader { bytes: b, len: at }
+    }
+
+    /// Decode the first [`HEADER_MIN_BYTES`] of a log header. Returns the
+    /// header and how many slot bytes follow (0 to 6), which the caller
+    /// reads and hands to [`Header::decode_slots`].
+    #[inline]
+    pub fn decode_base(b: &[u8; HEADER_MIN_BYTES]) -> (Header, usize) {
+        let len_word = u32_at(b, 2);
+        let value_len = len_word & VALUE_LEN_MASK;
+        let h = Header {
+            key_len: u16_at(b, 0) as u32,
+            value_len,
+            value_cap: value_len,
+            flags: 0,
+            version: u48_at(b, 6),
+            expiry_ms: u48_at(b, 12),
+            flags_slot: len_word & EXT_FLAGS != 0,
+            slack_slot: len_word & EXT_SLACK != 0,
+        };
+        let slots = h.header_bytes() - HEADER_MIN_BYTES;
+        (h, slots)
+    }
+
+    /// Fill the slot fields from the bytes after the base header.
+    #[inline]
+    pub fn decode_slots(&mut self, b: &[u8]) {
+        let mut at = 0;
+        if self.flags_slot {
+            self.flags = u32_at(b, at);
+            at += FLAGS_SLOT_BYTES;
+        }
+        if self.slack_slot {
+            self.value_cap = self.value_len.saturating_add(u16_at(b, at) as u32);
+        }
+    }
+
+    /// Decode a whole log header held in one slice (tests, scans of a
+    /// buffer). `None` if `b` is shorter than the header says.
+    pub fn decode(b: &[u8]) -> Option<Header> {
+        let base: &[u8; HEADER_MIN_BYTES] = b.get(..HEADER_MIN_BYTES)?.try_into().ok()?;
+        let (mut h, slots) = Header::decode_base(base);
+        h.decode_slots(b.get(HEADER_MIN_BYTES..HEADER_MIN_BYTES + slots)?);
+        Some(h)
+    }
+
+    /// Encode in the fixed 24-byte layout of the shared store (`nibblejmp`):
+    ///
+    /// ```text
+    ///  0           2           4            8        12              18              24
+    ///  | key_len   | cap_slack | value_len  | flags  | version (u48)  | expiry (u48)  |
+    /// ```
+    ///
+    /// Every object has every field there; the slot bits are not stored.
+    #[inline]
+    pub fn encode_wide(&self) -> [u8; WIDE_HEADER_BYTES] {
         debug_assert!(self.key_len <= u16::MAX as u32);
         debug_assert!(self.value_cap >= self.value_len);
         debug_assert!(self.value_cap - self.value_len <= MAX_CAP_SLACK_BYTES);
-        let mut b = [0u8; HEADER_BYTES];
+        let mut b = [0u8; WIDE_HEADER_BYTES];
         let key = self.key_len.min(u16::MAX as u32) as u16;
         let slack = self
             .value_cap
@@ -98,24 +282,20 @@ impl Header {
         b
     }
 
-    /// Decode from bytes.
+    /// Decode the fixed 24-byte layout ([`Header::encode_wide`]); both slot
+    /// bits read as set (the wide layout has every field).
     #[inline]
-    pub fn decode(b: &[u8; HEADER_BYTES]) -> Header {
-        let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]) as u32;
-        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-        let u48_at = |i: usize| {
-            let mut w = [0u8; 8];
-            w[..6].copy_from_slice(&b[i..i + 6]);
-            u64::from_le_bytes(w)
-        };
-        let value_len = u32_at(4);
+    pub fn decode_wide(b: &[u8; WIDE_HEADER_BYTES]) -> Header {
+        let value_len = u32_at(b, 4);
         Header {
-            key_len: u16_at(0),
+            key_len: u16_at(b, 0) as u32,
             value_len,
-            value_cap: value_len.saturating_add(u16_at(2)),
-            flags: u32_at(8),
-            version: u48_at(12),
-            expiry_ms: u48_at(18),
+            value_cap: value_len.saturating_add(u16_at(b, 2) as u32),
+            flags: u32_at(b, 8),
+            version: u48_at(b, 12),
+            expiry_ms: u48_at(b, 18),
+            flags_slot: true,
+            slack_slot: true,
         }
     }
 
@@ -132,6 +312,23 @@ impl Header {
     }
 }
 
+#[inline]
+fn u16_at(b: &[u8], i: usize) -> u16 {
+    u16::from_le_bytes([b[i], b[i + 1]])
+}
+
+#[inline]
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
+#[inline]
+fn u48_at(b: &[u8], i: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w[..6].copy_from_slice(&b[i..i + 6]);
+    u64::from_le_bytes(w)
+}
+
 /// Unix time now, in milliseconds.
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -144,27 +341,74 @@ pub fn now_ms() -> u64 {
 mod tests {
     use super::*;
 
-    #[test]
-    fn header_round_trips() {
-        let h = Header {
+    fn full() -> Header {
+        Header {
             key_len: 65535,
             value_len: 10,
             value_cap: 10 + 65535,
             flags: 0xdead_beef,
             version: FIELD48_MASK - 3,
             expiry_ms: 1_700_000_000_000,
-        };
-        assert_eq!(Header::decode(&h.encode()), h);
-        assert_eq!(h.object_bytes(), HEADER_BYTES + 65535 + 10 + 65535);
+            flags_slot: true,
+            slack_slot: true,
+        }
+    }
+
+    #[test]
+    fn header_round_trips_in_every_layout() {
+        let h = full();
+        for (flags_slot, slack_slot, bytes) in [
+            (false, false, 18),
+            (true, false, 22),
+            (false, true, 20),
+            (true, true, 24),
+        ] {
+            let h = Header {
+                flags: if flags_slot { h.flags } else { 0 },
+                value_cap: if slack_slot { h.value_cap } else { h.value_len },
+                flags_slot,
+                slack_slot,
+                ..h
+            };
+            let e = h.encode();
+            assert_eq!(e.as_bytes().len(), bytes);
+            assert_eq!(h.header_bytes(), bytes);
+            assert_eq!(Header::decode(e.as_bytes()), Some(h));
+            assert_eq!(Header::decode(&e.as_bytes()[..bytes - 1]), None);
+            assert_eq!(h.object_bytes(), bytes + 65535 + h.value_cap as usize);
+        }
         assert!(h.expired_at(1_700_000_000_000));
         assert!(!Header::default().expired_at(u64::MAX));
-        let small = Header {
+        let big = Header {
             key_len: 0,
-            value_len: 16 << 20,
-            value_cap: 16 << 20,
+            value_len: MAX_VALUE_BYTES as u32,
+            value_cap: MAX_VALUE_BYTES as u32,
+            flags_slot: false,
+            flags: 0,
             ..h
         };
-        assert_eq!(Header::decode(&small.encode()), small);
+        assert_eq!(Header::decode(big.encode().as_bytes()), Some(big));
+    }
+
+    #[test]
+    fn new_picks_slots_and_the_checks_use_them() {
+        let plain = Header::new(3, 5, 0, 7, 99, false);
+        assert_eq!(plain.header_bytes(), HEADER_MIN_BYTES);
+        assert_eq!(plain.expiry_ms, 99, "every object has an expiry");
+        assert!(plain.fits_flags(0) && !plain.fits_flags(1));
+        assert!(plain.can_hold(5) && !plain.can_hold(4) && !plain.can_hold(6));
+        let flagged = Header::new(3, 5, 9, 7, 0, false);
+        assert!(flagged.flags_slot && !flagged.slack_slot && flagged.fits_flags(9));
+        let slack = Header::new(3, 5, 0, 7, 0, true);
+        assert!(slack.can_hold(5) && slack.can_hold(0) && !slack.can_hold(6));
+    }
+
+    #[test]
+    fn wide_layout_round_trips() {
+        let h = full();
+        let b = h.encode_wide();
+        assert_eq!(b.len(), WIDE_HEADER_BYTES);
+        assert_eq!(Header::decode_wide(&b), h);
     }
 
     #[test]
@@ -173,6 +417,7 @@ mod tests {
             key_len: 3,
             value_len: 100_000,
             value_cap: 100_000,
+            slack_slot: true,
             ..Default::default()
         };
         assert!(h.can_hold(100_000) && h.can_hold(100_000 - 65535));
@@ -184,11 +429,14 @@ mod tests {
         let far = Header {
             expiry_ms: u64::MAX,
             version: u64::MAX,
+            flags_slot: true,
             ..h
         };
-        let d = Header::decode(&far.encode());
+        let d = Header::decode(far.encode().as_bytes()).unwrap();
         assert_eq!(d.expiry_ms, FIELD48_MASK);
         assert_eq!(d.version, FIELD48_MASK);
+        let w = Header::decode_wide(&far.encode_wide());
+        assert_eq!((w.expiry_ms, w.version), (FIELD48_MASK, FIELD48_MASK));
         let v = next_version(0);
         assert!(next_version(v) > v && v <= FIELD48_MASK);
     }

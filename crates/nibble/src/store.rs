@@ -26,7 +26,10 @@ use parking_lot::{Condvar, Mutex};
 use crate::index::{Index, IndexConfig, IndexStats, Loc};
 use crate::log::Log;
 use crate::memory::{loc_of, off_of, Memory, SegState, BLOCK_BYTES};
-use crate::object::{next_version, now_ms, Header, HEADER_BYTES};
+use crate::object::{next_version, now_ms, Header};
+
+/// Most value bytes a GET prefetches ahead of reading the header.
+const PREFETCH_VALUE_BYTES: usize = 4096;
 
 /// Smallest capacity a store accepts.
 pub const MIN_CAPACITY_BYTES: usize = 8 << 20;
@@ -112,7 +115,8 @@ pub struct Config {
     pub compaction_workers: Option<usize>,
     /// Epoch scheme.
     pub epoch: EpochKind,
-    /// Largest value accepted.
+    /// Largest value accepted (at most
+    /// [`crate::object::MAX_VALUE_BYTES`], just under 1 GiB).
     pub max_value_bytes: usize,
     /// Index share of capacity, thousandths.
     pub index_permille: usize,
@@ -442,6 +446,38 @@ impl Inner {
         Ok(a)
     }
 
+    /// Append an object, waiting for compaction to free space when the log
+    /// is full (see [`Inner::wait_for_space`]). `guard` holds the caller's
+    /// epoch guard: it is dropped while waiting (so the segments compaction
+    /// retires can be freed) and taken again before the next attempt.
+    fn append_waiting<'a>(
+        &'a self,
+        guard: &mut Option<epoch::Guard<'a>>,
+        len: usize,
+        fill: &dyn Fn(u64),
+    ) -> Result<crate::log::Appended, Error> {
+        // Made at the first failed append only (it reads the clock).
+        let mut wait = None;
+        loop {
+            match self.try_append(len, fill) {
+                Ok(a) => return Ok(a),
+                Err(_) => {
+                    let w = wait.get_or_insert_with(|| SpaceWait {
+                        rounds: 0,
+                        start: std::time::Instant::now(),
+                        stalled: 0,
+                        last_idle: false,
+                        since_pass: self.stats.passes.load(Ordering::Acquire),
+                        since_compacted: self.stats.segments_compacted.load(Ordering::Acquire),
+                    });
+                    *guard = None;
+                    self.wait_for_space(w)?;
+                    *guard = Some(self.epochs.try_pin()?);
+                }
+            }
+        }
+    }
+
     /// Wait for compaction to free space after a failed append. The caller
     /// must not hold an epoch guard: segments retired by compaction are
     /// freed only once every guard older than `w`'s start is gone.
@@ -535,6 +571,13 @@ impl Store {
                 minimum: MIN_CAPACITY_BYTES,
             });
         }
+        if cfg.max_value_bytes > crate::object::MAX_VALUE_BYTES {
+            return Err(Error::Config(format!(
+                "max_value_bytes {} is above the largest value an object header can describe ({} bytes)",
+                cfg.max_value_bytes,
+                crate::object::MAX_VALUE_BYTES
+            )));
+        }
         if cfg.index_permille == 0 || cfg.index_permille >= 500 || cfg.reserve_permille >= 500 {
             return Err(Error::Config(
                 "index and reserve shares must be below 50%".into(),
@@ -588,7 +631,7 @@ impl Store {
             let off = off_of(l);
             let h = rehash_mem.header(off).unwrap_or_default();
             let mut key = vec![0u8; (h.key_len as usize).min(MAX_KEY_BYTES)];
-            rehash_mem.read_part(off, HEADER_BYTES, &mut key);
+            rehash_mem.read_part(off, h.header_bytes(), &mut key);
             hash_key(&key)
         };
         let index = Index::new(
@@ -726,17 +769,17 @@ impl Store {
         let mem = &inner.mem;
         let hash = hash_key(key);
         inner.index.prefetch(hash);
-        let len = HEADER_BYTES + key.len() + value.len();
-        if inner.cfg.mode == Mode::Nibble {
-            inner.prefetch_append(len);
-        }
-        let mut guard = inner.epochs.try_pin()?;
+        let mut guard = Some(inner.epochs.try_pin()?);
         if opts.condition != Condition::Always {
             // Cheap optimistic check first, so a failing condition does not
             // leave a dead object in the log.
             let cur = self.read_header(hash, key);
             Self::check_condition(opts.condition, cur.as_ref())?;
         }
+        // Nibble-2: whether the new object replaces one of another size; it
+        // then gets a slack slot so that a later, shorter value can be
+        // written in place.
+        let mut resized = false;
         if inner.cfg.mode == Mode::Nibble2 {
             let g = inner.index.lock(hash);
             if let Some(slot) = g.find(|l| mem.key_equals(off_of(l), key)) {
@@ -744,7 +787,7 @@ impl Store {
                 if let Some(old) = mem.header(off) {
                     let live = !old.expired();
                     Self::check_condition(opts.condition, live.then_some(&old))?;
-                    if old.can_hold(value.len()) {
+                    if old.can_hold(value.len()) && old.fits_flags(opts.flags) {
                         let h = Header {
                             value_len: value.len() as u32,
                             flags: opts.flags,
@@ -752,51 +795,38 @@ impl Store {
                             expiry_ms: expiry_for(opts.expiry, live.then_some(&old)),
                             ..old
                         };
-                        mem.write_part(off, HEADER_BYTES + old.key_len as usize, value);
-                        mem.write(off, &h.encode());
+                        mem.write_part(off, old.header_bytes() + old.key_len as usize, value);
+                        mem.write_header(off, &h);
                         note_expiry(mem, off, h.expiry_ms);
                         return Ok(h.version);
                     }
+                    resized = old.value_cap as usize != value.len();
                 }
             }
         }
-        let mut h = Header {
-            key_len: key.len() as u32,
-            value_len: value.len() as u32,
-            value_cap: value.len() as u32,
-            flags: opts.flags,
-            version: next_version(0),
-            expiry_ms: match opts.expiry {
+        let mut h = Header::new(
+            key.len(),
+            value.len(),
+            opts.flags,
+            next_version(0),
+            match opts.expiry {
                 Expiry::At(t) => t.clamp(1, crate::object::FIELD48_MASK),
                 _ => 0,
             },
-        };
+            resized,
+        );
+        let len = h.object_bytes();
+        let head_bytes = h.header_bytes();
+        if inner.cfg.mode == Mode::Nibble {
+            inner.prefetch_append(len);
+        }
         let first = h;
         let fill = |off| {
-            mem.write(off, &first.encode());
-            mem.write_part(off, HEADER_BYTES, key);
-            mem.write_part(off, HEADER_BYTES + key.len(), value);
+            mem.write_header(off, &first);
+            mem.write_part(off, head_bytes, key);
+            mem.write_part(off, head_bytes + key.len(), value);
         };
-        // Made at the first failed append only (it reads the clock).
-        let mut wait = None;
-        let app = loop {
-            match inner.try_append(len, &fill) {
-                Ok(a) => break a,
-                Err(_) => {
-                    drop(guard);
-                    let w = wait.get_or_insert_with(|| SpaceWait {
-                        rounds: 0,
-                        start: std::time::Instant::now(),
-                        stalled: 0,
-                        last_idle: false,
-                        since_pass: inner.stats.passes.load(Ordering::Acquire),
-                        since_compacted: inner.stats.segments_compacted.load(Ordering::Acquire),
-                    });
-                    inner.wait_for_space(w)?;
-                    guard = inner.epochs.try_pin()?;
-                }
-            }
-        };
+        let app = inner.append_waiting(&mut guard, len, &fill)?;
         let new_loc = loc_of(app.off);
         loop {
             let mut g = inner.index.lock(hash);
@@ -811,7 +841,7 @@ impl Store {
                     if version != h.version || expiry != h.expiry_ms {
                         h.version = version;
                         h.expiry_ms = expiry;
-                        mem.write(app.off, &h.encode());
+                        mem.write_header(app.off, &h);
                     }
                     g.replace(slot, new_loc);
                     note_expiry(mem, app.off, h.expiry_ms);
@@ -853,7 +883,7 @@ impl Store {
             .read(hash, |l| {
                 let off = off_of(l);
                 let h = mem.header(off)?;
-                (h.key_len as usize == key.len() && mem.key_bytes_equal(off, key)).then_some(h)
+                (h.key_len as usize == key.len() && mem.key_bytes_equal(off, &h, key)).then_some(h)
             })
             .filter(|h| !h.expired())
     }
@@ -865,16 +895,24 @@ impl Store {
         let max_value = inner.cfg.max_value_bytes;
         let _guard = inner.epochs.try_pin()?;
         let hash = hash_key(key);
+        // The value's expected size: the caller's buffer capacity (a
+        // reused buffer is as large as the values it has held).
+        let expect =
+            crate::object::HEADER_MIN_BYTES + key.len() + buf.capacity().min(PREFETCH_VALUE_BYTES);
         let found = inner.index.read(hash, |l| {
             let off = off_of(l);
+            // Start the object's lines now, with the header's: the value's
+            // loads otherwise wait for the header (its length) and miss.
+            let in_block = BLOCK_BYTES - (off as usize & (BLOCK_BYTES - 1));
+            mem.prefetch(off, expect.min(in_block));
             let h = mem.header(off)?;
-            if h.key_len as usize != key.len() || !mem.key_bytes_equal(off, key) {
+            if h.key_len as usize != key.len() || !mem.key_bytes_equal(off, &h, key) {
                 return None;
             }
             // Bound lengths read from racing memory before using them.
             let n = (h.value_len.min(h.value_cap) as usize).min(max_value);
             buf.resize(n, 0);
-            mem.read_part(off, HEADER_BYTES + key.len(), buf)
+            mem.read_part(off, h.header_bytes() + key.len(), buf)
                 .then_some(h)
         });
         let found = found.filter(|h| !h.expired());
@@ -955,7 +993,9 @@ impl Store {
 
     /// Set (or clear, with `None`) the expiry of `key`. Returns whether the
     /// key exists. The header is updated in place under the bucket lock in
-    /// both modes: it is metadata, not a new version of the value.
+    /// both modes (every object has an expiry field, so this needs no space
+    /// and works on a full store): it is metadata, not a new version of the
+    /// value.
     pub fn set_expiry(&self, key: &[u8], expiry_ms: Option<u64>) -> Result<bool, Error> {
         let inner = &*self.inner;
         let mem = &inner.mem;
@@ -976,7 +1016,7 @@ impl Store {
             expiry_ms: expiry_ms.unwrap_or(0),
             ..h
         };
-        mem.write(off, &h.encode());
+        mem.write_header(off, &h);
         note_expiry(mem, off, h.expiry_ms);
         Ok(true)
     }
@@ -999,7 +1039,7 @@ impl Store {
                 continue;
             }
             let mut k = vec![0u8; h.key_len as usize];
-            if mem.read_part(off, HEADER_BYTES, &mut k) {
+            if mem.read_part(off, h.header_bytes(), &mut k) {
                 keys.push(k);
             }
         }

@@ -56,7 +56,8 @@ fn value(k: u8, n: usize, salt: usize) -> Vec<u8> {
 }
 
 /// What the model holds per key: the value, the client flags and the
-/// expiry. In Nibble mode (every write appends) the object's size follows.
+/// expiry. In Nibble mode (every write appends) the object's size follows:
+/// a flags slot when the flags are not 0.
 #[derive(Clone, Debug, PartialEq)]
 struct Item {
     value: Vec<u8>,
@@ -74,7 +75,8 @@ impl Item {
     }
 
     fn object_bytes(&self, key: &[u8]) -> u64 {
-        (nibble::object::HEADER_BYTES + key.len() + self.value.len()) as u64
+        let header = nibble::object::HEADER_MIN_BYTES + if self.flags != 0 { 4 } else { 0 };
+        (header + key.len() + self.value.len()) as u64
     }
 }
 
@@ -303,8 +305,8 @@ fn scan_returns_every_key() {
 
 #[test]
 fn set_expiry_works_on_a_full_store() {
-    // The expiry is a header field: a TTL is set in place, so it works on a
-    // full store (Redis allows EXPIRE over maxmemory).
+    // Every object has an expiry field: a TTL is set in place, so it works
+    // on a full store (Redis allows EXPIRE over maxmemory).
     let s = Store::new(Config::new(nibble::MIN_CAPACITY_BYTES)).unwrap();
     let v = vec![b'x'; 32 << 10];
     let mut stored = 0u32;

@@ -22,7 +22,8 @@
 //!  state = OBJ_MAGIC | COMMITTED? | DEAD?
 //! ```
 //!
-//! The 24-byte header is `nibble::object::Header` unchanged (lengths,
+//! The 24-byte header is `nibble::object::Header` in its wide layout
+//! (`Header::encode_wide`: lengths,
 //! flags, 48-bit version, expiry). The state word in front is what makes the
 //! log self-describing after a crash: an object is part of the store's
 //! contents iff it is COMMITTED and not DEAD (see the crate essay).
@@ -70,7 +71,7 @@ pub const OBJ_COMMITTED: u64 = 1;
 /// State bit: the object was superseded or deleted.
 pub const OBJ_DEAD: u64 = 2;
 /// Bytes before the key: the state word and nibble's header.
-pub const OBJ_PREFIX_BYTES: u64 = 8 + nibble::object::HEADER_BYTES as u64;
+pub const OBJ_PREFIX_BYTES: u64 = 8 + nibble::object::WIDE_HEADER_BYTES as u64;
 
 /// Segment states (low byte of [`SegEntry::state`]; the next byte is the
 /// owner tag of an open segment).

@@ -16,7 +16,7 @@
 //! and condvars, a buddy allocator with heap state, per-process compaction
 //! threads. None of that may be inside a shared segment. This crate keeps
 //! Nibble's *design* (§4.2–4.5) and its object header
-//! (`nibble::object::Header`, unchanged, plus an 8-byte state word in
+//! (`nibble::object::Header` in its fixed 24-byte wide layout, plus an 8-byte state word in
 //! front), key hash (`nibble::hash_key`) and version clock
 //! (`nibble::object::next_version`), and re-places the rest:
 //!

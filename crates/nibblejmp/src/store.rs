@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use nibble::object::{Header, HEADER_BYTES};
+use nibble::object::{Header, WIDE_HEADER_BYTES as HEADER_BYTES};
 use nibble::{Condition, Expiry, ItemMeta, PutOptions};
 use spacejmp::{Access, AttachOptions, Config, Jmp, SegOptions, VasHandle};
 
@@ -442,7 +442,7 @@ impl Inner {
             let w = self.obj_word(loc, 1 + i).load(Ordering::Acquire);
             chunk.copy_from_slice(&w.to_le_bytes());
         }
-        let h = Header::decode(&b);
+        let h = Header::decode_wide(&b);
         let end =
             (loc - 1) % self.geo.seg_bytes + object_bytes(h.key_len as usize, h.value_cap as usize);
         (end <= self.geo.seg_bytes).then_some(h)
@@ -985,7 +985,7 @@ impl Inner {
     pub(crate) fn write_object(&self, loc: u64, key: &[u8], value: &[u8], hdr: &Header) {
         let p = self.obj(loc);
         self.obj_state(loc).store(OBJ_MAGIC, Ordering::Relaxed);
-        let hb = hdr.encode();
+        let hb = hdr.encode_wide();
         // SAFETY: `loc` was reserved by the caller under a head lock (or by
         // the compactor in its own segment): the object's bytes lie in one
         // segment, are not published yet, and no one else writes them.
@@ -1122,6 +1122,9 @@ impl Inner {
             flags,
             version,
             expiry_ms: expiry,
+            // The wide layout has every field.
+            flags_slot: true,
+            slack_slot: true,
         };
         let deadline = Instant::now() + self.opts.oom_wait;
         let loc = loop {
@@ -1217,7 +1220,7 @@ impl Inner {
     /// anyway, as every access to header words after the append. Key and
     /// value lengths are unchanged, so scans that size it agree.)
     fn rewrite_header(&self, loc: u64, hdr: &Header) {
-        let hb = hdr.encode();
+        let hb = hdr.encode_wide();
         for (i, chunk) in hb.chunks_exact(8).enumerate() {
             let mut w = [0u8; 8];
             w.copy_from_slice(chunk);
