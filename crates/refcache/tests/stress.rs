@@ -43,22 +43,21 @@ fn weak_revival_races_with_frees() {
     }));
     let ticker = Ticker::spawn(domain.clone(), Duration::from_micros(200));
     let freed = Arc::new(AtomicUsize::new(0));
-    let weaks: Vec<_> = {
-        let local = domain.register().unwrap();
-        (0..OBJECTS)
-            .map(|_| {
-                let (strong, weak) = local.alloc_with_weak(
-                    Canary {
-                        magic: ALIVE_MAGIC,
-                        freed: freed.clone(),
-                    },
-                    None,
-                );
-                local.release(strong);
-                weak
-            })
-            .collect()
-    };
+    // The creator keeps its strong references until the workers have
+    // revived something: on a loaded machine the workers may start only
+    // after every object has been freed, and the race would not happen.
+    let creator = domain.register().unwrap();
+    let (strongs, weaks): (Vec<_>, Vec<_>) = (0..OBJECTS)
+        .map(|_| {
+            creator.alloc_with_weak(
+                Canary {
+                    magic: ALIVE_MAGIC,
+                    freed: freed.clone(),
+                },
+                None,
+            )
+        })
+        .unzip();
     let stop = AtomicBool::new(false);
     let revived = AtomicUsize::new(0);
     std::thread::scope(|s| {
@@ -92,9 +91,18 @@ fn weak_revival_races_with_frees() {
                 }
             });
         }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while revived.load(Ordering::Relaxed) == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // From here on, frees race with revivals.
+        for strong in strongs {
+            creator.release(strong);
+        }
         std::thread::sleep(budget());
         stop.store(true, Ordering::Relaxed);
     });
+    drop(creator);
     drop(ticker);
     assert!(domain.quiesce(64));
     assert_eq!(freed.load(Ordering::SeqCst), OBJECTS);
