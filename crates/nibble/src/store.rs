@@ -446,38 +446,6 @@ impl Inner {
         Ok(a)
     }
 
-    /// Append an object, waiting for compaction to free space when the log
-    /// is full (see [`Inner::wait_for_space`]). `guard` holds the caller's
-    /// epoch guard: it is dropped while waiting (so the segments compaction
-    /// retires can be freed) and taken again before the next attempt.
-    fn append_waiting<'a>(
-        &'a self,
-        guard: &mut Option<epoch::Guard<'a>>,
-        len: usize,
-        fill: &dyn Fn(u64),
-    ) -> Result<crate::log::Appended, Error> {
-        // Made at the first failed append only (it reads the clock).
-        let mut wait = None;
-        loop {
-            match self.try_append(len, fill) {
-                Ok(a) => return Ok(a),
-                Err(_) => {
-                    let w = wait.get_or_insert_with(|| SpaceWait {
-                        rounds: 0,
-                        start: std::time::Instant::now(),
-                        stalled: 0,
-                        last_idle: false,
-                        since_pass: self.stats.passes.load(Ordering::Acquire),
-                        since_compacted: self.stats.segments_compacted.load(Ordering::Acquire),
-                    });
-                    *guard = None;
-                    self.wait_for_space(w)?;
-                    *guard = Some(self.epochs.try_pin()?);
-                }
-            }
-        }
-    }
-
     /// Wait for compaction to free space after a failed append. The caller
     /// must not hold an epoch guard: segments retired by compaction are
     /// freed only once every guard older than `w`'s start is gone.
@@ -769,17 +737,28 @@ impl Store {
         let mem = &inner.mem;
         let hash = hash_key(key);
         inner.index.prefetch(hash);
-        let mut guard = Some(inner.epochs.try_pin()?);
+        let mut h = Header::new(
+            key.len(),
+            value.len(),
+            opts.flags,
+            next_version(0),
+            match opts.expiry {
+                Expiry::At(t) => t.clamp(1, crate::object::FIELD48_MASK),
+                _ => 0,
+            },
+            false,
+        );
+        if inner.cfg.mode == Mode::Nibble {
+            // Before the index work, so the append's misses overlap it.
+            inner.prefetch_append(h.object_bytes());
+        }
+        let mut guard = inner.epochs.try_pin()?;
         if opts.condition != Condition::Always {
             // Cheap optimistic check first, so a failing condition does not
             // leave a dead object in the log.
             let cur = self.read_header(hash, key);
             Self::check_condition(opts.condition, cur.as_ref())?;
         }
-        // Nibble-2: whether the new object replaces one of another size; it
-        // then gets a slack slot so that a later, shorter value can be
-        // written in place.
-        let mut resized = false;
         if inner.cfg.mode == Mode::Nibble2 {
             let g = inner.index.lock(hash);
             if let Some(slot) = g.find(|l| mem.key_equals(off_of(l), key)) {
@@ -800,33 +779,40 @@ impl Store {
                         note_expiry(mem, off, h.expiry_ms);
                         return Ok(h.version);
                     }
-                    resized = old.value_cap as usize != value.len();
+                    // It replaces a value of another size: a slack slot, so
+                    // that a later, shorter value can be written in place.
+                    h.slack_slot = old.value_cap as usize != value.len();
                 }
             }
         }
-        let mut h = Header::new(
-            key.len(),
-            value.len(),
-            opts.flags,
-            next_version(0),
-            match opts.expiry {
-                Expiry::At(t) => t.clamp(1, crate::object::FIELD48_MASK),
-                _ => 0,
-            },
-            resized,
-        );
         let len = h.object_bytes();
         let head_bytes = h.header_bytes();
-        if inner.cfg.mode == Mode::Nibble {
-            inner.prefetch_append(len);
-        }
         let first = h;
         let fill = |off| {
             mem.write_header(off, &first);
             mem.write_part(off, head_bytes, key);
             mem.write_part(off, head_bytes + key.len(), value);
         };
-        let app = inner.append_waiting(&mut guard, len, &fill)?;
+        // Made at the first failed append only (it reads the clock).
+        let mut wait = None;
+        let app = loop {
+            match inner.try_append(len, &fill) {
+                Ok(a) => break a,
+                Err(_) => {
+                    drop(guard);
+                    let w = wait.get_or_insert_with(|| SpaceWait {
+                        rounds: 0,
+                        start: std::time::Instant::now(),
+                        stalled: 0,
+                        last_idle: false,
+                        since_pass: inner.stats.passes.load(Ordering::Acquire),
+                        since_compacted: inner.stats.segments_compacted.load(Ordering::Acquire),
+                    });
+                    inner.wait_for_space(w)?;
+                    guard = inner.epochs.try_pin()?;
+                }
+            }
+        };
         let new_loc = loc_of(app.off);
         loop {
             let mut g = inner.index.lock(hash);
