@@ -245,9 +245,11 @@ impl Header {
         }
     }
 
-    /// Decode a whole log header held in one slice (tests, scans of a
-    /// buffer). `None` if `b` is shorter than the header says.
-    pub fn decode(b: &[u8]) -> Option<Header> {
+    /// Decode a whole log header held in one slice (the tests' round
+    /// trips; the store reads headers with `Memory::header`). `None` if `b`
+    /// is shorter than the header says.
+    #[cfg(test)]
+    fn decode(b: &[u8]) -> Option<Header> {
         let base: &[u8; HEADER_MIN_BYTES] = b.get(..HEADER_MIN_BYTES)?.try_into().ok()?;
         let (mut h, slots) = Header::decode_base(base);
         h.decode_slots(b.get(HEADER_MIN_BYTES..HEADER_MIN_BYTES + slots)?);
