@@ -54,6 +54,19 @@ fn info_field(c: &mut redis::Connection, section: &str, name: &str) -> String {
         .to_string()
 }
 
+/// This test process attaches the store directly, without a compaction
+/// thread of its own (the server's does the compacting).
+fn attach_quiet(dir: &Path) -> nibblejmp::SharedStore {
+    nibblejmp::SharedStore::attach(
+        dir,
+        &nibblejmp::Options {
+            compaction_thread: false,
+            ..nibblejmp::Options::default()
+        },
+    )
+    .unwrap()
+}
+
 #[test]
 fn commands_on_the_shared_engine() {
     let d = DataDir::new("cmds");
@@ -468,14 +481,7 @@ fn another_process_attaches_the_store_while_the_server_runs() {
     let _: () = q(&mut c, &["SET", "from-server", "s1", "EX", "500"]);
     let _: i64 = q(&mut c, &["HSET", "h", "f", "v"]);
     // This test process is one more attached process.
-    let s = nibblejmp::SharedStore::attach(
-        &d.0,
-        &nibblejmp::Options {
-            compaction_thread: false,
-            ..nibblejmp::Options::default()
-        },
-    )
-    .unwrap();
+    let s = attach_quiet(&d.0);
     assert!(!s.recovery_report().ran, "the server is alive: no recovery");
     let mut buf = Vec::new();
     let m = s.get_into(b"from-server", &mut buf).unwrap().unwrap();
@@ -568,14 +574,7 @@ fn server_sigkilled_while_another_process_stays_attached() {
     for i in 0..300 {
         let _: () = q(&mut c, &["SET", &format!("k{i}"), &format!("v{i}")]);
     }
-    let s = nibblejmp::SharedStore::attach(
-        &d.0,
-        &nibblejmp::Options {
-            compaction_thread: false,
-            ..nibblejmp::Options::default()
-        },
-    )
-    .unwrap();
+    let s = attach_quiet(&d.0);
     // The server dies; this process carries on with the store.
     p.signal(libc::SIGKILL);
     assert!(!p.wait().success());
