@@ -52,6 +52,17 @@ fn new_space(
 /// Live frames once Refcache has freed what was released (`quiesce`
 /// returns only when no review queue holds a frame and no free taken off
 /// a queue is still running).
+/// Maps `pages` fresh anonymous read-write pages at `BASE`.
+fn map_rw_at_base(cpu: &Cpu<'_>, pages: u64) {
+    cpu.mmap(
+        MapAt::Fixed(BASE),
+        pages * PAGE,
+        Prot::READ_WRITE,
+        Backing::Anonymous,
+    )
+    .unwrap();
+}
+
 fn quiesced(frames: &Frames) -> i64 {
     assert!(radixvm::frameref::quiesce(), "Refcache epochs stuck");
     frames.live_frames()
@@ -87,13 +98,7 @@ fn munmap_revokes_on_every_cpu(design: Design, backend: Backend) {
             }
         });
         let cpu = Cpu::attach(&*space, 0);
-        cpu.mmap(
-            MapAt::Fixed(BASE),
-            pages * PAGE,
-            Prot::READ_WRITE,
-            Backing::Anonymous,
-        )
-        .unwrap();
+        map_rw_at_base(&cpu, pages);
         barrier.wait();
         barrier.wait();
         for p in 0..pages {
@@ -465,13 +470,7 @@ fn uffd_faults_are_real() {
     };
     let cpu = Cpu::attach(&*space, 0);
     let pages = 16;
-    cpu.mmap(
-        MapAt::Fixed(BASE),
-        pages * PAGE,
-        Prot::READ_WRITE,
-        Backing::Anonymous,
-    )
-    .unwrap();
+    map_rw_at_base(&cpu, pages);
     for p in 0..pages {
         cpu.write(BASE + p * PAGE + 1, p as u8).unwrap();
     }
@@ -487,13 +486,7 @@ fn uffd_faults_are_real() {
     );
     cpu.munmap(BASE, pages * PAGE).unwrap();
     assert_eq!(cpu.read(BASE), Err(VmError::Unmapped(BASE)));
-    cpu.mmap(
-        MapAt::Fixed(BASE),
-        pages * PAGE,
-        Prot::READ_WRITE,
-        Backing::Anonymous,
-    )
-    .unwrap();
+    map_rw_at_base(&cpu, pages);
     assert_eq!(cpu.read(BASE + 1).unwrap(), 0, "a fresh mapping is zero");
     cpu.mprotect(BASE, PAGE, Prot::READ).unwrap();
     assert_eq!(cpu.write(BASE, 1), Err(VmError::Protection(BASE)));
