@@ -266,7 +266,7 @@ fn relocation_races_in_place_changes() {
                 let k = (i * 104729) % HOT;
                 let now = s.meta(&hot(k)).unwrap().expect("hot key lost");
                 assert_eq!(now.expiry_ms, state[k as usize], "lost expiry change");
-                let e = (i % 2 == 0).then_some(far + i);
+                let e = i.is_multiple_of(2).then_some(far + i);
                 assert!(s.set_expiry(&hot(k), e).unwrap(), "hot{k} vanished");
                 state[k as usize] = e;
             }
