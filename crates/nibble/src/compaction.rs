@@ -26,15 +26,11 @@
 //!    per pass sized to the pass's live bytes used to waste the rest of its
 //!    last block every pass; at 90 % utilization, where a pass frees a
 //!    block or two, that was a third of what compaction reclaimed.
-//! 3. Each candidate is scanned in batches of objects: the batch's headers
-//!    and keys are read and their index buckets prefetched; the objects the
-//!    index still points at are copied to the destination without locks;
-//!    then each copy is published under its bucket lock if the object is
-//!    still there and unchanged (else copied again under the lock, or
-//!    dropped if it died; expired objects are removed instead). Readers
-//!    that raced retry on the bucket version. Copying before locking keeps
-//!    each locked instruction from waiting for the previous object's
-//!    stores to reach memory (see `Moved`).
+//! 3. Each candidate is scanned object by object. An object is live if the
+//!    index still points at exactly this location; under the bucket lock it
+//!    is copied to the destination and the entry redirected (expired
+//!    objects are dropped instead). Readers that raced retry on the bucket
+//!    version.
 //! 4. Scanned candidates are retired with the epoch clock's stamp and their
 //!    blocks go back to the buddy allocator once no operation that started
 //!    before the stamp is still running; the pass frees those it can after
@@ -156,29 +152,6 @@ impl Dest {
         drop(m);
         cands.push(d.seg);
     }
-}
-
-/// An object copied to a destination before its bucket was locked.
-///
-/// Compaction copies a batch of live objects first and then, object by
-/// object, locks the bucket, checks and redirects the entry. A locked
-/// read-modify-write waits for the thread's earlier stores to drain, so
-/// locking before each copy made every object pay for the previous one's
-/// stores reaching memory; copying a batch first lets those stores stream.
-///
-/// The copy is published only if it is still exact. An object changes in
-/// place only under its bucket lock: a Nibble-2 overwrite writes the value
-/// and then a header with a new (monotonic) version; an expiry change
-/// rewrites the header. So if, under the lock, the source header equals
-/// the one read before the copy (`header`) and the copied header equals
-/// it too, no change overlapped the copy; otherwise the object is copied
-/// again under the lock into the same space (its size cannot change).
-struct Moved {
-    from: u64,
-    to: u64,
-    to_seg: SegId,
-    header: Header,
-    hash: u64,
 }
 
 /// What one step of a worker did.
@@ -426,78 +399,63 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
     }
     let mut progress = false;
     let mut key = Vec::new();
-    let mut batch: Vec<(u64, Header, u64)> = Vec::with_capacity(PREFETCH_BATCH);
-    let mut moved: Vec<Moved> = Vec::with_capacity(PREFETCH_BATCH);
     for c in &picked {
         let blocks = mem.seg(c.seg).meta.lock().blocks.clone();
+        let mut at = 0usize;
         let mut complete = true;
         let mut relocated = 0u64;
+        // Objects are visited in batches: first every header and key of
+        // the batch is read and its index buckets prefetched, then each
+        // object is checked. The bucket misses of a batch overlap instead
+        // of being paid one after another.
+        let mut batch: Vec<(u64, Header, u64)> = Vec::with_capacity(PREFETCH_BATCH);
+        // In a mostly live segment (what compaction gets at high
+        // utilization) the lock-free liveness check below finds most
+        // objects live and is only a second bucket scan before the locked
+        // one: skip it there.
+        let precheck = c.live * 2 < c.used;
         let mut scan = 0usize;
-        while complete && scan < c.used as usize {
-            // 1. Read a batch of headers and keys and prefetch the
-            //    objects' index buckets, so that their misses overlap.
-            batch.clear();
-            while batch.len() < PREFETCH_BATCH && scan < c.used as usize {
-                let off = Memory::seg_offset(&blocks, scan);
-                let Some(h) = mem.header(off) else { break };
-                key.resize(h.key_len as usize, 0);
-                if !mem.read_part(off, h.header_bytes(), &mut key) {
-                    break;
-                }
-                let hash = crate::store::hash_key(&key);
-                inner.index.prefetch(hash);
-                batch.push((off, h, hash));
-                scan += h.object_bytes();
-            }
+        'objects: while at < c.used as usize {
             if batch.is_empty() {
-                // A header that cannot be read: the segment's tail is not
-                // intact; keep the segment.
-                complete = false;
-                break;
+                while batch.len() < PREFETCH_BATCH && scan < c.used as usize {
+                    let off = Memory::seg_offset(&blocks, scan);
+                    let Some(h) = mem.header(off) else { break };
+                    key.resize(h.key_len as usize, 0);
+                    if !mem.read_part(off, h.header_bytes(), &mut key) {
+                        break;
+                    }
+                    let hash = crate::store::hash_key(&key);
+                    inner.index.prefetch(hash);
+                    batch.push((off, h, hash));
+                    scan += h.object_bytes();
+                }
+                if batch.is_empty() {
+                    // A header that cannot be read: the segment's tail is
+                    // not intact; keep the segment.
+                    complete = false;
+                    break 'objects;
+                }
+                batch.reverse();
             }
-            // 2. Copy the batch's live objects to the destination, without
-            //    locks. Dead objects (once the index stops pointing at an
-            //    offset it never points there again) are skipped with a
-            //    lock-free seqlock read.
-            moved.clear();
-            for &(off, h, hash) in &batch {
-                if inner
+            let (off, h, hash) = batch.pop().expect("a non-empty batch");
+            let size = h.object_bytes();
+            // Dead objects (most of a sparse segment) are skipped with a
+            // lock-free seqlock read: once the index stops pointing at an
+            // offset it never points there again, so "not found" is final
+            // and needs no bucket lock.
+            let here = loc_of(off);
+            if precheck
+                && inner
                     .index
-                    .read(hash, |l| (l == loc_of(off)).then_some(()))
+                    .read(hash, |l| (l == here).then_some(()))
                     .is_none()
-                {
-                    continue;
-                }
-                let size = h.object_bytes();
-                let Some(to) = Dest::room(dest, inner, cands, size) else {
-                    complete = false;
-                    break;
-                };
-                if !mem.copy(off, to, size) {
-                    complete = false;
-                    break;
-                }
-                let d = dest.as_mut().expect("room() opened a destination");
-                d.used += size;
-                moved.push(Moved {
-                    from: off,
-                    to,
-                    to_seg: d.seg,
-                    header: h,
-                    hash,
-                });
+            {
+                at += size;
+                continue;
             }
-            // 3. Publish each copy under its bucket lock, if the object is
-            //    still there and unchanged (see `Moved`).
-            for m in &moved {
-                let size = m.header.object_bytes();
-                let mut g = inner.index.lock(m.hash);
-                let Some(slot) = g.find(|l| l == loc_of(m.from)) else {
-                    // Deleted or overwritten since step 2: the copy is a
-                    // dead object of the destination.
-                    continue;
-                };
-                let h = mem.header(m.from).unwrap_or(m.header);
+            let mut g = inner.index.lock(hash);
+            if let Some(slot) = g.find(|l| l == loc_of(off)) {
+                let h = mem.header(off).unwrap_or(h);
                 if h.expired_at(now) {
                     g.remove(slot);
                     mem.seg(c.seg).live.fetch_sub(size as u64, Ordering::AcqRel);
@@ -505,25 +463,28 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
                         .stats
                         .expired_reclaimed
                         .fetch_add(1, Ordering::Relaxed);
-                    continue;
+                } else {
+                    let Some(new_off) = Dest::room(dest, inner, cands, size) else {
+                        complete = false;
+                        break;
+                    };
+                    if !mem.copy(off, new_off, size) {
+                        complete = false;
+                        break;
+                    }
+                    g.replace(slot, loc_of(new_off));
+                    crate::store::note_expiry(mem, new_off, h.expiry_ms);
+                    let d = dest.as_mut().expect("room() opened a destination");
+                    mem.seg(d.seg).live.fetch_add(size as u64, Ordering::AcqRel);
+                    d.used += size;
+                    // The source's live bytes and the statistics are
+                    // settled once per segment (below): the source only
+                    // shrinks, so the deferred subtraction cannot underflow.
+                    relocated += size as u64;
                 }
-                if (h != m.header || mem.header(m.to) != Some(h)) && !mem.copy(m.from, m.to, size) {
-                    // Changed in place since step 2 and now unreadable
-                    // (not possible for an object the index names): keep
-                    // the segment.
-                    complete = false;
-                    continue;
-                }
-                g.replace(slot, loc_of(m.to));
-                crate::store::note_expiry(mem, m.to, h.expiry_ms);
-                mem.seg(m.to_seg)
-                    .live
-                    .fetch_add(size as u64, Ordering::AcqRel);
-                // The source's live bytes and the statistics are settled
-                // once per segment (below): the source only shrinks, so
-                // the deferred subtraction cannot underflow.
-                relocated += size as u64;
             }
+            drop(g);
+            at += size;
         }
         if relocated > 0 {
             mem.seg(c.seg).live.fetch_sub(relocated, Ordering::AcqRel);

@@ -39,7 +39,9 @@ pub const DEFAULT_MAX_SEGMENT_BYTES: usize = 32 << 20;
 /// small segments let compaction find emptier victims (the spread of
 /// utilization between segments is what cost-benefit selection feeds on)
 /// and keep the reserve, at least a segment per worker, small: at 256, a
-/// 114 MiB store has 384 KiB segments and a 0.4 % minimum reserve.
+/// 114 MiB store (15,249 blocks) has 59-block (3.7 MiB) segments and a
+/// 0.8 % minimum reserve for two workers. (1,024 measured no better at
+/// 90 % utilization: the best victims were 83-84 % live either way.)
 pub const MIN_SEGMENTS_PER_STORE: usize = 256;
 /// Default largest value.
 pub const DEFAULT_MAX_VALUE_BYTES: usize = 16 << 20;

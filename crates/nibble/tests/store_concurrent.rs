@@ -197,15 +197,15 @@ fn out_of_memory_and_recovery() {
     }
 }
 
-/// Compaction copies a batch of objects before it locks their buckets and
-/// publishes a copy only if the object did not change in between. Here
-/// every overwrite is in place (Nibble-2, one value size) and a third
-/// thread keeps rewriting the headers (expiry set and cleared), while
-/// fillers deleted around the hot keys keep every segment worth
-/// compacting, so relocations race with both kinds of in-place change. A
-/// stale or torn copy published over a newer value shows up as a bad
-/// checksum, a sequence number going backwards, a lost expiry change or a
-/// wrong final value.
+/// Relocation racing in-place changes: every overwrite is in place
+/// (Nibble-2, one value size) and a third thread keeps rewriting the
+/// headers (expiry set and cleared), while fillers deleted around the hot
+/// keys keep every segment worth compacting. A relocated copy published
+/// over a newer value (a lost update), a lost expiry change, a torn value
+/// or a sequence number going backwards fails the test. (It was written
+/// for a compaction that copied objects before locking their buckets and
+/// caught that variant without its re-check at once; that variant measured
+/// no faster and was dropped, the test stays as a guard.)
 #[test]
 fn relocation_races_in_place_changes() {
     const HOT: u64 = 128;
