@@ -286,9 +286,14 @@ pub enum Help {
     Progress,
     /// It ran a step of every worker, and none had anything to do now.
     Idle,
-    /// The idle workers' steps found nothing, but some worker is in the
-    /// middle of a step (a pass over sparse segments can take tens of
-    /// milliseconds): space may be coming.
+    /// The idle workers' steps found nothing to do now, but space is
+    /// coming: some worker is in the middle of a step (a pass over sparse
+    /// segments can take tens of milliseconds), or has compacted segments
+    /// (or candidates) waiting for the epoch to pass them. The epoch
+    /// waits for operations that began earlier; on a loaded machine one of
+    /// them may sit preempted for a scheduler tick or more, and a writer
+    /// that counted those rounds as rounds without progress reported out of
+    /// memory at 90 % utilization with 8 % of the pool reclaimable.
     Busy,
 }
 
@@ -300,11 +305,10 @@ pub fn help(inner: &Inner, node: usize) -> Help {
     let mut busy = false;
     for (w, state) in inner.workers[node].iter().enumerate() {
         match state.try_lock() {
-            Some(mut st) => {
-                if step(inner, node, w, &mut st) == Step::Progress {
-                    return Help::Progress;
-                }
-            }
+            Some(mut st) => match step(inner, node, w, &mut st) {
+                Step::Progress => return Help::Progress,
+                Step::Idle { retired_pending } => busy |= retired_pending,
+            },
             None => busy = true,
         }
     }
