@@ -52,6 +52,14 @@ fn decode(v: &[u8]) -> Option<(u64, u64)> {
     (sum == u64::from_le_bytes(v[v.len() - 8..].try_into().ok()?)).then_some((key, seq))
 }
 
+/// A 31-bit pseudo-random number from a 64-bit LCG (Knuth's MMIX constants).
+fn next_random(x: &mut u64) -> u64 {
+    *x = x
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    *x >> 33
+}
+
 fn stress(mode: Mode) {
     let mut cfg = Config::new(24 << 20);
     cfg.mode = mode;
@@ -91,10 +99,7 @@ fn stress(mode: Mode) {
             let mut reads = 0u64;
             let mut x = r + 1;
             while !stop.load(Ordering::Relaxed) {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                let key = (x >> 33) % n;
+                let key = next_random(&mut x) % n;
                 if s.get_into(format!("k{key}").as_bytes(), &mut buf)
                     .unwrap()
                     .is_some()
@@ -281,10 +286,7 @@ fn relocation_races_in_place_changes() {
                 let mut buf = Vec::new();
                 let mut x = r + 7;
                 while !stop.load(Ordering::Relaxed) {
-                    x = x
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    let k = (x >> 33) % HOT;
+                    let k = next_random(&mut x) % HOT;
                     s.get_into(&hot(k), &mut buf)
                         .unwrap()
                         .expect("hot key lost");
