@@ -300,7 +300,7 @@ pub fn run_job(job: &FragJob, emit: &mut dyn FnMut(FragCell)) -> Result<(), Stri
             capacity_bytes: st.capacity_bytes,
             pool_bytes: st.pool_bytes,
             index_bytes: st.index_bytes,
-            log_bytes: st.blocks_in_use * (st.pool_bytes / st.blocks_total.max(1)),
+            log_bytes: st.blocks_in_use * nibble::memory::BLOCK_BYTES as u64,
             segments_compacted: st.segments_compacted,
             bytes_relocated: st.bytes_relocated,
         }

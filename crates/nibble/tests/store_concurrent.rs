@@ -261,11 +261,7 @@ fn relocation_races_in_place_changes() {
         std::thread::spawn(move || {
             let mut state = vec![None; HOT as usize];
             let mut i = 0u64;
-            let far = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_millis() as u64
-                + 3_600_000;
+            let far = nibble::object::now_ms() + 3_600_000;
             while !stop.load(Ordering::Relaxed) {
                 i += 1;
                 let k = (i * 104729) % HOT;

@@ -80,6 +80,29 @@ impl Item {
     }
 }
 
+/// `put_with` on the store and what it means in the model: the value and
+/// flags given, the expiry given or (KEEPTTL) the item's old one.
+fn put_modelled(
+    s: &Store,
+    model: &mut HashMap<Vec<u8>, Item>,
+    k: u8,
+    v: Vec<u8>,
+    opts: PutOptions,
+) {
+    s.put_with(&key(k), &v, opts).unwrap();
+    let expiry_ms = match opts.expiry {
+        Expiry::Never => None,
+        Expiry::At(t) => Some(t),
+        Expiry::Keep => model.get(&key(k)).and_then(|it| it.expiry_ms),
+    };
+    let item = Item {
+        value: v,
+        flags: opts.flags,
+        expiry_ms,
+    };
+    model.insert(key(k), item);
+}
+
 fn run(mode: Mode, ops: &[Op]) {
     let s = small_store(mode);
     let later = nibble::object::now_ms() + 3_600_000;
@@ -117,35 +140,18 @@ fn run(mode: Mode, ops: &[Op]) {
                 }
             }
             Op::PutFlags(k, n, flags) => {
-                let v = value(k, n, i);
                 let opts = PutOptions {
                     flags,
                     ..Default::default()
                 };
-                s.put_with(&key(k), &v, opts).unwrap();
-                model.insert(
-                    key(k),
-                    Item {
-                        flags,
-                        ..Item::plain(v)
-                    },
-                );
+                put_modelled(&s, &mut model, k, value(k, n, i), opts);
             }
             Op::PutKeep(k, n) => {
-                let v = value(k, n, i);
                 let opts = PutOptions {
                     expiry: Expiry::Keep,
                     ..Default::default()
                 };
-                s.put_with(&key(k), &v, opts).unwrap();
-                let expiry_ms = model.get(&key(k)).and_then(|it| it.expiry_ms);
-                model.insert(
-                    key(k),
-                    Item {
-                        expiry_ms,
-                        ..Item::plain(v)
-                    },
-                );
+                put_modelled(&s, &mut model, k, value(k, n, i), opts);
             }
             Op::Expire(k, set) => {
                 let e = set.then_some(later);

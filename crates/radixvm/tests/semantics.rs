@@ -49,9 +49,6 @@ fn new_space(
     }
 }
 
-/// Live frames once Refcache has freed what was released (`quiesce`
-/// returns only when no review queue holds a frame and no free taken off
-/// a queue is still running).
 /// Maps `pages` fresh anonymous read-write pages at `BASE`.
 fn map_rw_at_base(cpu: &Cpu<'_>, pages: u64) {
     cpu.mmap(
@@ -63,6 +60,9 @@ fn map_rw_at_base(cpu: &Cpu<'_>, pages: u64) {
     .unwrap();
 }
 
+/// Live frames once Refcache has freed what was released (`quiesce`
+/// returns only when no review queue holds a frame and no free taken off
+/// a queue is still running).
 fn quiesced(frames: &Frames) -> i64 {
     assert!(radixvm::frameref::quiesce(), "Refcache epochs stuck");
     frames.live_frames()
