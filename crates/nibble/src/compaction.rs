@@ -60,6 +60,8 @@ const PASS_MIN_LIVE_BYTES: usize = 2 << 20;
 const PREFETCH_BATCH: usize = 16;
 /// How far ahead of the header scan a victim's bytes are prefetched.
 const VICTIM_PREFETCH_AHEAD_BYTES: usize = 32 << 10;
+/// How far ahead of the next copy the destination is prefetched for writing.
+const DEST_PREFETCH_AHEAD_BYTES: usize = 8 << 10;
 
 /// Result of one pass.
 #[derive(Debug, PartialEq, Eq)]
@@ -107,6 +109,8 @@ struct Dest {
     seg: SegId,
     blocks: Vec<u32>,
     used: usize,
+    /// Bytes from the start prefetched for writing.
+    prefetched: usize,
 }
 
 impl Dest {
@@ -139,6 +143,7 @@ impl Dest {
             seg,
             blocks,
             used: 0,
+            prefetched: 0,
         }) {
             Dest::close(old, inner, cands);
         }
@@ -321,17 +326,24 @@ pub fn help(inner: &Inner, node: usize) -> Help {
     }
 }
 
-/// Prefetch a victim's bytes `from .. to` (segment offsets) and return
-/// `to` (or `from` if there is nothing to do). The header scan is a chain
-/// of dependent loads (each object's length gives the next one's place), so
-/// without this every header is a cache miss paid alone, and the copy of
-/// each object then misses again on its remaining lines.
-fn prefetch_victim(mem: &Memory, blocks: &[u32], from: usize, to: usize) -> usize {
+/// Prefetch a segment's bytes `from .. to` (segment offsets; for writing
+/// if `write`) and return `to` (or `from` if there is nothing to do). A
+/// victim's header scan is a chain of dependent loads (each object's length
+/// gives the next one's place), so without this every header is a cache
+/// miss paid alone, and the copy of each object then misses again on its
+/// remaining lines; the destination's lines are cold blocks whose
+/// read-for-ownership each store would otherwise wait for.
+fn prefetch_seg(mem: &Memory, blocks: &[u32], from: usize, to: usize, write: bool) -> usize {
     let mut at = from;
     while at < to {
         let block_end = (at | (BLOCK_BYTES - 1)) + 1;
         let n = to.min(block_end) - at;
-        mem.prefetch(Memory::seg_offset(blocks, at), n);
+        let off = Memory::seg_offset(blocks, at);
+        if write {
+            mem.prefetch_for_write(off, n);
+        } else {
+            mem.prefetch(off, n);
+        }
         at += n;
     }
     at.max(from)
@@ -441,11 +453,12 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
         'objects: while at < c.used as usize {
             if batch.is_empty() {
                 while batch.len() < PREFETCH_BATCH && scan < c.used as usize {
-                    prefetched = prefetch_victim(
+                    prefetched = prefetch_seg(
                         mem,
                         &blocks,
                         prefetched,
                         (scan + VICTIM_PREFETCH_AHEAD_BYTES).min(c.used as usize),
+                        false,
                     );
                     let off = Memory::seg_offset(&blocks, scan);
                     let Some(h) = mem.header(off) else { break };
@@ -454,7 +467,11 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
                         break;
                     }
                     let hash = crate::store::hash_key(&key);
-                    inner.index.prefetch(hash);
+                    if precheck {
+                        inner.index.prefetch(hash);
+                    } else {
+                        inner.index.prefetch_for_lock(hash);
+                    }
                     batch.push((off, h, hash));
                     scan += h.object_bytes();
                 }
@@ -506,6 +523,13 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
                     let d = dest.as_mut().expect("room() opened a destination");
                     mem.seg(d.seg).live.fetch_add(size as u64, Ordering::AcqRel);
                     d.used += size;
+                    d.prefetched = prefetch_seg(
+                        mem,
+                        &d.blocks,
+                        d.prefetched.max(d.used),
+                        (d.used + DEST_PREFETCH_AHEAD_BYTES).min(d.blocks.len() * BLOCK_BYTES),
+                        true,
+                    );
                     // The source's live bytes and the statistics are
                     // settled once per segment (below): the source only
                     // shrinks, so the deferred subtraction cannot underflow.

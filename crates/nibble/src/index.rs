@@ -476,18 +476,31 @@ impl Index {
     /// makes the hint useless.
     #[inline]
     pub fn prefetch(&self, hash: u64) {
+        self.prefetch_with(hash, crate::prefetch::line);
+    }
+
+    /// Like [`Index::prefetch`], when a lock of the buckets follows: the
+    /// lines come in the exclusive state the lock's compare-and-swap needs,
+    /// instead of shared and then upgraded.
+    #[inline]
+    pub fn prefetch_for_lock(&self, hash: u64) {
+        self.prefetch_with(hash, crate::prefetch::line_for_write);
+    }
+
+    #[inline(always)]
+    fn prefetch_with(&self, hash: u64, each: fn(*const u8)) {
         #[cfg(not(loom))]
         {
             let st = self.subtable(hash);
             let (home, second) = self.neighbourhood(hash, st.n.load(Ordering::Relaxed));
             for b in [home, second] {
                 let p = st.bucket(b) as *const IndexBucket as *const u8;
-                crate::prefetch::line(p);
-                crate::prefetch::line(p.wrapping_add(64));
+                each(p);
+                each(p.wrapping_add(64));
             }
         }
         #[cfg(loom)]
-        let _ = hash;
+        let _ = (hash, each);
     }
 
     /// Locks the neighbourhood of `hash` for writing and returns the guard;

@@ -535,12 +535,23 @@ impl Memory {
     /// must lie inside one block) for an upcoming write.
     #[inline]
     pub fn prefetch(&self, off: u64, len: usize) {
+        self.prefetch_lines(off, len, crate::prefetch::line);
+    }
+
+    /// Like [`Memory::prefetch`], for bytes about to be written.
+    #[inline]
+    pub fn prefetch_for_write(&self, off: u64, len: usize) {
+        self.prefetch_lines(off, len, crate::prefetch::line_for_write);
+    }
+
+    #[inline(always)]
+    fn prefetch_lines(&self, off: u64, len: usize, each: fn(*const u8)) {
         const LINE_BYTES: usize = 64;
         debug_assert!((off as usize & (BLOCK_BYTES - 1)) + len <= BLOCK_BYTES);
         let mut at = off as usize & !(LINE_BYTES - 1);
         let end = off as usize + len;
         while at < end {
-            crate::prefetch::line(self.base.wrapping_add(at));
+            each(self.base.wrapping_add(at));
             at += LINE_BYTES;
         }
     }

@@ -17,3 +17,20 @@ pub fn line(p: *const u8) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
 }
+
+/// Bring the cache line holding `p` towards the L1 cache in the exclusive
+/// state, ready to be written (`PREFETCHW`): a store into it then need not
+/// wait for the line's read-for-ownership. CPUs without the instruction
+/// decode it as a no-op.
+#[inline(always)]
+pub fn line_for_write(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHW does not access memory architecturally and cannot
+    // fault, whatever the address; it reads no registers but `p` and
+    // changes no flags.
+    unsafe {
+        core::arch::asm!("prefetchw [{0}]", in(reg) p, options(nostack, preserves_flags, readonly));
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
