@@ -438,6 +438,7 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
         let mut at = 0usize;
         let mut complete = true;
         let mut relocated = 0u64;
+        let mut dead_skipped = 0u64;
         // Objects are visited in batches: first every header and key of
         // the batch is read and its index buckets prefetched, then each
         // object is checked. The bucket misses of a batch overlap instead
@@ -462,6 +463,13 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
                     );
                     let off = Memory::seg_offset(&blocks, scan);
                     let Some(h) = mem.header(off) else { break };
+                    if h.is_dead() {
+                        // Unlinked and marked by its writer: no key, hash
+                        // or index probe needed.
+                        batch.push((off, h, 0));
+                        scan += h.object_bytes();
+                        continue;
+                    }
                     key.resize(h.key_len as usize, 0);
                     if !mem.read_part(off, h.header_bytes(), &mut key) {
                         break;
@@ -485,6 +493,11 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
             }
             let (off, h, hash) = batch.pop().expect("a non-empty batch");
             let size = h.object_bytes();
+            if h.is_dead() {
+                dead_skipped += 1;
+                at += size;
+                continue;
+            }
             // Dead objects (most of a sparse segment) are skipped with a
             // lock-free seqlock read: once the index stops pointing at an
             // offset it never points there again, so "not found" is final
@@ -538,6 +551,12 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
             }
             drop(g);
             at += size;
+        }
+        if dead_skipped > 0 {
+            inner
+                .stats
+                .dead_skipped
+                .fetch_add(dead_skipped, Ordering::Relaxed);
         }
         if relocated > 0 {
             mem.seg(c.seg).live.fetch_sub(relocated, Ordering::AcqRel);

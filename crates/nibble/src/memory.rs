@@ -622,6 +622,17 @@ impl Memory {
         }
     }
 
+    /// Mark the object at `off` dead ([`crate::object::DEAD_MARK`]). The
+    /// caller has just unlinked it from the index and holds an epoch guard.
+    #[inline]
+    pub fn mark_dead(&self, off: u64) {
+        self.write_part(
+            off,
+            crate::object::VERSION_OFFSET,
+            &crate::object::DEAD_MARK,
+        );
+    }
+
     /// Compare the key of the object at `off` with `key`.
     #[inline]
     pub fn key_equals(&self, off: u64, key: &[u8]) -> bool {

@@ -72,10 +72,35 @@ pub const MAX_CAP_SLACK_BYTES: u32 = u16::MAX as u32;
 /// Versions and expiry times are 48-bit fields.
 pub const FIELD48_MASK: u64 = (1 << 48) - 1;
 
-/// The version after `old`: increasing per key, from the TSC where it can.
+/// The version field of an object the index no longer points at (see
+/// [`DEAD_MARK`]); no live object has it.
+pub const DEAD_VERSION: u64 = FIELD48_MASK;
+
+/// Byte offset of the version field in every header layout of this crate.
+pub const VERSION_OFFSET: usize = 6;
+
+/// Written over the version of an object once the index stops pointing at
+/// it (overwritten elsewhere or deleted), by the writer that unlinked it
+/// while its epoch guard keeps the segment from reuse. Compaction skips a
+/// marked object without hashing its key or probing the index; a missing
+/// mark (a torn read, or an object unlinked by compaction itself) only
+/// costs it that probe. Six bytes of 0xFF read back as [`DEAD_VERSION`]
+/// only if the mark was written: every live version is below it.
+pub const DEAD_MARK: [u8; 6] = [0xFF; 6];
+
+/// The version after `old`: increasing per key, from the TSC where it can,
+/// and always below [`DEAD_VERSION`].
 #[inline]
 pub fn next_version(old: u64) -> u64 {
-    ((topology::rdtsc() >> 10).max(old + 1)) & FIELD48_MASK
+    live_version((topology::rdtsc() >> 10).max(old + 1))
+}
+
+/// `v` as a live object's version: 48 bits, below [`DEAD_VERSION`] (a key
+/// modified 2^48 times keeps the last version, a CAS hazard nobody lives
+/// to see).
+#[inline]
+pub fn live_version(v: u64) -> u64 {
+    (v & FIELD48_MASK).min(DEAD_VERSION - 1)
 }
 
 /// The decoded header.
@@ -311,6 +336,12 @@ impl Header {
     /// objects that have an expiry (a `clock_gettime` is ~2% of a GET).
     pub fn expired(&self) -> bool {
         self.expiry_ms != 0 && self.expiry_ms <= now_ms()
+    }
+
+    /// Whether the object carries the dead mark ([`DEAD_MARK`]).
+    #[inline]
+    pub fn is_dead(&self) -> bool {
+        self.version == DEAD_VERSION
     }
 }
 

@@ -322,6 +322,8 @@ pub struct CompactionCounters {
     pub bytes_relocated: AtomicU64,
     /// Expired objects dropped.
     pub expired_reclaimed: AtomicU64,
+    /// Dead objects passed over by their mark, without an index probe.
+    pub dead_skipped: AtomicU64,
 }
 
 /// A statistics snapshot.
@@ -371,6 +373,9 @@ pub struct Stats {
     pub bytes_relocated: u64,
     /// Expired objects reclaimed by compaction.
     pub expired_reclaimed: u64,
+    /// Dead objects compaction passed over by their dead mark (no index
+    /// probe).
+    pub dead_skipped: u64,
     /// Index figures.
     pub index: IndexStats,
 }
@@ -845,7 +850,7 @@ impl Store {
                     let old = mem.header(old_off).unwrap_or_default();
                     let live = !old.expired();
                     Self::check_condition(opts.condition, live.then_some(&old))?;
-                    let version = h.version.max(old.version + 1) & crate::object::FIELD48_MASK;
+                    let version = crate::object::live_version(h.version.max(old.version + 1));
                     let expiry = expiry_for(opts.expiry, live.then_some(&old));
                     if version != h.version || expiry != h.expiry_ms {
                         h.version = version;
@@ -857,6 +862,10 @@ impl Store {
                     mem.seg(app.seg)
                         .live
                         .fetch_add(len as u64, Ordering::AcqRel);
+                    // Under the bucket lock, like every in-place write:
+                    // a reader that sees the mark fails its validation.
+                    mem.mark_dead(old_off);
+                    drop(g);
                     mem.seg(mem.seg_of(old_off))
                         .live
                         .fetch_sub(old.object_bytes() as u64, Ordering::AcqRel);
@@ -979,6 +988,8 @@ impl Store {
             Self::check_condition(cond, Some(&h))?;
         }
         let off = off_of(g.remove(slot));
+        mem.mark_dead(off);
+        drop(g);
         mem.seg(mem.seg_of(off))
             .live
             .fetch_sub(h.object_bytes() as u64, Ordering::AcqRel);
@@ -1132,6 +1143,7 @@ impl Store {
             segments_compacted: c.segments_compacted.load(Ordering::Relaxed),
             bytes_relocated: c.bytes_relocated.load(Ordering::Relaxed),
             expired_reclaimed: c.expired_reclaimed.load(Ordering::Relaxed),
+            dead_skipped: c.dead_skipped.load(Ordering::Relaxed),
             index: inner.index.stats(),
         }
     }
