@@ -447,36 +447,55 @@ impl Index {
             let n = st.n.load(Ordering::Acquire);
             let (home, second) = self.neighbourhood(hash, n);
             let (a, b) = (st.bucket(home), st.bucket(second));
-            let (va, vb) = (a.read_begin(), b.read_begin());
-            let mut found = None;
-            'search: for bucket in [a, b] {
-                for i in 0..ENTRIES_PER_BUCKET {
-                    let e = bucket.load(i);
-                    if e != 0 && tag_bits(e) == tag {
-                        if let Some(r) = f(e & LOC_MASK) {
-                            found = Some(r);
-                            break 'search;
-                        }
-                    }
-                }
+            // The home bucket alone first: most keys live there, and a
+            // writer of any key of this neighbourhood locks (and so bumps)
+            // both buckets, so a hit validated against the home bucket's
+            // version alone saw one quiescent state of the key's entry
+            // (a key has one entry). Only a miss there reads the second
+            // bucket, whose lines a hit then never touches.
+            let va = a.read_begin();
+            let mut found = Self::search(a, tag, &mut f);
+            let mut valid = true;
+            if found.is_none() {
+                let vb = b.read_begin();
+                found = Self::search(b, tag, &mut f);
+                valid = b.read_validate(vb);
             }
-            // Validate both buckets, then `n`: a resize that completed
+            // Validate the buckets read, then `n`: a resize that completed
             // before our `read_begin` stored `n` before its unlocking
             // release store, which our acquire load read, so the re-check
             // sees the new size and we retry in the right buckets.
-            let valid = a.read_validate(va) & b.read_validate(vb);
+            let valid = a.read_validate(va) & valid;
             if valid && st.n.load(Ordering::Relaxed) == n {
                 return found;
             }
         }
     }
 
-    /// Hint the CPU to start loading `hash`'s two buckets (a lock or a
-    /// read of them follows soon). Racy by design: a resize in between only
-    /// makes the hint useless.
+    /// The first entry of `bucket` with `tag` for which `f` says yes.
+    #[inline]
+    fn search<R>(
+        bucket: &IndexBucket,
+        tag: u64,
+        f: &mut impl FnMut(Loc) -> Option<R>,
+    ) -> Option<R> {
+        for i in 0..ENTRIES_PER_BUCKET {
+            let e = bucket.load(i);
+            if e != 0 && tag_bits(e) == tag {
+                if let Some(r) = f(e & LOC_MASK) {
+                    return Some(r);
+                }
+            }
+        }
+        None
+    }
+
+    /// Hint the CPU to start loading `hash`'s home bucket (a read of it
+    /// follows soon). Racy by design: a resize in between only makes the
+    /// hint useless.
     #[inline]
     pub fn prefetch(&self, hash: u64) {
-        self.prefetch_with(hash, crate::prefetch::line);
+        self.prefetch_with(hash, crate::prefetch::line, false);
     }
 
     /// Like [`Index::prefetch`], when a lock of the buckets follows: the
@@ -484,23 +503,25 @@ impl Index {
     /// instead of shared and then upgraded.
     #[inline]
     pub fn prefetch_for_lock(&self, hash: u64) {
-        self.prefetch_with(hash, crate::prefetch::line_for_write);
+        self.prefetch_with(hash, crate::prefetch::line_for_write, true);
     }
 
+    /// Prefetch the home bucket, and the second one too if `both` (a read
+    /// that hits in the home bucket never touches the second).
     #[inline(always)]
-    fn prefetch_with(&self, hash: u64, each: fn(*const u8)) {
+    fn prefetch_with(&self, hash: u64, each: fn(*const u8), both: bool) {
         #[cfg(not(loom))]
         {
             let st = self.subtable(hash);
             let (home, second) = self.neighbourhood(hash, st.n.load(Ordering::Relaxed));
-            for b in [home, second] {
+            for b in [home, second].into_iter().take(if both { 2 } else { 1 }) {
                 let p = st.bucket(b) as *const IndexBucket as *const u8;
                 each(p);
                 each(p.wrapping_add(64));
             }
         }
         #[cfg(loom)]
-        let _ = (hash, each);
+        let _ = (hash, each, both);
     }
 
     /// Locks the neighbourhood of `hash` for writing and returns the guard;
