@@ -71,8 +71,11 @@ pub const BUCKET_BYTES: usize = 128;
 pub const NEIGHBOURHOOD_BUCKETS: usize = 2;
 
 /// Subtables per NUMA node in the default configuration: enough that
-/// concurrent resizes (each locks a whole subtable) rarely meet.
-pub const DEFAULT_SUBTABLES_PER_NODE: usize = 64;
+/// concurrent resizes (each locks a whole subtable, and happen only as the
+/// key count doubles) rarely meet, and few enough that a subtable of a
+/// store of a million keys passes 2 MiB and gets huge pages (see
+/// `index/reservation.rs`); with 64, that took 8 M keys.
+pub const DEFAULT_SUBTABLES_PER_NODE: usize = 8;
 
 /// Default initial buckets per subtable: 32 × 128 bytes = one 4 KiB page.
 pub const DEFAULT_INITIAL_BUCKETS_PER_SUBTABLE: usize = 32;
@@ -394,6 +397,9 @@ impl Index {
                 counters: CachePadded::new(Counters::default()),
             }));
         }
+        for st in &subtables {
+            st.buckets.in_use(initial);
+        }
         Ok(Index {
             subtables: subtables.into_boxed_slice(),
             subtable_bits,
@@ -622,6 +628,9 @@ impl Index {
 
         // The new half is unpublished (no reader or writer can reach it
         // before `n` changes); locking it only lets us write through guards.
+        // Locking writes every new bucket, so whole huge pages there cost
+        // no more resident memory than 4 KiB ones.
+        st.buckets.in_use(m);
         guards.extend((n..m).map(|c| st.bucket(c).lock()));
         if st.dirty_above_n.load(Ordering::Relaxed) {
             for guard in &mut guards[n..] {
@@ -687,6 +696,10 @@ impl Index {
         st.n.store(m, Ordering::Release);
         st.counters.resizes.fetch_add(1, Ordering::Relaxed);
         drop(guards);
+        // Chunks that held old buckets were faulted in 4 KiB pages; now
+        // that every bucket below `m` is resident, fold them into huge
+        // pages (outside the locks: it copies up to the subtable's size).
+        st.buckets.collapse(m);
         Ok(())
     }
 

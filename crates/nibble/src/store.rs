@@ -620,7 +620,8 @@ impl Store {
             / 1000)
             .max((2 * segment_blocks * heads_per_node * nodes) as u64)
             .min(client_budget);
-        let index_subtables = (64 * nodes).next_power_of_two();
+        let index_subtables =
+            (crate::index::DEFAULT_SUBTABLES_PER_NODE * nodes).next_power_of_two();
         // A resize needs each entry's full hash; entries keep 16 bits of it,
         // so it rehashes the key stored in the log (the entry's bucket is
         // locked and the caller holds an epoch guard, so the object is live).
