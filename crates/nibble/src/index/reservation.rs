@@ -156,16 +156,23 @@ impl Reservation {
         Ok(Reservation { base, buckets })
     }
 
+    /// The start and length of the whole 2 MiB chunks under the first
+    /// `buckets` buckets, if any (and if the reservation is aligned).
+    #[cfg(not(loom))]
+    fn whole_chunks(&self, buckets: usize) -> Option<(usize, usize)> {
+        let bytes = buckets.min(self.buckets) * core::mem::size_of::<IndexBucket>();
+        let whole = bytes / HUGE_PAGE_BYTES * HUGE_PAGE_BYTES;
+        let base = self.base.as_ptr() as usize;
+        (whole > 0 && !cfg!(miri) && base.is_multiple_of(HUGE_PAGE_BYTES)).then_some((base, whole))
+    }
+
     /// The first `buckets` buckets are in use (published, or about to be
     /// written by a resize): give their whole 2 MiB chunks huge pages.
     #[cfg(not(loom))]
     pub(crate) fn in_use(&self, buckets: usize) {
-        let bytes = buckets.min(self.buckets) * core::mem::size_of::<IndexBucket>();
-        let whole = bytes / HUGE_PAGE_BYTES * HUGE_PAGE_BYTES;
-        let base = self.base.as_ptr() as usize;
-        if whole == 0 || cfg!(miri) || base % HUGE_PAGE_BYTES != 0 {
+        let Some((base, whole)) = self.whole_chunks(buckets) else {
             return;
-        }
+        };
         // SAFETY: advice on a range inside our own mapping; it changes no
         // contents, and failure (a kernel without THP) only leaves 4 KiB
         // pages.
@@ -182,12 +189,9 @@ impl Reservation {
     /// are fully resident already.
     #[cfg(not(loom))]
     pub(crate) fn collapse(&self, buckets: usize) {
-        let bytes = buckets.min(self.buckets) * core::mem::size_of::<IndexBucket>();
-        let whole = bytes / HUGE_PAGE_BYTES * HUGE_PAGE_BYTES;
-        let base = self.base.as_ptr() as usize;
-        if whole == 0 || cfg!(miri) || base % HUGE_PAGE_BYTES != 0 {
+        let Some((base, whole)) = self.whole_chunks(buckets) else {
             return;
-        }
+        };
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
         // SAFETY: advice on a range inside our own mapping; the kernel
         // copies the pages and remaps them transparently (concurrent
