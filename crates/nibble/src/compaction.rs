@@ -187,12 +187,14 @@ fn step(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState) -> Step
         st.defrag_done = false;
     }
     free_retired(inner, &mut st.retired);
-    // Idle defragmentation: when no segment has closed for the decay time,
-    // segments left sparse by deletes are compacted even though free space
-    // is plentiful, so that their blocks can go back to the OS (like
-    // Redis's active defrag, but only while writes are quiet, so it never
-    // competes with them).
-    // An operation in progress holds the epoch back: a client is active.
+    // Idle defragmentation: when no segment has closed and no operation
+    // was seen for the decay time, segments left sparse by deletes are
+    // compacted even though free space is plentiful, so that their blocks
+    // can go back to the OS (like Redis's active defrag, but only while
+    // clients are quiet, so it never competes with them). An operation in
+    // progress holds the epoch back; the table is sampled on every step,
+    // writes or not, so readers seen while writes still ran count when
+    // the writes stop.
     if inner.epochs.reclaim_bound() != u64::MAX {
         st.last_active_ms = now;
     }

@@ -532,7 +532,7 @@ impl Memory {
     }
 
     /// Hint the CPU to load the cache lines of `off .. off + len` (which
-    /// must lie inside one block) for an upcoming write.
+    /// must lie inside one block) for an upcoming read.
     #[inline]
     pub fn prefetch(&self, off: u64, len: usize) {
         self.prefetch_lines(off, len, crate::prefetch::line);

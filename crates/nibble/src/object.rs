@@ -76,7 +76,8 @@ pub const FIELD48_MASK: u64 = (1 << 48) - 1;
 /// [`DEAD_MARK`]); no live object has it.
 pub const DEAD_VERSION: u64 = FIELD48_MASK;
 
-/// Byte offset of the version field in every header layout of this crate.
+/// Byte offset of the version field in the store's header (the wide layout
+/// of `nibblejmp` has it at 12 and never carries the dead mark).
 pub const VERSION_OFFSET: usize = 6;
 
 /// Written over the version of an object once the index stops pointing at
@@ -218,7 +219,8 @@ impl Header {
         }
         b[0..2].copy_from_slice(&key.to_le_bytes());
         b[2..6].copy_from_slice(&len_word.to_le_bytes());
-        b[6..12].copy_from_slice(&(self.version & FIELD48_MASK).to_le_bytes()[..6]);
+        b[VERSION_OFFSET..VERSION_OFFSET + 6]
+            .copy_from_slice(&(self.version & FIELD48_MASK).to_le_bytes()[..6]);
         b[12..18].copy_from_slice(&self.expiry_ms.min(FIELD48_MASK).to_le_bytes()[..6]);
         let mut at = HEADER_MIN_BYTES;
         if self.flags_slot {
@@ -248,7 +250,7 @@ impl Header {
             value_len,
             value_cap: value_len,
             flags: 0,
-            version: u48_at(b, 6),
+            version: u48_at(b, VERSION_OFFSET),
             expiry_ms: u48_at(b, 12),
             flags_slot: len_word & EXT_FLAGS != 0,
             slack_slot: len_word & EXT_SLACK != 0,

@@ -462,9 +462,6 @@ impl Inner {
         let (node, head) = self.cpu_slot.get(cpu).copied().unwrap_or((0, cpu));
         let before = self.mem.client_blocks_free();
         let a = self.logs[node].append(&self.mem, &self.epochs, head, len, fill)?;
-        // The next append to this head goes right after this one: start
-        // owning its lines now, a whole operation ahead.
-        self.logs[node].prefetch(&self.mem, head, len);
         if before != self.mem.client_blocks_free() && self.should_compact() {
             self.wake_workers();
         }
