@@ -200,13 +200,16 @@ fn step(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState) -> Step
     }
     let idle = now.saturating_sub(st.last_closed_ms) >= inner.cfg.decay_ms
         && now.saturating_sub(st.last_active_ms) >= inner.cfg.decay_ms;
-    // Free blocks unused for the decay time go back to the OS; while
-    // writes are quiet nobody will reuse them soon, so all of them do.
-    inner.mem.purge(if idle {
-        u64::MAX
+    // Free blocks unused for the decay time go back to the OS, a whole
+    // huge page at a time (module `memory`); while the store is idle
+    // nobody will reuse them soon, so all of them do, block by block.
+    if idle {
+        inner.mem.purge(u64::MAX);
     } else {
-        now.saturating_sub(inner.cfg.decay_ms)
-    });
+        inner
+            .mem
+            .purge_cold_regions(now.saturating_sub(inner.cfg.decay_ms));
+    }
     let defrag = idle && !st.defrag_done && !inner.should_compact();
     if defrag {
         let pass = inner.stats.passes.fetch_add(1, Ordering::AcqRel) + 1;
