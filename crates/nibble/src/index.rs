@@ -32,9 +32,11 @@
 //! writers use, so no deadlock), moves each entry that belongs to the upper
 //! half from bucket `c` to `c + n` (same slot: an entry keeps its role,
 //! home or second, and both map to `c` or `c + n`, so the split cannot
-//! overflow), then moves entries left in their second bucket home where
-//! home now has [`HOME_SPARE_SLOTS`] free (else the spills of every growth
-//! phase would add up), publishes `2n` with a release store and unlocks. Everyone
+//! overflow), publishes `2n` with a release store and unlocks. It never
+//! moves an entry that spilled to its second bucket back home, though home
+//! has room after the doubling: [`Index::scan`]'s guarantee rests on
+//! entries moving only from `c` to `c + n` (a version that did lost keys
+//! from concurrent scans), so spills of earlier growth phases stay. Everyone
 //! reads `n` (acquire) before touching buckets and re-checks it after
 //! locking or validating: a resize that finished in between is seen there
 //! (its unlock happened after the store of `n`) and the operation retries.
@@ -217,11 +219,6 @@ pub struct IndexStats {
     pub failed_resizes: u64,
     /// Inserts that went to the neighbour bucket rather than home.
     pub neighbour_inserts: u64,
-    /// Entries in their second bucket now (a read of one of these misses
-    /// its home bucket first).
-    pub second_bucket_entries: u64,
-    /// Entries a resize moved from their second bucket back home.
-    pub rehomed: u64,
     /// Inserts refused because both buckets were full.
     pub full_inserts: u64,
     /// Entries a resize left in place because `rehash` gave a hash that
@@ -235,8 +232,6 @@ pub struct IndexStats {
 struct Counters {
     entries: AtomicU64,
     neighbour_inserts: AtomicU64,
-    second_entries: AtomicU64,
-    rehomed: AtomicU64,
     full_inserts: AtomicU64,
     resizes: AtomicU64,
     failed_resizes: AtomicU64,
@@ -668,9 +663,6 @@ impl Index {
         // can never overflow. Only user code (`rehash`) can panic here;
         // until pass 2 the old half is intact and the copies invisible.
         let mut mismatches = 0u64;
-        // Entries in their second bucket after the split: (bucket, slot,
-        // home bucket), for pass 3.
-        let mut away = Vec::new();
         for c in 0..n {
             for i in 0..ENTRIES_PER_BUCKET {
                 let e = guards[c].load(i);
@@ -694,9 +686,6 @@ impl Index {
                 if c2 != c {
                     guards[c2].store(i, e);
                 }
-                if c2 == second2 {
-                    away.push((c2, i, home2));
-                }
             }
         }
         // Pass 2: remove the originals of what was copied.
@@ -706,33 +695,6 @@ impl Index {
                     guards[c].store(i, 0);
                 }
             }
-        }
-        // Pass 3: entries that spilled to their second bucket when the
-        // table was fuller go home if an insert now would put them there
-        // (home has HOME_SPARE_SLOTS free). Without this an entry keeps its
-        // role through every doubling and the spills of each growth phase
-        // add up (at 1 M keys, grown from 64 buckets, a read missed its
-        // home bucket first for ~15 % of the keys). Every bucket is locked
-        // and the move goes into a free slot, so nothing can overflow, and
-        // no user code runs here.
-        let mut rehomed = 0u64;
-        for (b, i, home) in away {
-            if free_slots(&guards[home]) < HOME_SPARE_SLOTS {
-                continue;
-            }
-            let e = guards[b].load(i);
-            let j = (0..ENTRIES_PER_BUCKET)
-                .find(|&j| guards[home].load(j) == 0)
-                .expect("a bucket with free slots has an empty entry");
-            guards[home].store(j, e);
-            guards[b].store(i, 0);
-            rehomed += 1;
-        }
-        if rehomed > 0 {
-            st.counters.rehomed.fetch_add(rehomed, Ordering::Relaxed);
-            st.counters
-                .second_entries
-                .fetch_sub(rehomed, Ordering::Relaxed);
         }
         st.dirty_above_n.store(false, Ordering::Relaxed);
         reserved.bytes = 0;
@@ -796,8 +758,6 @@ impl Index {
             s.resizes += c.resizes.load(Ordering::Relaxed);
             s.failed_resizes += c.failed_resizes.load(Ordering::Relaxed);
             s.neighbour_inserts += c.neighbour_inserts.load(Ordering::Relaxed);
-            s.second_bucket_entries += c.second_entries.load(Ordering::Relaxed);
-            s.rehomed += c.rehomed.load(Ordering::Relaxed);
             s.full_inserts += c.full_inserts.load(Ordering::Relaxed);
             s.rehash_mismatches += c.rehash_mismatches.load(Ordering::Relaxed);
         }
@@ -892,13 +852,6 @@ pub struct Slot {
     entry: u8,
 }
 
-impl Slot {
-    /// The entry is in the neighbour bucket, not home.
-    pub fn in_second_bucket(&self) -> bool {
-        self.bucket == 1
-    }
-}
-
 /// The write lock on one key hash's neighbourhood (home bucket and its
 /// neighbour). Dropping it unlocks both and publishes the changes.
 pub struct WriteGuard<'a> {
@@ -975,12 +928,6 @@ impl WriteGuard<'_> {
         let loc = self.loc(slot);
         self.buckets[slot.bucket as usize].store(slot.entry as usize, 0);
         self.st.counters.entries.fetch_sub(1, Ordering::Relaxed);
-        if slot.bucket == 1 {
-            self.st
-                .counters
-                .second_entries
-                .fetch_sub(1, Ordering::Relaxed);
-        }
         loc
     }
 
@@ -1022,7 +969,6 @@ impl WriteGuard<'_> {
         counters.entries.fetch_add(1, Ordering::Relaxed);
         if b == 1 {
             counters.neighbour_inserts.fetch_add(1, Ordering::Relaxed);
-            counters.second_entries.fetch_add(1, Ordering::Relaxed);
         }
         Ok(Slot {
             bucket: b as u8,
