@@ -471,12 +471,21 @@ impl Index {
             let n = st.n.load(Ordering::Acquire);
             let (home, second) = self.neighbourhood(hash, n);
             let (a, b) = (st.bucket(home), st.bucket(second));
+            // Start the second bucket's lines now: a key that spilled
+            // there (a quarter of the keys of an index grown from small
+            // tables) then costs a parallel miss, not a dependent one.
+            #[cfg(not(loom))]
+            {
+                let p = b as *const IndexBucket as *const u8;
+                crate::prefetch::line(p);
+                crate::prefetch::line(p.wrapping_add(64));
+            }
             // The home bucket alone first: most keys live there, and a
             // writer of any key of this neighbourhood locks (and so bumps)
             // both buckets, so a hit validated against the home bucket's
             // version alone saw one quiescent state of the key's entry
             // (a key has one entry). Only a miss there reads the second
-            // bucket, whose lines a hit then never touches.
+            // bucket; a hit never waits for its lines.
             let va = a.read_begin();
             let mut found = Self::search(a, tag, &mut f);
             let mut valid = true;
