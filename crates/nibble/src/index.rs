@@ -523,12 +523,12 @@ impl Index {
         None
     }
 
-    /// Hint the CPU to start loading `hash`'s home bucket (a read of it
+    /// Hint the CPU to start loading `hash`'s two buckets (a read of them
     /// follows soon). Racy by design: a resize in between only makes the
     /// hint useless.
     #[inline]
     pub fn prefetch(&self, hash: u64) {
-        self.prefetch_with(hash, crate::prefetch::line, false);
+        self.prefetch_with(hash, crate::prefetch::line);
     }
 
     /// Like [`Index::prefetch`], when a lock of the buckets follows: the
@@ -536,25 +536,25 @@ impl Index {
     /// instead of shared and then upgraded.
     #[inline]
     pub fn prefetch_for_lock(&self, hash: u64) {
-        self.prefetch_with(hash, crate::prefetch::line_for_write, true);
+        self.prefetch_with(hash, crate::prefetch::line_for_write);
     }
 
-    /// Prefetch the home bucket, and the second one too if `both` (a read
-    /// that hits in the home bucket never touches the second).
+    /// Prefetch both buckets' lines with `each` (a read starts the second
+    /// bucket's lines anyway, see [`Index::read`]).
     #[inline(always)]
-    fn prefetch_with(&self, hash: u64, each: fn(*const u8), both: bool) {
+    fn prefetch_with(&self, hash: u64, each: fn(*const u8)) {
         #[cfg(not(loom))]
         {
             let st = self.subtable(hash);
             let (home, second) = self.neighbourhood(hash, st.n.load(Ordering::Relaxed));
-            for b in [home, second].into_iter().take(if both { 2 } else { 1 }) {
+            for b in [home, second] {
                 let p = st.bucket(b) as *const IndexBucket as *const u8;
                 each(p);
                 each(p.wrapping_add(64));
             }
         }
         #[cfg(loom)]
-        let _ = (hash, each, both);
+        let _ = (hash, each);
     }
 
     /// Locks the neighbourhood of `hash` for writing and returns the guard;
