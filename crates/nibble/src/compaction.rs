@@ -451,8 +451,7 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
     let mut key = Vec::new();
     for c in &picked {
         let blocks = mem.seg(c.seg).meta.lock().blocks.clone();
-        let mut at = 0usize;
-        let mut complete = true;
+        let complete;
         let mut relocated = 0u64;
         let mut dead_skipped = 0u64;
         // Objects are visited in batches: first every header and key of
@@ -467,7 +466,7 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
         let precheck = c.live * 2 < c.used;
         let mut scan = 0usize;
         let mut prefetched = 0usize;
-        'objects: while at < c.used as usize {
+        'objects: loop {
             if batch.is_empty() {
                 while batch.len() < PREFETCH_BATCH && scan < c.used as usize {
                     prefetched = prefetch_seg(
@@ -481,8 +480,10 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
                     let Some(h) = mem.header(off) else { break };
                     if h.is_dead() {
                         // Unlinked and marked by its writer: no key, hash
-                        // or index probe needed.
-                        batch.push((off, h, 0));
+                        // or index probe needed, and no place in the batch
+                        // (whose bucket prefetches are for objects that
+                        // may be live).
+                        dead_skipped += 1;
                         scan += h.object_bytes();
                         continue;
                     }
@@ -500,20 +501,15 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
                     scan += h.object_bytes();
                 }
                 if batch.is_empty() {
-                    // A header that cannot be read: the segment's tail is
-                    // not intact; keep the segment.
-                    complete = false;
+                    // Scanned to the end; or a header that cannot be read:
+                    // the segment's tail is not intact, keep the segment.
+                    complete = scan >= c.used as usize;
                     break 'objects;
                 }
                 batch.reverse();
             }
             let (off, h, hash) = batch.pop().expect("a non-empty batch");
             let size = h.object_bytes();
-            if h.is_dead() {
-                dead_skipped += 1;
-                at += size;
-                continue;
-            }
             // Dead objects (most of a sparse segment) are skipped with a
             // lock-free seqlock read: once the index stops pointing at an
             // offset it never points there again, so "not found" is final
@@ -525,7 +521,6 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
                     .read(hash, |l| (l == here).then_some(()))
                     .is_none()
             {
-                at += size;
                 continue;
             }
             let mut g = inner.index.lock(hash);
@@ -566,7 +561,6 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
                 }
             }
             drop(g);
-            at += size;
         }
         if dead_skipped > 0 {
             inner
