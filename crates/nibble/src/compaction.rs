@@ -204,7 +204,7 @@ fn step(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState) -> Step
     // huge page at a time (module `memory`); while the store is idle
     // nobody will reuse them soon, so all of them do, block by block.
     if idle {
-        inner.mem.purge(u64::MAX);
+        inner.mem.purge_all();
     } else {
         inner
             .mem

@@ -509,24 +509,19 @@ impl Memory {
         n
     }
 
-    /// Give warm blocks freed at or before `freed_by_ms` (Unix ms; `u64::MAX`
-    /// for all) back to the OS and to the buddy allocator, block by block
-    /// (splitting the huge pages they share with live blocks). Returns how
-    /// many were resident.
+    /// Give every warm block back to the OS and to the buddy allocator,
+    /// block by block (splitting the huge pages they share with live
+    /// blocks): the idle-time and `Store::release_memory` release; the
+    /// decay-time one is [`Memory::purge_cold_regions`]. Returns how many
+    /// were resident.
     ///
     /// The blocks are owned by the cache while this runs (nobody else can
     /// reach them), so discarding their pages cannot lose data; a reader
     /// still holding a stale location is impossible because blocks enter
     /// the cache only after the epoch has passed their segment.
-    pub fn purge(&self, freed_by_ms: u64) -> u64 {
+    pub fn purge_all(&self) -> u64 {
         let mut n = 0;
-        while let Some((b, at)) = self.warm.pop() {
-            if at > freed_by_ms {
-                // Too young. Everything behind it is younger still; putting
-                // it at the back reorders it by at most one decay period.
-                self.warm.push((b, at));
-                break;
-            }
+        while let Some((b, _)) = self.warm.pop() {
             self.warm_blocks.fetch_sub(1, Ordering::Relaxed);
             let off = (b as usize) << BLOCK_SHIFT;
             let was = self.block_state[b as usize].swap(block_state::BUDDY, Ordering::AcqRel);
@@ -914,7 +909,7 @@ mod tests {
         assert_eq!(mem.purge_cold_regions(u64::MAX), 0);
         // Every free block goes to the buddy allocator with a full purge,
         // and the counts come back to zero.
-        mem.purge(u64::MAX);
+        mem.purge_all();
         assert_eq!(mem.warm_blocks(), 0);
         assert_eq!(mem.warm_released.load(Ordering::Relaxed), 0);
         let again = mem.new_segment(1, false).unwrap();

@@ -1101,7 +1101,7 @@ impl Store {
     /// of after the decay time; returns the bytes released. Combined with
     /// [`Store::compact_now`] this is the store's `malloc_trim`.
     pub fn release_memory(&self) -> u64 {
-        self.inner.mem.purge(u64::MAX) * BLOCK_BYTES as u64
+        self.inner.mem.purge_all() * BLOCK_BYTES as u64
     }
 
     /// A statistics snapshot.
