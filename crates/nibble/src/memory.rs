@@ -153,10 +153,12 @@ pub struct Memory {
     block_seg: Box<[AtomicU32]>,
     segs: Box<[SegInfo]>,
     free_segs: SegQueue<SegId>,
-    /// Freed blocks still resident, oldest first, with the time (Unix ms)
-    /// they were freed: the next segments take them before asking the
-    /// buddy allocator, and [`Memory::purge`] hands the ones nobody reused
-    /// within the decay time back to the OS (see "Giving memory back").
+    /// Free blocks not yet given to the buddy allocator, roughly oldest
+    /// first, with the time (Unix ms) they were freed (or last looked at by
+    /// the decay-time release): the next segments take them before asking
+    /// the buddy allocator; [`Memory::purge_cold_regions`] releases the
+    /// regions of those nobody reused within the decay time, and
+    /// [`Memory::purge_all`] releases them all (see "Giving memory back").
     warm: SegQueue<(u32, u64)>,
     warm_blocks: AtomicU64,
     /// Warm blocks whose region was released (state `WARM_RELEASED`).
