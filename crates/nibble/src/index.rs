@@ -523,6 +523,21 @@ impl Index {
         None
     }
 
+    /// A hint: the location of the first entry of `hash`'s neighbourhood
+    /// whose tag matches, read without lock or validation (a writer or a
+    /// resize may be changing the buckets; a tag match may be another key).
+    /// For prefetching the object a write is about to lock and read; never
+    /// for deciding anything.
+    #[inline]
+    pub fn peek(&self, hash: u64) -> Option<Loc> {
+        let st = self.subtable(hash);
+        let tag = tag_bits(hash);
+        let (home, second) = self.neighbourhood(hash, st.n.load(Ordering::Relaxed));
+        let mut first = |l| Some(l);
+        Self::search(st.bucket(home), tag, &mut first)
+            .or_else(|| Self::search(st.bucket(second), tag, &mut first))
+    }
+
     /// Hint the CPU to start loading `hash`'s two buckets (a read of them
     /// follows soon). Racy by design: a resize in between only makes the
     /// hint useless.

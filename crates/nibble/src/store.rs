@@ -452,6 +452,18 @@ impl Inner {
         self.logs[node].prefetch(&self.mem, head, len);
     }
 
+    /// Prefetch, for writing, the first `len` bytes (up to the end of its
+    /// block) of the object `hash`'s index entry probably points at: a
+    /// hint read without the bucket lock, see [`Index::peek`].
+    #[inline]
+    fn prefetch_old(&self, hash: u64, len: usize) {
+        if let Some(l) = self.index.peek(hash) {
+            let off = off_of(l);
+            let in_block = BLOCK_BYTES - (off as usize & (BLOCK_BYTES - 1));
+            self.mem.prefetch_for_write(off, len.min(in_block));
+        }
+    }
+
     /// Append an object to the local node's log (one attempt).
     fn try_append(
         &self,
@@ -782,6 +794,14 @@ impl Store {
             inner.prefetch_append(h.object_bytes());
         }
         let mut guard = inner.epochs.try_pin()?;
+        // Start the old version's lines too: the bucket lock below reads
+        // its header and key (and Nibble-2 overwrites its value), a miss
+        // that otherwise waits for the lock and then stalls the write.
+        let old_bytes = match inner.cfg.mode {
+            Mode::Nibble2 => crate::object::HEADER_MIN_BYTES + key.len() + value.len(),
+            Mode::Nibble => crate::object::HEADER_MIN_BYTES + key.len(),
+        };
+        inner.prefetch_old(hash, old_bytes);
         if opts.condition != Condition::Always {
             // Cheap optimistic check first, so a failing condition does not
             // leave a dead object in the log.

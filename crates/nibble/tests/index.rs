@@ -155,6 +155,12 @@ fn run_model(t: &Table, ops: &[Op]) -> Result<(), TestCaseError> {
     prop_assert_eq!(t.index.len(), model.len() as u64);
     for (&k, &loc) in &model {
         prop_assert_eq!(t.get(k), Some(loc));
+        // The write path's prefetch hint: the entry of a key with k's tag
+        // (k's own unless two keys of the neighbourhood share a tag).
+        let peeked = t.index.peek((t.hash)(k));
+        prop_assert!(peeked.is_some_and(|l| (t.hash)(key_of(l)) >> LOC_BITS
+            == (t.hash)(k) >> LOC_BITS
+            && model.get(&key_of(l)) == Some(&l)));
     }
     // With no concurrent change, a scan returns every entry exactly once.
     let mut scanned = t.scan_all(7);
