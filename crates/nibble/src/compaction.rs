@@ -388,7 +388,7 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
             continue;
         }
         let used = m.used as u64;
-        let live = mem.seg(seg).live.load(Ordering::Acquire);
+        let live = mem.live().get(seg);
         let cap = (m.blocks.len() * BLOCK_BYTES) as u64;
         let expiring = mem.seg(seg).min_expiry_ms.load(Ordering::Acquire) <= now;
         // The unused tail of a segment is reclaimable too.
@@ -528,7 +528,7 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
                 let h = mem.header(off).unwrap_or(h);
                 if h.expired_at(now) {
                     g.remove(slot);
-                    mem.seg(c.seg).live.fetch_sub(size as u64, Ordering::AcqRel);
+                    mem.live().add(c.seg, -(size as i64));
                     inner
                         .stats
                         .expired_reclaimed
@@ -545,7 +545,7 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
                     g.replace(slot, loc_of(new_off));
                     crate::store::note_expiry(mem, new_off, h.expiry_ms);
                     let d = dest.as_mut().expect("room() opened a destination");
-                    mem.seg(d.seg).live.fetch_add(size as u64, Ordering::AcqRel);
+                    mem.live().add(d.seg, size as i64);
                     d.used += size;
                     d.prefetched = prefetch_seg(
                         mem,
@@ -555,8 +555,9 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
                         true,
                     );
                     // The source's live bytes and the statistics are
-                    // settled once per segment (below): the source only
-                    // shrinks, so the deferred subtraction cannot underflow.
+                    // settled once per segment (below); until then the
+                    // source overstates its live bytes, which no reader of
+                    // a segment being compacted looks at.
                     relocated += size as u64;
                 }
             }
@@ -569,7 +570,7 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
                 .fetch_add(dead_skipped, Ordering::Relaxed);
         }
         if relocated > 0 {
-            mem.seg(c.seg).live.fetch_sub(relocated, Ordering::AcqRel);
+            mem.live().add(c.seg, -(relocated as i64));
             inner
                 .stats
                 .bytes_relocated

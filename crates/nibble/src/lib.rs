@@ -34,6 +34,7 @@
 
 pub mod compaction;
 pub mod index;
+pub mod live;
 pub mod log;
 pub mod memory;
 pub mod object;

@@ -13,10 +13,10 @@
 //! (a segment's blocks are not reused while any operation that might have
 //! seen it is still running).
 //!
-//! The SegmentInfo table keeps, per segment, its live bytes in a
-//! cache-line-sized atomic (updated by PUT and DEL, §4.5), and, behind a
-//! small mutex only compaction and head rolling touch, its state, length and
-//! block list.
+//! The SegmentInfo table keeps, per segment, behind a small mutex only
+//! compaction and head rolling touch, its state, length and block list; its
+//! live bytes (updated by PUT and DEL, §4.5) are in the CPU-striped
+//! [`LiveBytes`] table beside it.
 //!
 //! Capacity. Blocks are counted against a budget: clients may use all but
 //! the compaction reserve, compaction may use everything. A location (`Loc`,
@@ -61,6 +61,7 @@ use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 
 use crate::index::Loc;
+use crate::live::LiveBytes;
 use crate::object::{now_ms, Header, HEADER_MAX_BYTES, HEADER_MIN_BYTES};
 
 /// Bytes per block (the paper's default).
@@ -131,8 +132,6 @@ pub struct SegMeta {
 
 /// One SegmentInfo slot.
 pub struct SegInfo {
-    /// Live bytes (sum of live object sizes).
-    pub live: CachePadded<AtomicU64>,
     /// Earliest expiry (Unix ms) of any object written here; `u64::MAX` if
     /// none. Live bytes cannot see expiry, so compaction uses this to find
     /// segments whose objects have expired.
@@ -152,6 +151,8 @@ pub struct Memory {
     next_block: Box<[AtomicU32]>,
     block_seg: Box<[AtomicU32]>,
     segs: Box<[SegInfo]>,
+    /// Live bytes per segment slot.
+    live: LiveBytes,
     free_segs: SegQueue<SegId>,
     /// Free blocks not yet given to the buddy allocator, roughly oldest
     /// first, with the time (Unix ms) they were freed (or last looked at by
@@ -204,7 +205,6 @@ impl Memory {
         let n = blocks_total as usize;
         let segs = (0..n)
             .map(|_| SegInfo {
-                live: CachePadded::new(AtomicU64::new(0)),
                 min_expiry_ms: AtomicU64::new(u64::MAX),
                 meta: Mutex::new(SegMeta {
                     state: SegState::Free,
@@ -230,6 +230,7 @@ impl Memory {
             next_block: (0..n).map(|_| AtomicU32::new(NO_BLOCK)).collect(),
             block_seg: (0..n).map(|_| AtomicU32::new(u32::MAX)).collect(),
             segs,
+            live: LiveBytes::new(n, heaps),
             free_segs,
             warm: SegQueue::new(),
             warm_blocks: AtomicU64::new(0),
@@ -249,6 +250,7 @@ impl Memory {
         n * 9
             + n.div_ceil(BLOCKS_PER_REGION as u64) * 4
             + n * core::mem::size_of::<SegInfo>() as u64
+            + self.live.bytes()
             + self.alloc.stats().metadata_bytes
     }
 
@@ -270,6 +272,12 @@ impl Memory {
     /// Blocks clients may still take before hitting the reserve.
     pub fn client_blocks_free(&self) -> u64 {
         (self.blocks_total - self.reserve_blocks).saturating_sub(self.blocks_in_use())
+    }
+
+    /// The live-bytes table.
+    #[inline]
+    pub fn live(&self) -> &LiveBytes {
+        &self.live
     }
 
     /// Segment info.
@@ -348,7 +356,7 @@ impl Memory {
             self.block_seg[b as usize].store(id, Ordering::Relaxed);
         }
         let info = &self.segs[id as usize];
-        info.live.store(0, Ordering::Relaxed);
+        self.live.reset(id);
         info.min_expiry_ms.store(u64::MAX, Ordering::Relaxed);
         let mut m = info.meta.lock();
         *m = SegMeta {

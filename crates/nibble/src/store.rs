@@ -880,16 +880,13 @@ impl Store {
                     }
                     g.replace(slot, new_loc);
                     note_expiry(mem, app.off, h.expiry_ms);
-                    mem.seg(app.seg)
-                        .live
-                        .fetch_add(len as u64, Ordering::AcqRel);
+                    mem.live().add(app.seg, len as i64);
                     // Under the bucket lock, like every in-place write:
                     // a reader that sees the mark fails its validation.
                     mem.mark_dead(old_off);
                     drop(g);
-                    mem.seg(mem.seg_of(old_off))
-                        .live
-                        .fetch_sub(old.object_bytes() as u64, Ordering::AcqRel);
+                    mem.live()
+                        .add(mem.seg_of(old_off), -(old.object_bytes() as i64));
                     return Ok(version);
                 }
                 None => {
@@ -897,9 +894,7 @@ impl Store {
                     match g.insert(new_loc) {
                         Ok(_) => {
                             note_expiry(mem, app.off, h.expiry_ms);
-                            mem.seg(app.seg)
-                                .live
-                                .fetch_add(len as u64, Ordering::AcqRel);
+                            mem.live().add(app.seg, len as i64);
                             return Ok(h.version);
                         }
                         Err(_) => {
@@ -1011,9 +1006,8 @@ impl Store {
         let off = off_of(g.remove(slot));
         mem.mark_dead(off);
         drop(g);
-        mem.seg(mem.seg_of(off))
-            .live
-            .fetch_sub(h.object_bytes() as u64, Ordering::AcqRel);
+        mem.live()
+            .add(mem.seg_of(off), -(h.object_bytes() as i64));
         if live {
             Ok(())
         } else {
@@ -1138,7 +1132,7 @@ impl Store {
                 SegState::Retired => retired += 1,
                 SegState::Free => continue,
             }
-            live += s.live.load(Ordering::Relaxed);
+            live += mem.live().get(i);
         }
         let c = &inner.stats;
         Stats {
