@@ -1010,8 +1010,7 @@ impl Store {
         let off = off_of(g.remove(slot));
         mem.mark_dead(off);
         drop(g);
-        mem.live()
-            .add(mem.seg_of(off), -(h.object_bytes() as i64));
+        mem.live().add(mem.seg_of(off), -(h.object_bytes() as i64));
         if live {
             Ok(())
         } else {
