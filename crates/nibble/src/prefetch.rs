@@ -34,3 +34,19 @@ pub fn line_for_write(p: *const u8) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
 }
+
+/// Bring the cache line holding `p` close for one use (`PREFETCHNTA`):
+/// the line is not kept in the outer caches when it leaves L1, so
+/// streaming it does not push out data that is reused (the index).
+#[inline(always)]
+pub fn line_once(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHNTA is part of SSE, which every x86-64 CPU has; it
+    // does not access memory architecturally and cannot fault, whatever
+    // the address.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_NTA }>(p as *const i8);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}

@@ -942,7 +942,7 @@ impl Store {
             // Start the object's lines now, with the header's: the value's
             // loads otherwise wait for the header (its length) and miss.
             let in_block = BLOCK_BYTES - (off as usize & (BLOCK_BYTES - 1));
-            mem.prefetch(off, expect.min(in_block));
+            mem.prefetch_once(off, expect.min(in_block));
             let h = mem.header(off)?;
             if h.key_len as usize != key.len() || !mem.key_bytes_equal(off, &h, key) {
                 return None;
