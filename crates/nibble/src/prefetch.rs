@@ -4,18 +4,32 @@
 //! mapping is simply dropped by the CPU), so it is safe to issue for any
 //! address, including one computed from racy metadata.
 
-/// Bring the cache line holding `p` towards the L1 cache.
+#[cfg(target_arch = "x86_64")]
+use core::arch::x86_64::{_MM_HINT_NTA, _MM_HINT_T0};
+// The intrinsics' values, so that the hint names exist everywhere.
+#[cfg(not(target_arch = "x86_64"))]
+const _MM_HINT_T0: i32 = 3;
+#[cfg(not(target_arch = "x86_64"))]
+const _MM_HINT_NTA: i32 = 0;
+
+/// An SSE prefetch of the line holding `p` with locality hint `HINT`.
 #[inline(always)]
-pub fn line(p: *const u8) {
+fn sse_prefetch<const HINT: i32>(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: PREFETCHT0 is part of SSE, which every x86-64 CPU has; it
+    // SAFETY: PREFETCHh is part of SSE, which every x86-64 CPU has; it
     // does not access memory architecturally and cannot fault, whatever
     // the address.
     unsafe {
-        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p as *const i8);
+        core::arch::x86_64::_mm_prefetch::<HINT>(p as *const i8);
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
+}
+
+/// Bring the cache line holding `p` towards the L1 cache.
+#[inline(always)]
+pub fn line(p: *const u8) {
+    sse_prefetch::<_MM_HINT_T0>(p);
 }
 
 /// Bring the cache line holding `p` towards the L1 cache in the exclusive
@@ -40,13 +54,5 @@ pub fn line_for_write(p: *const u8) {
 /// streaming it does not push out data that is reused (the index).
 #[inline(always)]
 pub fn line_once(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: PREFETCHNTA is part of SSE, which every x86-64 CPU has; it
-    // does not access memory architecturally and cannot fault, whatever
-    // the address.
-    unsafe {
-        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_NTA }>(p as *const i8);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
+    sse_prefetch::<_MM_HINT_NTA>(p);
 }
