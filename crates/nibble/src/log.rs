@@ -164,8 +164,7 @@ impl Log {
     pub fn prefetch(&self, mem: &Memory, hint: usize, len: usize) {
         let next = self.next[hint % self.heads.len()].load(Ordering::Relaxed);
         if next != NO_HINT {
-            let in_block = BLOCK_BYTES - (next as usize & (BLOCK_BYTES - 1));
-            mem.prefetch_for_write(next, len.min(in_block));
+            mem.prefetch_for_write(next, len);
         }
     }
 

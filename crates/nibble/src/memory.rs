@@ -709,8 +709,9 @@ impl Memory {
         true
     }
 
-    /// Hint the CPU to load the cache lines of `off .. off + len` (which
-    /// must lie inside one block) for an upcoming read.
+    /// Hint the CPU to load the cache lines of `off .. off + len`, cut at
+    /// the end of `off`'s block (the next block of a segment is elsewhere
+    /// in the pool), for an upcoming read.
     #[inline]
     pub fn prefetch(&self, off: u64, len: usize) {
         self.prefetch_lines(off, len, crate::prefetch::line);
@@ -732,9 +733,9 @@ impl Memory {
     #[inline(always)]
     fn prefetch_lines(&self, off: u64, len: usize, each: fn(*const u8)) {
         const LINE_BYTES: usize = 64;
-        debug_assert!((off as usize & (BLOCK_BYTES - 1)) + len <= BLOCK_BYTES);
+        let in_block = BLOCK_BYTES - (off as usize & (BLOCK_BYTES - 1));
         let mut at = off as usize & !(LINE_BYTES - 1);
-        let end = off as usize + len;
+        let end = off as usize + len.min(in_block);
         while at < end {
             each(self.base.wrapping_add(at));
             at += LINE_BYTES;
