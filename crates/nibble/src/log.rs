@@ -149,6 +149,15 @@ impl Log {
         self.next[idx].store(next, Ordering::Relaxed);
         let seg = h.seg;
         fill(off);
+        drop(head);
+        // Start this head's next object, guessed the size of this one: its
+        // read-for-ownership then has a whole operation to finish before
+        // the next append's stores must drain (at the bucket lock that
+        // follows them), not just the index work [`Log::prefetch`] at the
+        // start of that put overlaps it with.
+        if next != NO_HINT {
+            mem.prefetch_for_write(next, len);
+        }
         Ok(Appended { off, seg })
     }
 

@@ -860,10 +860,6 @@ impl Store {
                 }
             }
         };
-        // And the head's next object, guessed the size of this one: its
-        // lines then have a whole operation to arrive (a prefetch at the
-        // start of the next put leaves them to the index work only).
-        inner.prefetch_append(len);
         let new_loc = loc_of(app.off);
         loop {
             let mut g = inner.index.lock(hash);
