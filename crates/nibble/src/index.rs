@@ -474,12 +474,7 @@ impl Index {
             // Start the second bucket's lines now: a key that spilled
             // there (a quarter of the keys of an index grown from small
             // tables) then costs a parallel miss, not a dependent one.
-            #[cfg(not(loom))]
-            {
-                let p = b as *const IndexBucket as *const u8;
-                crate::prefetch::line(p);
-                crate::prefetch::line(p.wrapping_add(64));
-            }
+            Self::prefetch_bucket(b, crate::prefetch::line);
             // The home bucket alone first: most keys live there, and a
             // writer of any key of this neighbourhood locks (and so bumps)
             // both buckets, so a hit validated against the home bucket's
@@ -563,13 +558,25 @@ impl Index {
             let st = self.subtable(hash);
             let (home, second) = self.neighbourhood(hash, st.n.load(Ordering::Relaxed));
             for b in [home, second] {
-                let p = st.bucket(b) as *const IndexBucket as *const u8;
-                each(p);
-                each(p.wrapping_add(64));
+                Self::prefetch_bucket(st.bucket(b), each);
             }
         }
         #[cfg(loom)]
         let _ = (hash, each);
+    }
+
+    /// Both lines of one bucket with `each` (a no-op under loom, whose
+    /// buckets are not plain memory).
+    #[inline(always)]
+    fn prefetch_bucket(bucket: &IndexBucket, each: fn(*const u8)) {
+        #[cfg(not(loom))]
+        {
+            let p = bucket as *const IndexBucket as *const u8;
+            each(p);
+            each(p.wrapping_add(64));
+        }
+        #[cfg(loom)]
+        let _ = (bucket, each);
     }
 
     /// Locks the neighbourhood of `hash` for writing and returns the guard;
