@@ -18,12 +18,14 @@
 //! /proc/meminfo), at most 4 GiB and at least the engine's 8 MiB minimum.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::RwLock;
 use std::time::Duration;
 
 use clap::Parser;
 use nibble::Mode;
+
+use crate::auth::{self, McUsers};
 
 /// Default TCP port for RESP.
 pub const DEFAULT_PORT: u16 = 6379;
@@ -42,6 +44,17 @@ pub const DEFAULT_MAX_MULTIBULK: u64 = 1024 * 1024;
 pub const DEFAULT_MAX_INLINE: u64 = 64 << 10;
 /// Largest default capacity.
 pub const DEFAULT_CAPACITY_CAP: u64 = 4 << 30;
+/// Smallest `proto-max-bulk-len` (redis-server's floor).
+pub const MIN_PROTO_MAX_BULK_LEN: u64 = 1 << 20;
+/// Smallest `client-query-buffer-limit` (redis-server's floor).
+pub const MIN_QUERY_BUFFER_LIMIT: u64 = 1 << 20;
+/// Smallest `max-multibulk-len`: room for any command of the table with
+/// a useful number of keys.
+pub const MIN_MAX_MULTIBULK: u64 = 1024;
+/// Smallest `max-inline-len`.
+pub const MIN_MAX_INLINE: u64 = 4 << 10;
+/// Smallest `maxclients`.
+pub const MIN_MAXCLIENTS: u64 = 1;
 
 /// Command line of `nibble`.
 #[derive(Parser, Debug, Clone, Default)]
@@ -96,6 +109,18 @@ pub struct Cli {
     /// Password required before data commands.
     #[arg(long)]
     pub requirepass: Option<String>,
+    /// memcached authfile (memcached's -Y: username:password lines); the
+    /// memcached port then asks for a `set` of `username password` first.
+    #[arg(long)]
+    pub memcached_authfile: Option<PathBuf>,
+    /// Serve the memcached port without authentication even though
+    /// requirepass is set (`yes`); without it such a start is refused.
+    #[arg(long)]
+    pub memcached_unauthenticated: Option<String>,
+    /// Redis's protected mode (`yes` default): with no password, only
+    /// loopback clients are served.
+    #[arg(long)]
+    pub protected_mode: Option<String>,
     /// Most simultaneous clients.
     #[arg(long)]
     pub maxclients: Option<usize>,
@@ -144,6 +169,13 @@ pub struct ServerConfig {
     pub pin: bool,
     /// requirepass.
     pub requirepass: Option<String>,
+    /// memcached-authfile.
+    pub memcached_authfile: Option<PathBuf>,
+    /// memcached-unauthenticated: serve memcached without authentication
+    /// although requirepass is set.
+    pub memcached_unauthenticated: bool,
+    /// protected-mode (initial value).
+    pub protected_mode: bool,
     /// maxclients.
     pub maxclients: usize,
     /// Idle timeout in seconds (0 = none).
@@ -177,6 +209,9 @@ impl Default for ServerConfig {
             threads: topology::allowed_cpus().len().max(1),
             pin: true,
             requirepass: None,
+            memcached_authfile: None,
+            memcached_unauthenticated: false,
+            protected_mode: true,
             maxclients: DEFAULT_MAXCLIENTS,
             timeout: 0,
             proto_max_bulk_len: DEFAULT_PROTO_MAX_BULK_LEN,
@@ -231,6 +266,29 @@ fn parse_bool_ok<T: std::str::FromStr>(name: &str, v: &str) -> Result<T, String>
         .map_err(|_| format!("invalid value {v:?} for {name}"))
 }
 
+/// A redis.conf boolean: yes/no (also true/false, 1/0).
+pub fn parse_yes_no(name: &str, v: &str) -> Result<bool, String> {
+    match v.to_ascii_lowercase().as_str() {
+        "yes" | "true" | "1" => Ok(true),
+        "no" | "false" | "0" => Ok(false),
+        _ => Err(format!(
+            "invalid value {v:?} for {name}: expected yes or no"
+        )),
+    }
+}
+
+/// `v` if it is at least `min`, else the reason (redis-server's wording).
+pub fn at_least(name: &str, v: u64, min: u64) -> Result<u64, String> {
+    if v < min {
+        return Err(format!(
+            "argument must be between {min} and {} inclusive (a smaller {name} would make the \
+             server refuse ordinary requests)",
+            i64::MAX
+        ));
+    }
+    Ok(v)
+}
+
 impl ServerConfig {
     /// Apply one `name value` setting (config file syntax).
     pub fn apply(&mut self, name: &str, value: &str) -> Result<(), String> {
@@ -264,12 +322,33 @@ impl ServerConfig {
             "compaction-workers" => self.compaction_workers = Some(parse_bool_ok(&name, value)?),
             "threads" | "io-threads" => self.threads = parse_bool_ok::<usize>(&name, value)?.max(1),
             "requirepass" => self.requirepass = (!value.is_empty()).then(|| value.to_string()),
-            "maxclients" => self.maxclients = parse_bool_ok(&name, value)?,
+            "memcached-authfile" => {
+                self.memcached_authfile = (!value.is_empty()).then(|| PathBuf::from(value))
+            }
+            "memcached-unauthenticated" => {
+                self.memcached_unauthenticated = parse_yes_no(&name, value)?
+            }
+            "protected-mode" => self.protected_mode = parse_yes_no(&name, value)?,
+            "maxclients" => {
+                let v = parse_bool_ok(&name, value)?;
+                self.maxclients = at_least(&name, v, MIN_MAXCLIENTS)? as usize
+            }
             "timeout" => self.timeout = parse_bool_ok(&name, value)?,
-            "proto-max-bulk-len" => self.proto_max_bulk_len = parse_size(value)?,
-            "client-query-buffer-limit" => self.query_buffer_limit = parse_size(value)?,
-            "max-multibulk-len" => self.max_multibulk_len = parse_bool_ok(&name, value)?,
-            "max-inline-len" => self.max_inline_len = parse_size(value)?,
+            "proto-max-bulk-len" => {
+                self.proto_max_bulk_len =
+                    at_least(&name, parse_size(value)?, MIN_PROTO_MAX_BULK_LEN)?
+            }
+            "client-query-buffer-limit" => {
+                self.query_buffer_limit =
+                    at_least(&name, parse_size(value)?, MIN_QUERY_BUFFER_LIMIT)?
+            }
+            "max-multibulk-len" => {
+                let v = parse_bool_ok(&name, value)?;
+                self.max_multibulk_len = at_least(&name, v, MIN_MAX_MULTIBULK)?
+            }
+            "max-inline-len" => {
+                self.max_inline_len = at_least(&name, parse_size(value)?, MIN_MAX_INLINE)?
+            }
             "loglevel" => self.loglevel = value.to_string(),
             "pin" => self.pin = matches!(value, "yes" | "true" | "1"),
             _ => return Err(format!("unknown setting {name:?}")),
@@ -293,7 +372,7 @@ impl ServerConfig {
                 value = &value[1..value.len() - 1];
             }
             self.apply(name, value)
-                .map_err(|e| format!("config line {}: {e}", i + 1))?;
+                .map_err(|e| format!("config line {} ({name}): {e}", i + 1))?;
         }
         Ok(())
     }
@@ -308,7 +387,7 @@ impl ServerConfig {
         }
         let mut set = |name: &str, v: Option<String>| -> Result<(), String> {
             match v {
-                Some(v) => c.apply(name, &v),
+                Some(v) => c.apply(name, &v).map_err(|e| format!("--{name}: {e}")),
                 None => Ok(()),
             }
         };
@@ -331,6 +410,17 @@ impl ServerConfig {
         )?;
         set("threads", cli.threads.map(|v| v.to_string()))?;
         set("requirepass", cli.requirepass.clone())?;
+        set(
+            "memcached-authfile",
+            cli.memcached_authfile
+                .as_ref()
+                .map(|p| p.display().to_string()),
+        )?;
+        set(
+            "memcached-unauthenticated",
+            cli.memcached_unauthenticated.clone(),
+        )?;
+        set("protected-mode", cli.protected_mode.clone())?;
         set("maxclients", cli.maxclients.map(|v| v.to_string()))?;
         set("timeout", cli.timeout.map(|v| v.to_string()))?;
         set("proto-max-bulk-len", cli.proto_max_bulk_len.clone())?;
@@ -358,6 +448,8 @@ impl ServerConfig {
 pub struct Settings {
     /// maxclients.
     pub maxclients: AtomicUsize,
+    /// The most clients the descriptor limit allows (fixed at start).
+    pub maxclients_ceiling: usize,
     /// Idle timeout, seconds.
     pub timeout: AtomicU64,
     /// proto-max-bulk-len as configured (clamped when read).
@@ -368,25 +460,37 @@ pub struct Settings {
     pub max_multibulk_len: AtomicU64,
     /// max-inline-len.
     pub max_inline_len: AtomicU64,
+    /// protected-mode.
+    pub protected_mode: AtomicBool,
     /// requirepass.
     pub requirepass: RwLock<Option<String>>,
+    /// The memcached authfile's users (`None` = the memcached port is
+    /// unauthenticated). Fixed at start.
+    pub mc_users: Option<McUsers>,
     /// The engine's largest value (fixed).
     pub engine_max_value: u64,
 }
 
 impl Settings {
-    /// From the start configuration.
-    pub fn new(c: &ServerConfig, engine_max_value: u64) -> Settings {
-        Settings {
+    /// From the start configuration; reads the memcached authfile.
+    pub fn new(c: &ServerConfig, engine_max_value: u64) -> Result<Settings, String> {
+        let mc_users = match &c.memcached_authfile {
+            Some(p) => Some(McUsers::load(p)?),
+            None => None,
+        };
+        Ok(Settings {
             maxclients: AtomicUsize::new(c.maxclients),
+            maxclients_ceiling: usize::MAX,
             timeout: AtomicU64::new(c.timeout),
             proto_max_bulk_len: AtomicU64::new(c.proto_max_bulk_len),
             query_buffer_limit: AtomicU64::new(c.query_buffer_limit),
             max_multibulk_len: AtomicU64::new(c.max_multibulk_len),
             max_inline_len: AtomicU64::new(c.max_inline_len),
+            protected_mode: AtomicBool::new(c.protected_mode),
             requirepass: RwLock::new(c.requirepass.clone()),
+            mc_users,
             engine_max_value,
-        }
+        })
     }
 
     /// The effective bulk limit: the configured one, never above the
@@ -397,12 +501,33 @@ impl Settings {
             .min(self.engine_max_value) as usize
     }
 
-    /// Parser limits now.
-    pub fn limits(&self) -> crate::resp::Limits {
-        crate::resp::Limits {
+    /// Parser limits now, for a connection that has (`authed`) or has not
+    /// authenticated (then redis-server's pre-AUTH bounds apply).
+    pub fn limits(&self, authed: bool) -> crate::resp::Limits {
+        let l = crate::resp::Limits {
             max_multibulk: self.max_multibulk_len.load(Ordering::Relaxed) as usize,
             max_bulk: self.max_bulk(),
             max_inline: self.max_inline_len.load(Ordering::Relaxed) as usize,
+            unauthenticated: false,
+        };
+        if authed {
+            return l;
+        }
+        crate::resp::Limits {
+            max_multibulk: l.max_multibulk.min(auth::UNAUTH_MAX_MULTIBULK),
+            max_bulk: l.max_bulk.min(auth::UNAUTH_MAX_BULK_BYTES),
+            max_inline: l.max_inline.min(auth::UNAUTH_MAX_BULK_BYTES),
+            unauthenticated: true,
+        }
+    }
+
+    /// The input buffer limit of a connection (smaller before AUTH).
+    pub fn query_buffer_limit(&self, authed: bool) -> u64 {
+        let l = self.query_buffer_limit.load(Ordering::Relaxed);
+        if authed {
+            l
+        } else {
+            l.min(auth::UNAUTH_QUERY_BUFFER_BYTES)
         }
     }
 
@@ -422,15 +547,51 @@ impl Settings {
             .clone()
     }
 
-    /// `CONFIG GET` names and current values.
+    /// Is a client of `protocol` from `peer` refused by protected mode?
+    /// (Protected mode on, the port has no authentication, the peer is not
+    /// loopback.)
+    pub fn denies(&self, protocol: crate::conn::Protocol, peer: &std::net::SocketAddr) -> bool {
+        if !self.protected_mode.load(Ordering::Relaxed) || auth::is_loopback(peer) {
+            return false;
+        }
+        match protocol {
+            crate::conn::Protocol::Resp => self
+                .requirepass
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_none(),
+            crate::conn::Protocol::Memcached => self.mc_users.is_none(),
+        }
+    }
+
+    /// `CONFIG GET` names and current values. `requirepass` is left out:
+    /// it is answered only when asked for by its exact name (see
+    /// `commands::admin::config`), so a `CONFIG GET *` dump carries no
+    /// password.
     pub fn get_all(&self, fixed: &ServerConfig) -> Vec<(&'static str, String)> {
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed).to_string();
+        let yes_no = |b: bool| if b { "yes" } else { "no" }.to_string();
         vec![
             ("bind", fixed.bind.join(" ")),
             ("port", fixed.port.map_or("-1".into(), |p| p.to_string())),
             (
                 "memcached-port",
                 fixed.memcached_port.map_or("0".into(), |p| p.to_string()),
+            ),
+            (
+                "memcached-authfile",
+                fixed
+                    .memcached_authfile
+                    .as_ref()
+                    .map_or(String::new(), |p| p.display().to_string()),
+            ),
+            (
+                "memcached-unauthenticated",
+                yes_no(fixed.memcached_unauthenticated),
+            ),
+            (
+                "protected-mode",
+                yes_no(self.protected_mode.load(Ordering::Relaxed)),
             ),
             (
                 "unixsocket",
@@ -454,7 +615,6 @@ impl Settings {
             ("databases", "1".into()),
             ("appendonly", "no".into()),
             ("save", String::new()),
-            ("requirepass", self.password().unwrap_or_default()),
             (
                 "maxclients",
                 self.maxclients.load(Ordering::Relaxed).to_string(),
@@ -467,32 +627,58 @@ impl Settings {
         ]
     }
 
-    /// `CONFIG SET name value`; `Err` is the reply text.
-    pub fn set(&self, name: &str, value: &str) -> Result<(), String> {
-        let bad = || {
-            format!("ERR CONFIG SET failed (possibly related to argument '{name}') - argument couldn't be parsed into an integer")
+    /// `CONFIG SET name value`; `Err` is the reply text. Every limit has
+    /// a floor that keeps the server usable; a value below it is refused.
+    pub fn set(&self, fixed: &ServerConfig, name: &str, value: &str) -> Result<(), String> {
+        let failed = |why: &str| {
+            format!("ERR CONFIG SET failed (possibly related to argument '{name}') - {why}")
         };
-        let size = |v: &str| parse_size(v).map_err(|_| bad());
+        let int = |v: &str| -> Result<u64, String> {
+            v.parse()
+                .map_err(|_| failed("argument couldn't be parsed into an integer"))
+        };
+        let size = |v: &str| -> Result<u64, String> {
+            parse_size(v).map_err(|_| failed("argument couldn't be parsed into an integer"))
+        };
+        let floor = |v: u64, min: u64| at_least(name, v, min).map_err(|e| failed(&e));
         match name {
-            "maxclients" => self
-                .maxclients
-                .store(value.parse().map_err(|_| bad())?, Ordering::Relaxed),
-            "timeout" => self
-                .timeout
-                .store(value.parse().map_err(|_| bad())?, Ordering::Relaxed),
-            "proto-max-bulk-len" => self
-                .proto_max_bulk_len
-                .store(size(value)?.max(1024 * 1024), Ordering::Relaxed),
-            "client-query-buffer-limit" => self
-                .query_buffer_limit
-                .store(size(value)?.max(1024 * 1024), Ordering::Relaxed),
+            "maxclients" => {
+                let v = floor(int(value)?, MIN_MAXCLIENTS)? as usize;
+                if v > self.maxclients_ceiling {
+                    return Err(failed(&format!(
+                        "The operating system is not able to handle the specified number of \
+                         clients, try with {}",
+                        self.maxclients_ceiling
+                    )));
+                }
+                self.maxclients.store(v, Ordering::Relaxed)
+            }
+            "timeout" => self.timeout.store(int(value)?, Ordering::Relaxed),
+            "proto-max-bulk-len" => self.proto_max_bulk_len.store(
+                floor(size(value)?, MIN_PROTO_MAX_BULK_LEN)?,
+                Ordering::Relaxed,
+            ),
+            "client-query-buffer-limit" => self.query_buffer_limit.store(
+                floor(size(value)?, MIN_QUERY_BUFFER_LIMIT)?,
+                Ordering::Relaxed,
+            ),
             "max-multibulk-len" => self
                 .max_multibulk_len
-                .store(value.parse().map_err(|_| bad())?, Ordering::Relaxed),
-            "max-inline-len" => self.max_inline_len.store(size(value)?, Ordering::Relaxed),
+                .store(floor(int(value)?, MIN_MAX_MULTIBULK)?, Ordering::Relaxed),
+            "max-inline-len" => self
+                .max_inline_len
+                .store(floor(size(value)?, MIN_MAX_INLINE)?, Ordering::Relaxed),
+            "protected-mode" => self.protected_mode.store(
+                parse_yes_no(name, value).map_err(|e| failed(&e))?,
+                Ordering::Relaxed,
+            ),
             "requirepass" => {
-                *self.requirepass.write().unwrap_or_else(|e| e.into_inner()) =
-                    (!value.is_empty()).then(|| value.to_string());
+                // The same rule as at start: both protocols ask for
+                // credentials, or neither does.
+                let mut probe = fixed.clone();
+                probe.requirepass = (!value.is_empty()).then(|| value.to_string());
+                auth::check_ports(&probe).map_err(|e| failed(&e))?;
+                *self.requirepass.write().unwrap_or_else(|e| e.into_inner()) = probe.requirepass;
             }
             "maxmemory-policy" if value == "noeviction" => {}
             "save" | "appendonly" if value.is_empty() || value == "no" => {}

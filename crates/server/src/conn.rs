@@ -35,7 +35,7 @@ use tokio::sync::watch;
 
 use crate::commands::{self, Ctx, Session};
 use crate::memcache::{self, McParsed};
-use crate::resp::{Parsed, Parser, Proto, Reply};
+use crate::resp::{Parsed, Parser, Reply};
 use crate::state::{ClientInfo, Shared, WorkerStats};
 
 /// Flush the output once it holds this many bytes.
@@ -151,6 +151,45 @@ fn discard(inb: &mut InBuf, skip: &mut u64) -> bool {
     *skip > 0
 }
 
+/// A memcached command before the connection authenticated: only the
+/// auth `set` (data `username password`) and `quit` are served; returns
+/// true if the connection should close.
+fn mc_unauthenticated(
+    shared: &Shared,
+    sess: &mut Session,
+    mc_authed: &mut bool,
+    cmd: memcache::McCommand<'_>,
+    out: &mut Vec<u8>,
+) -> bool {
+    use memcache::{McCommand, StoreVerb};
+    let (reply, close): (&[u8], bool) = match cmd {
+        McCommand::Store {
+            verb: StoreVerb::Set,
+            data,
+            ..
+        } => {
+            let ok = shared
+                .settings
+                .mc_users
+                .as_ref()
+                .is_some_and(|u| u.check(data));
+            if ok {
+                *mc_authed = true;
+                (b"STORED\r\n", false)
+            } else {
+                sess.auth_failed("memcached authentication");
+                (b"CLIENT_ERROR authentication failure\r\n", false)
+            }
+        }
+        McCommand::Quit => (b"", true),
+        // An auth `set` over MC_AUTH_MAX_BYTES: its data is not read.
+        McCommand::TooLarge { .. } => (b"CLIENT_ERROR unauthenticated bulk length\r\n", true),
+        _ => (b"CLIENT_ERROR unauthenticated\r\n", false),
+    };
+    out.extend_from_slice(reply);
+    close
+}
+
 /// Serve one connection until it closes.
 pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     mut s: S,
@@ -168,18 +207,28 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     };
     let mut out = Vec::with_capacity(READ_CHUNK);
     let mut scratch = Vec::new();
-    let mut sess = Session {
-        proto: Proto::Resp2,
-        authed: shared.settings.password().is_none(),
-        info: info.clone(),
-        close: false,
-    };
+    let mut sess = Session::new(info.clone(), shared.settings.password().is_none());
+    // The memcached side's authentication (its authfile), see `auth`.
+    let mut mc_authed = shared.settings.mc_users.is_none();
     let mut parser = Parser::new();
     let mut want = 1;
     // memcached: bytes of a too-large data block still to discard.
     let mut skip: u64 = 0;
     loop {
-        if let Err(end) = read_more(&mut s, &mut inb, want, &shared, stats, &mut shutdown).await {
+        let authed = match protocol {
+            Protocol::Resp => sess.authed,
+            Protocol::Memcached => mc_authed,
+        };
+        let qlimit = shared.settings.query_buffer_limit(authed);
+        // Never reserve more than the limit allows: a request that needs
+        // more fails the check below once the buffer passes the limit.
+        let want_now = want.min(
+            usize::try_from(qlimit)
+                .unwrap_or(usize::MAX)
+                .saturating_add(1),
+        );
+        if let Err(end) = read_more(&mut s, &mut inb, want_now, &shared, stats, &mut shutdown).await
+        {
             if let ReadEnd::Timeout = end {
                 log::debug!("client {} idle timeout", info.id);
             }
@@ -189,9 +238,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         if skip > 0 && discard(&mut inb, &mut skip) {
             continue;
         }
-        if inb.filled - inb.start
-            > shared.settings.query_buffer_limit.load(Ordering::Relaxed) as usize
-        {
+        if (inb.filled - inb.start) as u64 > qlimit {
             log::warn!("client {} closed: query buffer limit exceeded", info.id);
             WorkerStats::bump(&stats.proto_errors, 1);
             let msg: &[u8] = match protocol {
@@ -212,7 +259,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         loop {
             let step = match protocol {
                 Protocol::Resp => {
-                    let limits = shared.settings.limits();
+                    let limits = shared.settings.limits(sess.authed);
                     match parser.parse(inb.pending(), &limits) {
                         Ok(Parsed::Request(req)) => {
                             let mut ctx = Ctx {
@@ -246,7 +293,22 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                     }
                 }
                 Protocol::Memcached => {
-                    match memcache::parse(inb.pending(), shared.settings.max_bulk()) {
+                    let max_value = if mc_authed {
+                        shared.settings.max_bulk()
+                    } else {
+                        crate::auth::MC_AUTH_MAX_BYTES
+                    };
+                    match memcache::parse(inb.pending(), max_value) {
+                        Ok(McParsed::Command(cmd, used)) if !mc_authed => {
+                            close = mc_unauthenticated(
+                                &shared,
+                                &mut sess,
+                                &mut mc_authed,
+                                cmd,
+                                &mut out,
+                            );
+                            Ok(used)
+                        }
                         Ok(McParsed::Command(cmd, used)) => {
                             if let memcache::McCommand::TooLarge { skip: n } = cmd {
                                 skip = n;
@@ -277,6 +339,14 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                     want = 1;
                     if close {
                         break;
+                    }
+                    if let Some(d) = sess.penalty.take() {
+                        // A failed authentication: the reply and the next
+                        // request wait (other connections do not).
+                        tokio::select! {
+                            _ = tokio::time::sleep(d) => {}
+                            _ = shutdown.wait_for(|v| *v) => {}
+                        }
                     }
                     if skip > 0 && discard(&mut inb, &mut skip) {
                         break;

@@ -17,6 +17,7 @@
 //!
 //! | module | concern |
 //! |---|---|
+//! | [`auth`] | passwords, memcached authfile, protected mode, pre-AUTH bounds |
 //! | [`config`] | flags, config file, run-time settings |
 //! | [`resp`] | RESP request parser (resumable), reply writer |
 //! | [`memcache`] | memcached text parser |
@@ -36,6 +37,7 @@
 //! srv.shutdown();
 //! ```
 
+pub mod auth;
 pub mod commands;
 pub mod config;
 pub mod conn;
@@ -63,6 +65,57 @@ use crate::conn::Protocol;
 use crate::engine::Engine;
 use crate::state::{Shared, WorkerClients, WorkerStats};
 use crate::worker::{bind_reuseport, WorkerListeners};
+
+/// Descriptors kept free beyond the clients (redis-server reserves 32):
+/// the engine's files, logs, a client being refused.
+const RESERVED_FDS: u64 = 32;
+/// Descriptors each worker uses of its own (epoll, waker, spare).
+const FDS_PER_WORKER: u64 = 4;
+
+/// Open descriptors of this process now.
+fn open_fds() -> u64 {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64)
+}
+
+/// Fit `maxclients` under the descriptor limit: raise the soft limit
+/// towards what `want` clients need (up to the hard limit), and if that is
+/// not enough lower the client limit, with a warning. Returns the number
+/// of clients the limit allows.
+fn fit_maxclients(want: usize, threads: usize) -> io::Result<usize> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit struct, which `lim` is.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let overhead = open_fds() + RESERVED_FDS + FDS_PER_WORKER * threads as u64;
+    let need = (want as u64).saturating_add(overhead);
+    if lim.rlim_cur < need {
+        let raised = libc::rlimit {
+            rlim_cur: need.min(lim.rlim_max),
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit reads one rlimit struct; raising the soft
+        // limit up to the hard one needs no privilege.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            lim.rlim_cur = raised.rlim_cur;
+        }
+    }
+    let allowed = lim.rlim_cur.saturating_sub(overhead);
+    if allowed == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "the open-file limit ({}, ulimit -n) leaves no descriptor for clients: the \
+                 server needs {overhead} of its own",
+                lim.rlim_cur
+            ),
+        ));
+    }
+    Ok(usize::try_from(allowed).unwrap_or(usize::MAX))
+}
 
 /// A running server. Dropping it shuts it down and waits for the workers.
 pub struct Server {
@@ -92,6 +145,11 @@ fn bind_all(
 ) -> io::Result<u16> {
     let mut port = port;
     for host in &cfg.bind {
+        if port != 0 {
+            let addr = resolve(host, port)?;
+            worker::probe_exclusive(addr)
+                .map_err(|e| io::Error::new(e.kind(), format!("binding {addr}: {e}")))?;
+        }
         for w in per_worker.iter_mut() {
             let addr = resolve(host, port)?;
             let l = bind_reuseport(addr)
@@ -117,7 +175,9 @@ impl Server {
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         // A shared store's capacity was fixed when it was created.
         cfg.capacity = capacity;
-        let settings = Settings::new(&cfg, store.max_value_bytes());
+        auth::check_ports(&cfg).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let mut settings = Settings::new(&cfg, store.max_value_bytes())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let threads = cfg.threads.max(1);
         let mut per_worker: Vec<WorkerListeners> =
             (0..threads).map(|_| WorkerListeners::default()).collect();
@@ -139,6 +199,19 @@ impl Server {
                 w.unix = Some(l.try_clone()?);
             }
         }
+        let ceiling = fit_maxclients(cfg.maxclients, threads)?;
+        if ceiling < cfg.maxclients {
+            log::warn!(
+                "maxclients lowered from {} to {ceiling}: that is what the open-file limit \
+                 (ulimit -n) allows; raise it to serve more clients",
+                cfg.maxclients
+            );
+            cfg.maxclients = ceiling;
+            settings
+                .maxclients
+                .store(ceiling, std::sync::atomic::Ordering::Relaxed);
+        }
+        settings.maxclients_ceiling = ceiling;
         let (tx, _) = watch::channel(false);
         let shared = Arc::new(Shared {
             store,

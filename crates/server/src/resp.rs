@@ -44,6 +44,9 @@ pub struct Limits {
     pub max_bulk: usize,
     /// Longest inline request line.
     pub max_inline: usize,
+    /// The client has not authenticated: a length over the limits is
+    /// reported as redis-server reports it then (`unauthenticated ...`).
+    pub unauthenticated: bool,
 }
 
 impl Default for Limits {
@@ -52,6 +55,7 @@ impl Default for Limits {
             max_multibulk: 1024 * 1024,
             max_bulk: 512 << 20,
             max_inline: 64 << 10,
+            unauthenticated: false,
         }
     }
 }
@@ -75,6 +79,10 @@ pub enum ProtoError {
     UnbalancedQuotes,
     /// A bulk not followed by CRLF.
     MissingCrlf,
+    /// Too many arguments before AUTH.
+    UnauthenticatedMultibulkLength,
+    /// A too long argument before AUTH.
+    UnauthenticatedBulkLength,
 }
 
 impl fmt::Display for ProtoError {
@@ -90,6 +98,10 @@ impl fmt::Display for ProtoError {
             ProtoError::TooBigBulkCount => write!(f, "too big bulk count string"),
             ProtoError::UnbalancedQuotes => write!(f, "unbalanced quotes in request"),
             ProtoError::MissingCrlf => write!(f, "expected CRLF after bulk"),
+            ProtoError::UnauthenticatedMultibulkLength => {
+                write!(f, "unauthenticated multibulk length")
+            }
+            ProtoError::UnauthenticatedBulkLength => write!(f, "unauthenticated bulk length"),
         }
     }
 }
@@ -250,7 +262,11 @@ impl Parser {
         }
         let n = parse_len(&buf[1..lf - 1]).ok_or(ProtoError::InvalidMultibulkLength)?;
         if n > limits.max_multibulk as i64 {
-            return Err(ProtoError::InvalidMultibulkLength);
+            return Err(if limits.unauthenticated {
+                ProtoError::UnauthenticatedMultibulkLength
+            } else {
+                ProtoError::InvalidMultibulkLength
+            });
         }
         if n <= 0 {
             // `*0` and `*-1` are empty requests; Redis skips them.
@@ -299,6 +315,9 @@ impl Parser {
                 return Err(ProtoError::InvalidBulkLength);
             }
             let len = parse_len(&buf[p.pos + 1..lf - 1]).ok_or(ProtoError::InvalidBulkLength)?;
+            if limits.unauthenticated && len >= 0 && len as u64 > limits.max_bulk as u64 {
+                return Err(ProtoError::UnauthenticatedBulkLength);
+            }
             if len < 0 || len as u64 > limits.max_bulk as u64 {
                 return Err(ProtoError::InvalidBulkLength);
             }

@@ -65,7 +65,23 @@
 //! `maxclients` is checked at accept with one shared counter (an accept is
 //! rare next to requests); a client over the limit gets
 //! `-ERR max number of clients reached` (memcached: `SERVER_ERROR Too many
-//! open connections`) and is closed.
+//! open connections`) and is closed. `maxclients` is kept below the
+//! descriptor limit at start (`Server::start`), and should accept still
+//! run out of descriptors (`EMFILE`, e.g. a shared store's files), the
+//! worker frees the one spare descriptor it holds, accepts, answers the
+//! same error, closes, and takes the spare again, so the client gets an
+//! answer instead of a hang; accept errors are logged at most twice a
+//! second. Protected mode (see [`crate::auth`]) is checked here too: a
+//! non-loopback client of a port without authentication gets `DENIED`.
+//!
+//! A port has one owner. The workers' listeners share it through
+//! `SO_REUSEPORT`, but so could another process of the same user, which
+//! would then silently take a share of the connections; so before the
+//! first listener of a port is bound, [`probe_exclusive`] binds the
+//! address once without `SO_REUSEPORT`, which fails with `Address already
+//! in use` if anything listens there. (The window between the probe and
+//! the group's first bind is a few microseconds; two servers started in
+//! that window could still share the port.)
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -85,6 +101,18 @@ pub struct WorkerListeners {
     pub tcp: Vec<(std::net::TcpListener, Protocol)>,
     /// The Unix listener (a duplicate per worker), RESP.
     pub unix: Option<std::os::unix::net::UnixListener>,
+}
+
+/// Fail with `AddrInUse` if anything listens on `addr` (a probe bound
+/// without `SO_REUSEPORT`, closed at once).
+pub fn probe_exclusive(addr: SocketAddr) -> std::io::Result<()> {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    s.set_reuse_address(true)?;
+    if addr.is_ipv6() {
+        s.set_only_v6(true)?;
+    }
+    s.bind(&addr.into())
 }
 
 /// Bind a non-blocking `SO_REUSEPORT` TCP listener.
@@ -158,6 +186,20 @@ fn admit(
     Some((info, guard))
 }
 
+/// A descriptor held back so that an accept that hits `EMFILE` can still
+/// answer the client (see the module doc).
+struct Spare(Option<std::fs::File>);
+
+impl Spare {
+    fn new() -> Spare {
+        Spare(std::fs::File::open("/dev/null").ok())
+    }
+}
+
+fn out_of_fds(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE))
+}
+
 fn refusal(p: Protocol) -> &'static [u8] {
     match p {
         Protocol::Resp => b"-ERR max number of clients reached\r\n",
@@ -172,6 +214,7 @@ async fn accept_tcp(
     worker: usize,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let mut spare = Spare::new();
     loop {
         let r = tokio::select! {
             r = l.accept() => r,
@@ -180,16 +223,47 @@ async fn accept_tcp(
         let (mut s, peer) = match r {
             Ok(x) => x,
             Err(e) => {
-                log::warn!("accept: {e}");
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                crate::warn_limited!(crate::auth::ACCEPT_ERR_LOG, "accept: {e}");
+                if out_of_fds(&e) && spare.0.take().is_some() {
+                    if let Ok((mut s, peer)) = l.accept().await {
+                        WorkerStats::bump(&shared.stats[worker].rejected, 1);
+                        crate::warn_limited!(
+                            crate::auth::ACCEPT_ERR_LOG,
+                            "refused {peer}: out of file descriptors"
+                        );
+                        let _ = s.write_all(refusal(protocol)).await;
+                        let _ = s.shutdown().await;
+                    }
+                    spare = Spare::new();
+                } else {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
                 continue;
             }
         };
+        if shared.settings.denies(protocol, &peer) {
+            crate::warn_limited!(
+                crate::auth::DENIED_LOG,
+                "refused {peer}: protected mode (no authentication on this port, client not on loopback)"
+            );
+            tokio::task::spawn_local(async move {
+                let msg = match protocol {
+                    Protocol::Resp => crate::auth::DENIED,
+                    Protocol::Memcached => crate::auth::MC_DENIED,
+                };
+                let _ = s.write_all(msg.as_bytes()).await;
+                let _ = s.shutdown().await;
+            });
+            continue;
+        }
         let _ = s.set_nodelay(true);
         let laddr = s.local_addr().map(|a| a.to_string()).unwrap_or_default();
         match admit(&shared, worker, peer.to_string(), laddr) {
             None => {
-                log::info!("refused {peer}: maxclients reached");
+                crate::warn_limited!(
+                    crate::auth::REFUSED_LOG,
+                    "refused {peer}: maxclients reached"
+                );
                 tokio::task::spawn_local(async move {
                     let _ = s.write_all(refusal(protocol)).await;
                     let _ = s.shutdown().await;
@@ -220,7 +294,7 @@ async fn accept_unix(
         let (mut s, _) = match r {
             Ok(x) => x,
             Err(e) => {
-                log::warn!("accept (unix): {e}");
+                crate::warn_limited!(crate::auth::ACCEPT_ERR_LOG, "accept (unix): {e}");
                 tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                 continue;
             }

@@ -47,7 +47,8 @@ fn check_password(ctx: &mut Ctx, user: &[u8], pass: &[u8]) -> Result<(), CmdErro
     let Some(want) = ctx.shared.settings.password() else {
         return Err("ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?".into());
     };
-    if user != b"default" || pass != want.as_bytes() {
+    if !(crate::auth::ct_eq(user, b"default") & crate::auth::ct_eq(pass, want.as_bytes())) {
+        ctx.sess.auth_failed("AUTH");
         return Err("WRONGPASS invalid username-password pair or user is disabled.".into());
     }
     ctx.sess.authed = true;
@@ -279,7 +280,12 @@ pub fn config(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     let sub = a[1];
     let settings = &ctx.shared.settings;
     if eq(sub, "get") && a.len() >= 3 {
-        let all = settings.get_all(&ctx.shared.config);
+        let mut all = settings.get_all(&ctx.shared.config);
+        // As redis-server answers it, but only to the exact name: a glob
+        // such as `*` does not carry the password into dumps and logs.
+        if a[2..].iter().any(|p| eq(p, "requirepass")) {
+            all.push(("requirepass", settings.password().unwrap_or_default()));
+        }
         let hits: Vec<&(&str, String)> = all
             .iter()
             .filter(|(n, _)| {
@@ -297,7 +303,7 @@ pub fn config(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
         for kv in a[2..].chunks(2) {
             let name = String::from_utf8_lossy(kv[0]).to_ascii_lowercase();
             let value = String::from_utf8_lossy(kv[1]).into_owned();
-            settings.set(&name, &value)?;
+            settings.set(&ctx.shared.config, &name, &value)?;
         }
         r.ok();
     } else if eq(sub, "resetstat") && a.len() == 2 {

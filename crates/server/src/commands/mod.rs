@@ -106,6 +106,39 @@ pub struct Session {
     pub info: Arc<ClientInfo>,
     /// Close after flushing (QUIT).
     pub close: bool,
+    /// Failed authentication attempts so far.
+    pub auth_failures: u32,
+    /// Set by a failed attempt: wait this long before replying and before
+    /// reading the next request (see `auth`).
+    pub penalty: Option<std::time::Duration>,
+}
+
+impl Session {
+    /// A new session of `info`'s connection.
+    pub fn new(info: Arc<ClientInfo>, authed: bool) -> Session {
+        Session {
+            proto: Proto::Resp2,
+            authed,
+            info,
+            close: false,
+            auth_failures: 0,
+            penalty: None,
+        }
+    }
+
+    /// Count a failed authentication attempt: log it (rate-limited, with
+    /// the peer's address, never the password) and set the penalty.
+    pub fn auth_failed(&mut self, what: &str) {
+        self.auth_failures = self.auth_failures.saturating_add(1);
+        self.penalty = Some(crate::auth::auth_fail_delay(self.auth_failures));
+        crate::warn_limited!(
+            crate::auth::AUTH_FAIL_LOG,
+            "{what} failed: client id={} addr={} ({} failed attempts on this connection)",
+            self.info.id,
+            self.info.addr,
+            self.auth_failures
+        );
+    }
 }
 
 /// What a handler sees.

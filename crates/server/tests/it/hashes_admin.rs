@@ -206,7 +206,10 @@ fn client_and_command() {
 
 #[test]
 fn auth_required() {
-    let s = start_with(|c| c.requirepass = Some("sekret".into()));
+    let s = start_with(|c| {
+        c.requirepass = Some("sekret".into());
+        c.memcached_port = None;
+    });
     let mut r = crate::common::Resp::new(s.resp_port().unwrap());
     use crate::common::V;
     assert_eq!(

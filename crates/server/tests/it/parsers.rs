@@ -10,6 +10,7 @@ const LIMITS: Limits = Limits {
     max_multibulk: 16,
     max_bulk: 64,
     max_inline: 80,
+    unauthenticated: false,
 };
 
 /// What a parser run produced: the requests, then how it ended.

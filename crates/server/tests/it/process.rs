@@ -24,9 +24,11 @@ fn config_file_flags_and_sigterm() {
     let dir = std::env::temp_dir().join(format!("nibble-conf-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let conf = dir.join("nibble.conf");
+    let authfile = dir.join("mc-auth");
+    std::fs::write(&authfile, "mcuser:Mc-Pw-7Qz\n").unwrap();
     std::fs::write(
         &conf,
-        "# test config\nport 0\nmemcached-port 0\nmaxmemory 16mb\nthreads 2\nmode nibble2\nrequirepass \"pw\"\nloglevel info\n",
+        format!("# test config\nport 0\nmemcached-port 0\nmaxmemory 16mb\nthreads 2\nmode nibble2\nrequirepass \"Pw-k3Zq9\"\nmemcached-authfile {}\nloglevel info\n", authfile.display()),
     )
     .unwrap();
     let mut child = Command::new(BIN)
@@ -40,13 +42,26 @@ fn config_file_flags_and_sigterm() {
     let (line, mut err) = wait_ready(&mut child, Duration::from_secs(20));
     let port = ready_port(&line, "resp").unwrap();
     assert!(ready_port(&line, "memcached").is_some());
-    let url = format!("redis://:pw@127.0.0.1:{port}/");
+    let url = format!("redis://:Pw-k3Zq9@127.0.0.1:{port}/");
     let mut c = redis::Client::open(url).unwrap().get_connection().unwrap();
     let m: std::collections::HashMap<String, String> = q(&mut c, &["CONFIG", "GET", "*"]);
     assert_eq!(m["maxmemory"], (16u64 << 20).to_string());
     assert_eq!(m["maxclients"], "77");
     assert_eq!(m["mode"], "nibble2");
     assert_eq!(q::<String>(&mut c, &["SET", "a", "1"]), "OK");
+    // No password in CONFIG GET *, INFO, or the log (checked below),
+    // though a wrong one is logged as a failure.
+    assert!(!format!("{m:?}").contains("Pw-k3Zq9"));
+    let info: String = q(&mut c, &["INFO"]);
+    assert!(!info.contains("Pw-k3Zq9"));
+    let mut bad = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    assert!(redis::cmd("AUTH")
+        .arg("Wrong-Zq")
+        .query::<String>(&mut bad)
+        .is_err());
     // SIGTERM: graceful exit with status 0.
     // SAFETY: kill(2) with a valid pid of our own child has no memory effects.
     let rc = unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
@@ -66,6 +81,10 @@ fn config_file_flags_and_sigterm() {
     let mut rest = String::new();
     let _ = std::io::Read::read_to_string(&mut err, &mut rest);
     assert!(rest.contains("SIGTERM"), "{rest}");
+    assert!(rest.contains("AUTH failed"), "{rest}");
+    for secret in ["Pw-k3Zq9", "Wrong-Zq", "Mc-Pw-7Qz"] {
+        assert!(!rest.contains(secret), "a password in the log: {rest}");
+    }
     // A bad config file is reported, not ignored.
     std::fs::write(&conf, "no-such-setting 1\n").unwrap();
     let out = Command::new(BIN)
