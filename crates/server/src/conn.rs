@@ -65,8 +65,10 @@ impl InBuf {
     }
 
     /// Make room for at least `want` bytes after `start`, moving the
-    /// pending bytes to the front when that is cheaper than growing.
-    fn reserve(&mut self, want: usize) {
+    /// pending bytes to the front when that is cheaper than growing; room
+    /// for a full read chunk only while the pending bytes stay within
+    /// `cap` (the query buffer limit).
+    fn reserve(&mut self, want: usize, cap: usize) {
         if self.start == self.filled {
             self.start = 0;
             self.filled = 0;
@@ -77,7 +79,8 @@ impl InBuf {
             self.filled -= self.start;
             self.start = 0;
         }
-        let need = (self.start + want).max(self.filled + READ_CHUNK);
+        let chunk_end = (self.filled + READ_CHUNK).min(self.start + cap);
+        let need = (self.start + want).max(chunk_end).max(self.filled + 1);
         if self.data.len() < need {
             self.data.resize(need, 0);
         }
@@ -95,11 +98,12 @@ async fn read_more<S: AsyncRead + Unpin>(
     s: &mut S,
     inb: &mut InBuf,
     want: usize,
+    cap: usize,
     shared: &Shared,
     stats: &WorkerStats,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<(), ReadEnd> {
-    inb.reserve(want);
+    inb.reserve(want, cap);
     let timeout = shared.settings.idle_timeout();
     let buf = &mut inb.data[inb.filled..];
     let read = async {
@@ -222,12 +226,20 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         let qlimit = shared.settings.query_buffer_limit(authed);
         // Never reserve more than the limit allows: a request that needs
         // more fails the check below once the buffer passes the limit.
-        let want_now = want.min(
-            usize::try_from(qlimit)
-                .unwrap_or(usize::MAX)
-                .saturating_add(1),
-        );
-        if let Err(end) = read_more(&mut s, &mut inb, want_now, &shared, stats, &mut shutdown).await
+        let cap = usize::try_from(qlimit)
+            .unwrap_or(usize::MAX)
+            .saturating_add(1);
+        let want_now = want.min(cap);
+        if let Err(end) = read_more(
+            &mut s,
+            &mut inb,
+            want_now,
+            cap,
+            &shared,
+            stats,
+            &mut shutdown,
+        )
+        .await
         {
             if let ReadEnd::Timeout = end {
                 log::debug!("client {} idle timeout", info.id);
