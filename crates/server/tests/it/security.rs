@@ -638,3 +638,47 @@ fn maxclients_follows_the_descriptor_limit() {
         .count();
     assert!(lines <= 6, "{lines} lines:\n{log}");
 }
+
+#[test]
+fn garbage_before_authentication_harms_no_one() {
+    let file = authfile("fuzz");
+    let s = start_with(|c| {
+        c.requirepass = Some(PW.into());
+        c.memcached_authfile = Some(file.clone());
+    });
+    let (port, mc) = (s.resp_port().unwrap(), s.memcached_port().unwrap());
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for i in 0..30 {
+        let len = (next() % 40_000) as usize;
+        let mut junk: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+        // Half the inputs start like a request, to get past the first byte.
+        let head: &[u8] = match i % 4 {
+            0 => b"*3\r\n$3\r\nSET\r\n",
+            1 => b"set a 0 0 900\r\n",
+            _ => b"",
+        };
+        junk.splice(0..0, head.iter().copied());
+        for p in [port, mc] {
+            let mut t = raw(p);
+            t.set_read_timeout(Some(Duration::from_millis(100)))
+                .unwrap();
+            let _ = t.write_all(&junk);
+            let mut sink = [0u8; 4096];
+            let _ = t.read(&mut sink);
+        }
+    }
+    let mut r = Resp::new(port);
+    assert_eq!(r.cmd(&["AUTH", PW]), V::Simple("OK".into()));
+    assert_eq!(r.cmd(&["SET", "k", "v"]), V::Simple("OK".into()));
+    let mut m = Mc::new(mc);
+    assert_eq!(m.req("set x 0 0 17\r\nalice wonder-land\r\n"), "STORED");
+    m.send(b"get k\r\n");
+    assert_eq!(m.until_end(), vec!["VALUE k 0 1", "v"]);
+    let _ = std::fs::remove_dir_all(file.parent().unwrap());
+}
