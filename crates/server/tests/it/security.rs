@@ -682,3 +682,102 @@ fn garbage_before_authentication_harms_no_one() {
     assert_eq!(m.until_end(), vec!["VALUE k 0 1", "v"]);
     let _ = std::fs::remove_dir_all(file.parent().unwrap());
 }
+
+/// A free TCP port on loopback (bound and released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The first reply line to `input` on a fresh connection.
+fn first_line(port: u16, input: &[u8]) -> String {
+    let mut t = BufReader::new(raw(port));
+    t.get_mut().write_all(input).unwrap();
+    read_line(&mut t)
+}
+
+#[test]
+fn redis_server_answers_unauthenticated_clients_alike() {
+    use std::process::{Command, Stdio};
+    let rport = free_port();
+    let child = Command::new("redis-server")
+        .args(["--port", &rport.to_string(), "--bind", "127.0.0.1"])
+        .args(["--requirepass", PW, "--save", "", "--appendonly", "no"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    let Ok(mut child) = child else {
+        println!("SKIPPED: redis_server_answers_unauthenticated_clients_alike: no redis-server (apt-get install redis-server)");
+        return;
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", rport)).is_err() {
+        assert!(Instant::now() < deadline, "redis-server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let s = start_with(|c| {
+        c.requirepass = Some(PW.into());
+        c.memcached_port = None;
+    });
+    let port = s.resp_port().unwrap();
+    let auth = format!("AUTH {PW}\r\n");
+    // (input, reply lines to compare, characters of each compared)
+    let all = usize::MAX;
+    let floor = |name: &str, min: &str| {
+        (
+            format!("{auth}CONFIG SET {name} 0\r\n").into_bytes(),
+            2,
+            // The same message up to redis-server's range.
+            format!("-ERR CONFIG SET failed (possibly related to argument '{name}') - argument must be between {min} and").len(),
+        )
+    };
+    let cases: Vec<(Vec<u8>, usize, usize)> = vec![
+        (b"*11\r\n".to_vec(), 1, all),
+        (b"*2\r\n$3\r\nGET\r\n$16385\r\n".to_vec(), 1, all),
+        (b"GET a\r\n".to_vec(), 1, all),
+        (b"AUTH wrong\r\n".to_vec(), 1, all),
+        (b"AUTH default wrong\r\n".to_vec(), 1, all),
+        (format!("{auth}GET a\r\n").into_bytes(), 2, all),
+        floor("proto-max-bulk-len", "1048576"),
+        floor("client-query-buffer-limit", "1048576"),
+        floor("maxclients", "1"),
+        (
+            format!("{auth}CONFIG GET requirepass\r\n").into_bytes(),
+            6,
+            all,
+        ),
+    ];
+    for (input, lines, prefix) in cases {
+        let mut ours = BufReader::new(raw(port));
+        let mut theirs = BufReader::new(raw(rport));
+        ours.get_mut().write_all(&input).unwrap();
+        theirs.get_mut().write_all(&input).unwrap();
+        let cut = |r: &mut BufReader<TcpStream>| -> Vec<String> {
+            (0..lines)
+                .map(|_| read_line(r).chars().take(prefix).collect())
+                .collect()
+        };
+        assert_eq!(
+            cut(&mut ours),
+            cut(&mut theirs),
+            "{}",
+            String::from_utf8_lossy(&input)
+        );
+    }
+    let _ = Command::new("redis-cli")
+        .args([
+            "-p",
+            &rport.to_string(),
+            "-a",
+            PW,
+            "--no-auth-warning",
+            "shutdown",
+            "nosave",
+        ])
+        .output();
+    let _ = child.kill();
+    let _ = child.wait();
+}
