@@ -11,3 +11,4 @@ mod memcached;
 mod parsers;
 mod process;
 mod resp3;
+mod tls;
