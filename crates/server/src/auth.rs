@@ -159,7 +159,7 @@ pub fn check_ports(cfg: &ServerConfig) -> Result<(), String> {
              memcached-unauthenticated yes to serve that port without authentication anyway"
         ));
     }
-    let resp_listens = cfg.port.is_some() || cfg.unixsocket.is_some();
+    let resp_listens = cfg.port.is_some() || cfg.unixsocket.is_some() || cfg.tls.port.is_some();
     if cfg.memcached_authfile.is_some() && cfg.requirepass.is_none() && resp_listens {
         return Err(
             "memcached-authfile is set, but the Redis protocol has no password: any client \
@@ -229,17 +229,25 @@ impl LogLimiter {
     }
 }
 
-/// Log at warn through `limiter`, noting lines it dropped before.
+/// Log at `level` through `limiter`, noting lines it dropped before.
+#[macro_export]
+macro_rules! log_limited {
+    ($limiter:expr, $level:expr, $($arg:tt)+) => {
+        if let Some(dropped) = $limiter.admit() {
+            if dropped > 0 {
+                log::log!($level, "{} ({} similar lines suppressed)", format_args!($($arg)+), dropped);
+            } else {
+                log::log!($level, $($arg)+);
+            }
+        }
+    };
+}
+
+/// [`log_limited!`] at warn.
 #[macro_export]
 macro_rules! warn_limited {
     ($limiter:expr, $($arg:tt)+) => {
-        if let Some(dropped) = $limiter.admit() {
-            if dropped > 0 {
-                log::warn!("{} ({} similar lines suppressed)", format_args!($($arg)+), dropped);
-            } else {
-                log::warn!($($arg)+);
-            }
-        }
+        $crate::log_limited!($limiter, log::Level::Warn, $($arg)+)
     };
 }
 
@@ -249,6 +257,8 @@ pub static AUTH_FAIL_LOG: LogLimiter = LogLimiter::new(10);
 pub static DENIED_LOG: LogLimiter = LogLimiter::new(10);
 /// Clients refused by maxclients: 2 a second.
 pub static REFUSED_LOG: LogLimiter = LogLimiter::new(2);
+/// Failed TLS handshakes: 10 a second.
+pub static TLS_FAIL_LOG: LogLimiter = LogLimiter::new(10);
 /// accept() errors: 2 a second.
 pub static ACCEPT_ERR_LOG: LogLimiter = LogLimiter::new(2);
 

@@ -142,6 +142,9 @@ pub struct Cli {
     /// Log level: error, warn, info (notice), debug (verbose), trace.
     #[arg(long)]
     pub loglevel: Option<String>,
+    /// TLS (`--tls-port`, `--tls-cert-file`, ...; see `tls.rs`).
+    #[command(flatten)]
+    pub tls: crate::tls::TlsFlags,
 }
 
 /// Everything fixed at start, plus the initial values of [`Settings`].
@@ -190,6 +193,8 @@ pub struct ServerConfig {
     pub max_inline_len: u64,
     /// Log level name.
     pub loglevel: String,
+    /// TLS settings (`tls-*`).
+    pub tls: crate::tls::TlsConfig,
 }
 
 impl Default for ServerConfig {
@@ -219,6 +224,7 @@ impl Default for ServerConfig {
             max_multibulk_len: DEFAULT_MAX_MULTIBULK,
             max_inline_len: DEFAULT_MAX_INLINE,
             loglevel: "info".into(),
+            tls: Default::default(),
         }
     }
 }
@@ -351,6 +357,7 @@ impl ServerConfig {
             }
             "loglevel" => self.loglevel = value.to_string(),
             "pin" => self.pin = matches!(value, "yes" | "true" | "1"),
+            n if n.starts_with("tls-") => self.tls.apply(n, value)?,
             _ => return Err(format!("unknown setting {name:?}")),
         }
         Ok(())
@@ -434,6 +441,7 @@ impl ServerConfig {
         )?;
         set("max-inline-len", cli.max_inline_len.clone())?;
         set("loglevel", cli.loglevel.clone())?;
+        c.tls.apply_flags(&cli.tls)?;
         if cli.memcached && c.memcached_port.is_none() {
             c.memcached_port = Some(DEFAULT_MEMCACHED_PORT);
         }
@@ -625,6 +633,9 @@ impl Settings {
             ("max-multibulk-len", r(&self.max_multibulk_len)),
             ("max-inline-len", r(&self.max_inline_len)),
         ]
+        .into_iter()
+        .chain(fixed.tls.config_get())
+        .collect()
     }
 
     /// `CONFIG SET name value`; `Err` is the reply text. Every limit has
@@ -682,6 +693,11 @@ impl Settings {
             }
             "maxmemory-policy" if value == "noeviction" => {}
             "save" | "appendonly" if value.is_empty() || value == "no" => {}
+            n if n.starts_with("tls-") => {
+                return Err(format!(
+                    "ERR CONFIG SET failed (possibly related to argument '{n}') - can't set immutable config"
+                ))
+            }
             _ => {
                 return Err(format!(
                     "ERR Unknown option or number of arguments for CONFIG SET - '{name}'"

@@ -139,6 +139,9 @@ async fn flush<S: AsyncWrite + Unpin>(
         return Ok(());
     }
     s.write_all(out).await?;
+    // A no-op on TCP and Unix sockets; TLS may still hold records that the
+    // socket did not take (tokio-rustls sends them on flush).
+    s.flush().await?;
     WorkerStats::bump(&stats.net_out, out.len() as u64);
     out.clear();
     if out.capacity() > 4 * OUT_SOFT {

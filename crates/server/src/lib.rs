@@ -29,6 +29,7 @@
 //! | [`state`] | shared state, per-worker counters, client registry |
 //! | [`types`] | string/hash typing and the hash encoding |
 //! | [`glob`] | KEYS/SCAN pattern matching |
+//! | [`tls`] | TLS on `tls-port` (rustls + ring), its settings and handshake |
 //!
 //! ```no_run
 //! let cfg = server::config::ServerConfig { port: Some(0), ..Default::default() };
@@ -47,6 +48,7 @@ pub mod mc_exec;
 pub mod memcache;
 pub mod resp;
 pub mod state;
+pub mod tls;
 pub mod types;
 pub mod worker;
 
@@ -123,6 +125,7 @@ pub struct Server {
     threads: Vec<JoinHandle<()>>,
     resp_port: Option<u16>,
     memcached_port: Option<u16>,
+    tls_port: Option<u16>,
     unix: Option<PathBuf>,
 }
 
@@ -161,6 +164,33 @@ fn bind_all(
     Ok(port)
 }
 
+/// Bind the TLS listeners like [`bind_all`] binds the RESP ones (`port`
+/// on every bind address, one `SO_REUSEPORT` socket per worker) and hand
+/// them to the workers with the acceptor. Returns the port.
+fn bind_tls(
+    cfg: &ServerConfig,
+    port: u16,
+    accept: &tls::TlsAccept,
+    per_worker: &mut [WorkerListeners],
+) -> io::Result<u16> {
+    let mut bound: Vec<WorkerListeners> = per_worker
+        .iter()
+        .map(|_| WorkerListeners::default())
+        .collect();
+    let port = bind_all(cfg, port, Protocol::Resp, &mut bound)?;
+    for (w, b) in per_worker.iter_mut().zip(bound) {
+        w.tls = Some(tls::TlsListeners {
+            accept: accept.clone(),
+            listeners: b.tcp.into_iter().map(|(l, _)| l).collect(),
+        });
+    }
+    log::info!(
+        "TLS on port {port} (tls-auth-clients {})",
+        cfg.tls.auth_clients.name()
+    );
+    Ok(port)
+}
+
 /// Longest a write waits for the engine to free space, ms.
 const SERVER_MAX_WRITE_WAIT_MS: u64 = 100;
 
@@ -168,6 +198,9 @@ impl Server {
     /// Create the engine, bind every listener, start the workers.
     pub fn start(cfg: ServerConfig) -> io::Result<Server> {
         let mut cfg = cfg;
+        // TLS settings and files are checked before anything is created.
+        let tls_accept =
+            tls::setup(&cfg).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         // A worker thread serves many connections: a write that finds the
         // store full may wait for compaction (helping it) only briefly, or
         // every client of that worker stalls; then it gets -OOM.
@@ -189,6 +222,12 @@ impl Server {
             Some(p) => Some(bind_all(&cfg, p, Protocol::Memcached, &mut per_worker)?),
             None => None,
         };
+        let tls_port = match (&tls_accept, cfg.tls.port) {
+            (Some(a), Some(p)) => Some(bind_tls(&cfg, p, a, &mut per_worker)?),
+            _ => None,
+        };
+        // CONFIG GET shows the port bound (the tests' `Some(0)` picks one).
+        cfg.tls.port = tls_port;
         if let Some(path) = &cfg.unixsocket {
             let _ = std::fs::remove_file(path);
             let l = std::os::unix::net::UnixListener::bind(path).map_err(|e| {
@@ -254,6 +293,7 @@ impl Server {
             threads: handles,
             resp_port,
             memcached_port,
+            tls_port,
             unix: cfg.unixsocket.clone(),
         })
     }
@@ -266,6 +306,11 @@ impl Server {
     /// The memcached port.
     pub fn memcached_port(&self) -> Option<u16> {
         self.memcached_port
+    }
+
+    /// The TLS (RESP) port.
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls_port
     }
 
     /// The shared state (engine, settings, counters).

@@ -101,6 +101,8 @@ pub struct WorkerListeners {
     pub tcp: Vec<(std::net::TcpListener, Protocol)>,
     /// The Unix listener (a duplicate per worker), RESP.
     pub unix: Option<std::os::unix::net::UnixListener>,
+    /// TLS listeners (RESP inside TLS) and their acceptor.
+    pub tls: Option<crate::tls::TlsListeners>,
 }
 
 /// Fail with `AddrInUse` if anything listens on `addr` (a probe bound
@@ -280,6 +282,56 @@ async fn accept_tcp(
     }
 }
 
+/// Accept on a TLS listener: admit at once (maxclients), then the
+/// handshake (under its timeout) and the connection run in the
+/// connection's own task ([`crate::tls::serve_tls`]).
+async fn accept_tls(
+    l: tokio::net::TcpListener,
+    accept: crate::tls::TlsAccept,
+    shared: Arc<Shared>,
+    worker: usize,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let r = tokio::select! {
+            r = l.accept() => r,
+            _ = shutdown.wait_for(|v| *v) => return,
+        };
+        let (s, peer) = match r {
+            Ok(x) => x,
+            Err(e) => {
+                crate::warn_limited!(crate::auth::ACCEPT_ERR_LOG, "accept (tls): {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let denied = shared.settings.denies(Protocol::Resp, &peer);
+        if denied {
+            crate::warn_limited!(
+                crate::auth::DENIED_LOG,
+                "refused {peer} (TLS): protected mode (no password, client not on loopback)"
+            );
+        }
+        let _ = s.set_nodelay(true);
+        let laddr = s.local_addr().map(|a| a.to_string()).unwrap_or_default();
+        match admit(&shared, worker, peer.to_string(), laddr) {
+            // As in Redis: before the handshake no error reply can be
+            // sent, so the connection is just closed.
+            None => crate::warn_limited!(
+                crate::auth::REFUSED_LOG,
+                "refused {peer} (TLS): maxclients reached"
+            ),
+            Some((info, guard)) => {
+                let (a, sh, rx) = (accept.clone(), shared.clone(), shutdown.clone());
+                tokio::task::spawn_local(async move {
+                    crate::tls::serve_tls(a, s, sh, worker, info, denied, rx).await;
+                    drop(guard);
+                });
+            }
+        }
+    }
+}
+
 async fn accept_unix(
     l: tokio::net::UnixListener,
     shared: Arc<Shared>,
@@ -351,6 +403,22 @@ pub fn run(worker: usize, cpu: Option<usize>, shared: Arc<Shared>, listeners: Wo
                     ));
                 }
                 Err(e) => log::error!("worker {worker}: listener: {e}"),
+            }
+        }
+        if let Some(t) = listeners.tls {
+            for l in t.listeners {
+                match tokio::net::TcpListener::from_std(l) {
+                    Ok(l) => {
+                        tokio::task::spawn_local(accept_tls(
+                            l,
+                            t.accept.clone(),
+                            shared.clone(),
+                            worker,
+                            shutdown.clone(),
+                        ));
+                    }
+                    Err(e) => log::error!("worker {worker}: TLS listener: {e}"),
+                }
             }
         }
         if let Some(u) = listeners.unix {

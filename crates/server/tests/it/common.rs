@@ -241,3 +241,12 @@ pub fn wait_ready(
     }
     (line, err)
 }
+
+/// A port nobody listens on now (bound, then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

@@ -12,3 +12,4 @@ mod parsers;
 mod process;
 mod resp3;
 mod security;
+mod tls;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use server::commands::COMMANDS;
 
-use crate::common::{bulk, raw, start_with, Mc, Resp, V};
+use crate::common::{bulk, free_port, raw, start_with, Mc, Resp, V};
 
 const PW: &str = "s3cret-Pw";
 
@@ -681,22 +681,6 @@ fn garbage_before_authentication_harms_no_one() {
     m.send(b"get k\r\n");
     assert_eq!(m.until_end(), vec!["VALUE k 0 1", "v"]);
     let _ = std::fs::remove_dir_all(file.parent().unwrap());
-}
-
-/// A free TCP port on loopback (bound and released).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// The first reply line to `input` on a fresh connection.
-fn first_line(port: u16, input: &[u8]) -> String {
-    let mut t = BufReader::new(raw(port));
-    t.get_mut().write_all(input).unwrap();
-    read_line(&mut t)
 }
 
 #[test]
