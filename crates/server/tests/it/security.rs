@@ -390,7 +390,7 @@ fn a_port_in_use_is_an_error() {
 /// Run `f` in a network namespace of this thread's own, with loopback up
 /// and 192.0.2.1 (TEST-NET-1, reachable nowhere: the namespace has no
 /// other interface) on it; `None` if that cannot be set up here.
-fn in_private_netns<T>(f: impl FnOnce() -> T) -> Option<T> {
+pub fn in_private_netns<T>(f: impl FnOnce() -> T) -> Option<T> {
     // SAFETY: unshare(CLONE_NEWNET) changes only the calling thread's
     // network namespace (this test's thread, which ends with the test);
     // no memory is touched.

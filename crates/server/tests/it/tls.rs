@@ -179,7 +179,11 @@ struct TlsClient {
 
 impl TlsClient {
     fn connect(port: u16, cfg: Arc<ClientConfig>) -> TlsClient {
-        let sock = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        TlsClient::connect_to("127.0.0.1", port, cfg)
+    }
+
+    fn connect_to(host: &str, port: u16, cfg: Arc<ClientConfig>) -> TlsClient {
+        let sock = TcpStream::connect((host, port)).unwrap();
         sock.set_read_timeout(Some(Duration::from_secs(10)))
             .unwrap();
         let conn = ClientConnection::new(cfg, ServerName::try_from("localhost").unwrap()).unwrap();
@@ -762,4 +766,25 @@ fn tls_port_needs_authentication_for_every_data_command() {
     let mut t = TlsClient::connect(s.tls_port().unwrap(), pki.client_config(None));
     assert_eq!(t.cmd(&["AUTH", "tls-Pw-9"]).unwrap(), "OK");
     assert_eq!(t.cmd(&["SET", "k", "v"]).unwrap(), "OK");
+}
+
+#[test]
+fn tls_port_applies_protected_mode() {
+    crate::security::in_private_netns(|| {
+        let pki = Pki::new("protected");
+        let s = start_with(|c| {
+            pki.configure(c, AuthClients::No);
+            c.bind = vec!["0.0.0.0".into()];
+            c.memcached_port = None;
+        });
+        let port = s.tls_port().unwrap();
+        // From 192.0.2.1 (not loopback), no password: DENIED after the
+        // handshake, then closed.
+        let mut t = TlsClient::connect_to("192.0.2.1", port, pki.client_config(None));
+        t.send(b"PING\r\n").unwrap();
+        assert!(t.read().unwrap().starts_with("-DENIED "));
+        assert!(t.line().is_err(), "closed after DENIED");
+        // Loopback is served.
+        assert_eq!(ping(port, pki.client_config(None)).unwrap(), "PONG");
+    });
 }
