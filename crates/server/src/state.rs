@@ -218,7 +218,12 @@ pub fn unix_ms() -> u64 {
 
 /// VmRSS of this process in bytes, from /proc/self/status.
 pub fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+    vm_rss("/proc/self/status")
+}
+
+/// VmRSS in bytes from a `/proc/PID/status` file (0 if unreadable).
+pub fn vm_rss(status_path: &str) -> u64 {
+    std::fs::read_to_string(status_path)
         .ok()
         .and_then(|s| {
             s.lines()

@@ -314,9 +314,10 @@ fn config_set_limits_have_floors() {
     );
 }
 
-#[test]
-fn requirepass_with_an_open_memcached_port_is_refused() {
-    let e = server::Server::start(server::config::ServerConfig {
+/// The error of a start with a password and a memcached port, plus `f`'s
+/// changes, which must be refused.
+fn refused_start(f: impl FnOnce(&mut server::config::ServerConfig)) -> std::io::Error {
+    let mut c = server::config::ServerConfig {
         port: Some(0),
         memcached_port: Some(0),
         requirepass: Some(PW.into()),
@@ -324,9 +325,14 @@ fn requirepass_with_an_open_memcached_port_is_refused() {
         threads: 1,
         pin: false,
         ..Default::default()
-    })
-    .err()
-    .expect("refused");
+    };
+    f(&mut c);
+    server::Server::start(c).err().expect("refused")
+}
+
+#[test]
+fn requirepass_with_an_open_memcached_port_is_refused() {
+    let e = refused_start(|_| {});
     assert!(
         e.to_string().contains("memcached-unauthenticated yes"),
         "{e}"
@@ -350,18 +356,7 @@ fn requirepass_with_an_open_memcached_port_is_refused() {
         if let Some(t) = text {
             std::fs::write(&p, t).unwrap();
         }
-        let e = server::Server::start(server::config::ServerConfig {
-            port: Some(0),
-            memcached_port: Some(0),
-            requirepass: Some(PW.into()),
-            memcached_authfile: Some(p.clone()),
-            capacity: 16 << 20,
-            threads: 1,
-            pin: false,
-            ..Default::default()
-        })
-        .err()
-        .expect("refused");
+        let e = refused_start(|c| c.memcached_authfile = Some(p.clone()));
         assert!(e.to_string().contains(want), "{e}");
         let _ = std::fs::remove_file(&p);
     }
@@ -469,14 +464,7 @@ fn protected_mode_refuses_non_loopback_clients_without_a_password() {
 const BIN: &str = env!("CARGO_BIN_EXE_nibble");
 
 fn rss_of(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
+    server::state::vm_rss(&format!("/proc/{pid}/status"))
 }
 
 /// Kill and reap a child, returning what is left of its stderr.
