@@ -197,6 +197,15 @@ fn mc_unauthenticated(
     close
 }
 
+/// Wait out a failed authentication's delay (or until shutdown).
+#[cold]
+async fn penalty(d: std::time::Duration, shutdown: &mut watch::Receiver<bool>) {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => {}
+        _ = shutdown.wait_for(|v| *v) => {}
+    }
+}
+
 /// Serve one connection until it closes.
 pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     mut s: S,
@@ -270,11 +279,16 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         info.last_ms
             .store(info.created.elapsed().as_millis() as u64, Ordering::Relaxed);
         let mut close = false;
-        // Execute every complete request in the buffer.
+        // Execute every complete request in the buffer. The parser's
+        // limits are read once per batch (a CONFIG SET applies from the
+        // next one) and again when AUTH lifts the pre-AUTH bounds.
+        let mut limits = shared.settings.limits(sess.authed);
         loop {
             let step = match protocol {
                 Protocol::Resp => {
-                    let limits = shared.settings.limits(sess.authed);
+                    if limits.unauthenticated == sess.authed {
+                        limits = shared.settings.limits(sess.authed);
+                    }
                     match parser.parse(inb.pending(), &limits) {
                         Ok(Parsed::Request(req)) => {
                             let mut ctx = Ctx {
@@ -358,10 +372,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                     if let Some(d) = sess.penalty.take() {
                         // A failed authentication: the reply and the next
                         // request wait (other connections do not).
-                        tokio::select! {
-                            _ = tokio::time::sleep(d) => {}
-                            _ = shutdown.wait_for(|v| *v) => {}
-                        }
+                        penalty(d, &mut shutdown).await;
                     }
                     if skip > 0 && discard(&mut inb, &mut skip) {
                         break;

@@ -315,11 +315,12 @@ impl Parser {
                 return Err(ProtoError::InvalidBulkLength);
             }
             let len = parse_len(&buf[p.pos + 1..lf - 1]).ok_or(ProtoError::InvalidBulkLength)?;
-            if limits.unauthenticated && len >= 0 && len as u64 > limits.max_bulk as u64 {
-                return Err(ProtoError::UnauthenticatedBulkLength);
-            }
             if len < 0 || len as u64 > limits.max_bulk as u64 {
-                return Err(ProtoError::InvalidBulkLength);
+                return Err(if limits.unauthenticated && len >= 0 {
+                    ProtoError::UnauthenticatedBulkLength
+                } else {
+                    ProtoError::InvalidBulkLength
+                });
             }
             let start = lf + 1;
             let end = start + len as usize;
