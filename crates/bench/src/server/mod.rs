@@ -94,6 +94,7 @@ mod rows;
 pub(crate) mod sut;
 mod target;
 
+use crate::error::BenchError;
 use crate::report::{Reporter, Row};
 use crate::util::{self, Spread, Watchdog};
 use crate::ycsb::{Dist, KeyChooser};
@@ -315,7 +316,7 @@ impl Sample {
 }
 
 /// Run from the command line.
-pub fn run_cli(a: ServerArgs) -> Result<i32, String> {
+pub fn run_cli(a: ServerArgs) -> crate::error::Result<i32> {
     let q = a.run.quick;
     let secs = a.seconds.unwrap_or(if q { 1.0 } else { 3.0 });
     let memory_mib = a.memory_mib.unwrap_or(if q { 256 } else { 1024 });
@@ -356,9 +357,9 @@ pub fn run_cli(a: ServerArgs) -> Result<i32, String> {
     };
     let connections = a.connections as usize;
     if let Some(&t) = threads.iter().find(|&&t| t > connections) {
-        return Err(format!(
+        return Err(BenchError::Usage(format!(
             "--threads {t} needs at least as many --connections (have {connections})"
-        ));
+        )));
     }
     let mut phases = a
         .phases
@@ -393,12 +394,12 @@ pub fn run_cli(a: ServerArgs) -> Result<i32, String> {
     let external = a.endpoint.is_some();
     let data = o.keys.saturating_mul((KEY_LEN + o.value_size) as u64);
     if !external && !measured(&o).is_empty() && data > o.memory / 4 * 3 {
-        return Err(format!(
+        return Err(BenchError::Usage(format!(
             "--keys x (16 + --value-size) = {} MiB of live data is more than 3/4 of the {} MiB memory \
              limit; raise --memory-mib or lower --keys",
             data >> 20,
             o.memory >> 20
-        ));
+        )));
     }
     if !external && o.phases.contains(&Phase::Churn) && o.churn_bytes > o.memory / 5 * 2 {
         eprintln!(

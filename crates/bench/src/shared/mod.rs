@@ -290,9 +290,9 @@ impl Cell {
     }
 }
 
-pub fn run_cli(a: SharedArgs) -> Result<i32, String> {
+pub fn run_cli(a: SharedArgs) -> crate::error::Result<i32> {
     if let Some(spec) = &a.child {
-        return child_main(spec);
+        return Ok(child_main(spec)?);
     }
     let q = a.run.quick;
     if a.run.threads.is_some() {
