@@ -31,6 +31,8 @@
 //! process of the right binary (module `child`), which also keeps RSS
 //! figures clean.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod buddy;
 mod child;
 mod churn;
