@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use clap::Args;
 use spacejmp::bench::{self, HugePages, Options, Sink, Workload};
 
+use crate::error::{BenchError, Result};
 use crate::report::{Reporter, Row};
 use crate::RunOpts;
 
@@ -74,11 +75,11 @@ pub struct JmpArgs {
     records: Option<u64>,
 }
 
-fn parse_workload(s: &str) -> Result<Workload, String> {
-    s.trim().parse()
+fn parse_workload(s: &str) -> Result<Workload> {
+    s.trim().parse().map_err(BenchError::Usage)
 }
 
-fn parse_huge(s: &str) -> Result<HugePages, String> {
+fn parse_huge(s: &str) -> Result<HugePages> {
     Ok(match s {
         "auto" => HugePages::Auto,
         "off" => HugePages::Off,
@@ -112,12 +113,12 @@ impl Sink for ToReporter<'_> {
     }
 }
 
-pub fn run(a: JmpArgs) -> Result<i32, String> {
+pub fn run(a: JmpArgs) -> Result<i32> {
     if a.run.threads.is_some() {
         eprintln!("memlab jmp: note: --threads is ignored (one driver thread; MP uses processes)");
     }
-    let exe =
-        std::env::current_exe().map_err(|e| format!("cannot find the running executable: {e}"))?;
+    let exe = std::env::current_exe()
+        .map_err(|e| BenchError::io("cannot find the running executable", e))?;
     let child = (exe, vec![CHILD_SUBCOMMAND.into()]);
     let mut o = if a.run.quick {
         Options::quick(child)
@@ -144,7 +145,7 @@ pub fn run(a: JmpArgs) -> Result<i32, String> {
     };
     let res = bench::run(&o, &mut sink);
     if let Some(e) = sink.err.take() {
-        return Err(format!("output error: {e}"));
+        return Err(BenchError::Output(e));
     }
     if let Err(e) = res {
         rep.error(format!("jmp: {e}"));
@@ -157,7 +158,7 @@ pub fn run(a: JmpArgs) -> Result<i32, String> {
 pub const CHILD_SUBCOMMAND: &str = "__jmp";
 
 /// `memlab __jmp ROLE ARG N`: exits the process when it succeeds.
-pub fn child(args: &[String]) -> Result<i32, String> {
+pub fn child(args: &[String]) -> Result<i32> {
     bench::child_main(args).map_err(|e| format!("jmp child: {e}"))?;
     Ok(0)
 }

@@ -31,9 +31,12 @@
 //! process of the right binary (module `child`), which also keeps RSS
 //! figures clean.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod buddy;
 mod child;
 mod churn;
+mod error;
 mod fill;
 mod frag;
 mod jmp;
@@ -56,6 +59,7 @@ use std::time::Duration;
 use ::buddy::AllocatorKind;
 use clap::{Args, Parser, Subcommand};
 
+use crate::error::{BenchError, Result};
 use crate::kv::System;
 use crate::report::Reporter;
 
@@ -226,8 +230,8 @@ impl RunOpts {
             .unwrap_or(if self.quick { quick_default } else { 3 }) as usize
     }
 
-    fn reporter(&self) -> Result<Reporter, String> {
-        Reporter::new(self.json, self.out.as_deref()).map_err(|e| e.to_string())
+    fn reporter(&self) -> Result<Reporter> {
+        Reporter::new(self.json, self.out.as_deref()).map_err(BenchError::Output)
     }
 }
 
@@ -255,13 +259,13 @@ struct BuddyArgs {
     duration_ms: Option<u64>,
 }
 
-fn parse_pow2(s: &str) -> Result<u64, String> {
-    let v: u64 = s.trim().parse().map_err(|e| format!("{s:?}: {e}"))?;
+fn parse_pow2(s: &str) -> Result<u64> {
+    let v: u64 = s.trim().parse().map_err(|e| usage(format!("{s:?}: {e}")))?;
     // Larger blocks would need pools (and metadata) of many GiB per thread.
     if v == 0 || !v.is_power_of_two() || v > 1 << 10 {
-        return Err(format!(
+        return Err(usage(format!(
             "{v} is not a power of two between 1 and 1024 frames"
-        ));
+        )));
     }
     Ok(v)
 }
@@ -291,37 +295,37 @@ impl SystemsArg {
     }
 }
 
-fn parse_system(s: &str) -> Result<System, String> {
+fn parse_system(s: &str) -> Result<System> {
     s.parse::<System>()
-        .map_err(|e| format!("{e}; the systems are {SYSTEMS_HELP}"))
+        .map_err(|e| usage(format!("{e}; the systems are {SYSTEMS_HELP}")))
 }
 
-fn parse_value_size(s: &str) -> Result<usize, String> {
-    let v: usize = s.trim().parse().map_err(|e| format!("{s:?}: {e}"))?;
+fn parse_value_size(s: &str) -> Result<usize> {
+    let v: usize = s.trim().parse().map_err(|e| usage(format!("{s:?}: {e}")))?;
     if !(16..=1 << 20).contains(&v) {
-        return Err(format!(
+        return Err(usage(format!(
             "{v}: values must be 16 B to 1 MiB (they carry a 16-byte stamp)"
-        ));
+        )));
     }
     Ok(v)
 }
 
-fn parse_seconds(s: &str) -> Result<f64, String> {
-    let v: f64 = s.trim().parse().map_err(|e| format!("{s:?}: {e}"))?;
+fn parse_seconds(s: &str) -> Result<f64> {
+    let v: f64 = s.trim().parse().map_err(|e| usage(format!("{s:?}: {e}")))?;
     if !(0.01..=3600.0).contains(&v) {
-        return Err(format!("{v}: seconds must be between 0.01 and 3600"));
+        return Err(usage(format!("{v}: seconds must be between 0.01 and 3600")));
     }
     Ok(v)
 }
 
-fn parse_pair(s: &str) -> Result<(usize, usize), String> {
+fn parse_pair(s: &str) -> Result<(usize, usize)> {
     let (a, b) = s
         .split_once(':')
-        .ok_or_else(|| format!("{s:?}: a pair is A:B (bytes), e.g. 1024:4096"))?;
-    let p = |x: &str| -> Result<usize, String> {
-        let v: usize = x.trim().parse().map_err(|e| format!("{x:?}: {e}"))?;
+        .ok_or_else(|| usage(format!("{s:?}: a pair is A:B (bytes), e.g. 1024:4096")))?;
+    let p = |x: &str| -> Result<usize> {
+        let v: usize = x.trim().parse().map_err(|e| usage(format!("{x:?}: {e}")))?;
         if !(32..=16 << 20).contains(&v) {
-            return Err(format!("{v}: object sizes must be 32 B to 16 MiB"));
+            return Err(usage(format!("{v}: object sizes must be 32 B to 16 MiB")));
         }
         Ok(v)
     };
@@ -443,7 +447,7 @@ struct PlotArgs {
     title: Option<String>,
 }
 
-fn run_buddy(a: BuddyArgs) -> Result<i32, String> {
+fn run_buddy(a: BuddyArgs) -> Result<i32> {
     let mut allocators = a.allocator.unwrap_or_else(|| AllocatorKind::ALL.to_vec());
     allocators.dedup();
     let opts = buddy::BuddyOpts {
@@ -456,7 +460,7 @@ fn run_buddy(a: BuddyArgs) -> Result<i32, String> {
         duration: a.duration_ms.map(Duration::from_millis),
     };
     let mut rep = a.run.reporter()?;
-    buddy::run(&opts, &mut rep).map_err(|e| format!("output error: {e}"))?;
+    buddy::run(&opts, &mut rep).map_err(BenchError::Output)?;
     Ok(rep.exit_code())
 }
 
@@ -465,7 +469,7 @@ fn warmup_for(secs: f64) -> Duration {
     Duration::from_secs_f64((secs / 10.0).min(0.25))
 }
 
-fn run_ycsb(a: YcsbArgs) -> Result<i32, String> {
+fn run_ycsb(a: YcsbArgs) -> Result<i32> {
     let q = a.run.quick;
     let secs = a.seconds.unwrap_or(if q { 1.0 } else { 2.0 });
     let threads = match (&a.run.threads, q) {
@@ -495,11 +499,11 @@ fn run_ycsb(a: YcsbArgs) -> Result<i32, String> {
         repeat: a.run.repeat(1),
     };
     let mut rep = a.run.reporter()?;
-    ycsb::run(&opts, &mut rep).map_err(|e| format!("output error: {e}"))?;
+    ycsb::run(&opts, &mut rep).map_err(BenchError::Output)?;
     Ok(rep.exit_code())
 }
 
-fn run_frag(a: FragArgs) -> Result<i32, String> {
+fn run_frag(a: FragArgs) -> Result<i32> {
     let q = a.run.quick;
     if a.run.threads.is_some() {
         eprintln!("memlab frag: note: --threads is ignored (the pattern runs on one thread)");
@@ -518,11 +522,11 @@ fn run_frag(a: FragArgs) -> Result<i32, String> {
             .map_or_else(|| util::online_cpus().len().min(4), |j| j as usize),
     };
     let mut rep = a.run.reporter()?;
-    frag::run(&opts, &mut rep).map_err(|e| format!("output error: {e}"))?;
+    frag::run(&opts, &mut rep).map_err(BenchError::Output)?;
     Ok(rep.exit_code())
 }
 
-fn run_churn(a: ChurnArgs) -> Result<i32, String> {
+fn run_churn(a: ChurnArgs) -> Result<i32> {
     let q = a.run.quick;
     let opts = churn::ChurnOpts {
         systems: a.systems.resolve(),
@@ -532,11 +536,11 @@ fn run_churn(a: ChurnArgs) -> Result<i32, String> {
         repeat: a.run.repeat(1),
     };
     let mut rep = a.run.reporter()?;
-    churn::run(&opts, &mut rep).map_err(|e| format!("output error: {e}"))?;
+    churn::run(&opts, &mut rep).map_err(BenchError::Output)?;
     Ok(rep.exit_code())
 }
 
-fn run_fill(a: FillArgs) -> Result<i32, String> {
+fn run_fill(a: FillArgs) -> Result<i32> {
     let q = a.run.quick;
     let secs = a.seconds.unwrap_or(if q { 1.0 } else { 2.0 });
     let mut utilizations = a.utilizations.clone().unwrap_or_else(|| {
@@ -567,11 +571,11 @@ fn run_fill(a: FillArgs) -> Result<i32, String> {
         repeat: a.run.repeat(1),
     };
     let mut rep = a.run.reporter()?;
-    fill::run(&opts, &mut rep).map_err(|e| format!("output error: {e}"))?;
+    fill::run(&opts, &mut rep).map_err(BenchError::Output)?;
     Ok(rep.exit_code())
 }
 
-fn run_plot(a: PlotArgs) -> Result<i32, String> {
+fn run_plot(a: PlotArgs) -> Result<i32> {
     let output = a.output.clone();
     plot::plot(&plot::PlotOpts {
         inputs: a.inputs,
@@ -595,14 +599,14 @@ struct RefcacheArgs {
     seconds: Option<f64>,
 }
 
-fn run_refcache(a: RefcacheArgs) -> Result<i32, String> {
+fn run_refcache(a: RefcacheArgs) -> Result<i32> {
     let opts = prims::RefcacheOpts {
         threads: a.run.threads(),
         secs: a.seconds.unwrap_or(if a.run.quick { 0.3 } else { 1.0 }),
         runs: a.run.repeat(3),
     };
     let mut rep = a.run.reporter()?;
-    prims::run_refcache(&opts, &mut rep).map_err(|e| format!("output error: {e}"))?;
+    prims::run_refcache(&opts, &mut rep).map_err(BenchError::Output)?;
     Ok(rep.exit_code())
 }
 
@@ -622,17 +626,17 @@ struct TreeArgs {
     seconds: Option<f64>,
 }
 
-fn run_tree(a: TreeArgs) -> Result<i32, String> {
+fn run_tree(a: TreeArgs) -> Result<i32> {
     if let Some(bad) = a
         .systems
         .iter()
         .flatten()
         .find(|s| !bonsai::bench::SYSTEMS.contains(&s.as_str()))
     {
-        return Err(format!(
+        return Err(usage(format!(
             "unknown system {bad:?}; the systems are {}",
             bonsai::bench::SYSTEMS.join(", ")
-        ));
+        )));
     }
     let opts = prims::TreeOpts {
         // --threads gives reader counts here.
@@ -643,7 +647,7 @@ fn run_tree(a: TreeArgs) -> Result<i32, String> {
         systems: a.systems.clone(),
     };
     let mut rep = a.run.reporter()?;
-    prims::run_tree(&opts, &mut rep).map_err(|e| format!("output error: {e}"))?;
+    prims::run_tree(&opts, &mut rep).map_err(BenchError::Output)?;
     Ok(rep.exit_code())
 }
 
@@ -666,12 +670,13 @@ struct MapbenchArgs {
     seconds: Option<f64>,
 }
 
-fn run_mapbench(a: MapbenchArgs) -> Result<i32, String> {
+fn run_mapbench(a: MapbenchArgs) -> Result<i32> {
     let workloads = a
         .workloads
         .iter()
         .map(|w| w.parse())
-        .collect::<Result<Vec<radixvm::bench::Workload>, String>>()?;
+        .collect::<Result<Vec<radixvm::bench::Workload>, String>>()
+        .map_err(BenchError::Usage)?;
     let systems = match &a.systems {
         Some(list) => vm::parse_systems(list)?,
         None => radixvm::bench::System::ALL.to_vec(),
@@ -685,7 +690,7 @@ fn run_mapbench(a: MapbenchArgs) -> Result<i32, String> {
         systems,
     };
     let mut rep = a.run.reporter()?;
-    vm::run_mapbench(&opts, &mut rep).map_err(|e| format!("output error: {e}"))?;
+    vm::run_mapbench(&opts, &mut rep).map_err(BenchError::Output)?;
     Ok(rep.exit_code())
 }
 
@@ -705,7 +710,7 @@ struct FaultbenchArgs {
     seconds: Option<f64>,
 }
 
-fn run_faultbench(a: FaultbenchArgs) -> Result<i32, String> {
+fn run_faultbench(a: FaultbenchArgs) -> Result<i32> {
     let fractions = a.fractions.clone().unwrap_or_else(|| {
         if a.run.quick {
             vec![0.0, 0.25, 0.5, 0.9]
@@ -714,7 +719,7 @@ fn run_faultbench(a: FaultbenchArgs) -> Result<i32, String> {
         }
     });
     if let Some(bad) = fractions.iter().find(|f| !(0.0..=1.0).contains(*f)) {
-        return Err(format!("fraction {bad} is not between 0 and 1"));
+        return Err(usage(format!("fraction {bad} is not between 0 and 1")));
     }
     let systems = match &a.systems {
         Some(list) => vm::parse_systems(list)?,
@@ -732,7 +737,7 @@ fn run_faultbench(a: FaultbenchArgs) -> Result<i32, String> {
         systems,
     };
     let mut rep = a.run.reporter()?;
-    vm::run_faultbench(&opts, &mut rep).map_err(|e| format!("output error: {e}"))?;
+    vm::run_faultbench(&opts, &mut rep).map_err(BenchError::Output)?;
     Ok(rep.exit_code())
 }
 
@@ -764,4 +769,9 @@ pub fn main_entry(alloc: Alloc) -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// A command-line value that is out of range or unknown.
+fn usage(msg: String) -> BenchError {
+    BenchError::Usage(msg)
 }

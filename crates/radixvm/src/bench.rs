@@ -283,61 +283,6 @@ pub struct MapRow {
     pub runs: usize,
 }
 
-fn opt(v: Option<f64>) -> String {
-    v.map_or("null".into(), |v| format!("{v:.3}"))
-}
-
-impl MapRow {
-    /// One JSON object (memlab's convention).
-    pub fn to_json(&self) -> String {
-        format!(
-            "{{\"bench\":\"mapbench\",\"system\":\"{}\",\"tlb\":\"{}\",\"workload\":\"{}\",\"threads\":{},\
-             \"pages\":{},\"ops_per_sec\":{:.0},\"touches_per_sec\":{:.0},\"faults_per_iter\":{:.3},\
-             \"shootdowns_per_iter\":{},\"targets_per_shootdown\":{},\"page_table_pages\":{},\
-             \"kernel_tlb_ipis_per_iter\":{},\"backend\":\"{}\",\"spread_pct\":{:.1},\"runs\":{}}}",
-            self.system.name(),
-            self.system.tlb(),
-            self.workload.name(),
-            self.threads,
-            self.pages,
-            self.iters_per_sec,
-            self.touches_per_sec,
-            self.faults_per_iter,
-            opt(self.shootdowns_per_iter),
-            opt(self.targets_per_shootdown),
-            self.page_table_pages.map_or("null".into(), |p| p.to_string()),
-            opt(self.kernel_tlb_ipis_per_iter),
-            self.system.backend().map_or("native", Backend::name),
-            self.spread_pct,
-            self.runs
-        )
-    }
-
-    /// Header of [`MapRow::to_table_line`].
-    pub const TABLE_HEADER: &'static str = "workload system        tlb        threads pages      iters/s    touches/s faults/it shoot/it tgt/shoot  pt-pages kTLB/it spread%";
-
-    /// One table line.
-    pub fn to_table_line(&self) -> String {
-        let dash = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));
-        format!(
-            "{:<8} {:<14} {:<10} {:>7} {:>5} {:>12.0} {:>12.0} {:>9.2} {:>8} {:>9} {:>9} {:>7} {:>7.1}",
-            self.workload.name(),
-            self.system.name(),
-            self.system.tlb(),
-            self.threads,
-            self.pages,
-            self.iters_per_sec,
-            self.touches_per_sec,
-            self.faults_per_iter,
-            dash(self.shootdowns_per_iter),
-            dash(self.targets_per_shootdown),
-            self.page_table_pages.map_or("-".into(), |p| p.to_string()),
-            dash(self.kernel_tlb_ipis_per_iter),
-            self.spread_pct
-        )
-    }
-}
-
 /// One faultbench result.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FaultRow {
@@ -357,46 +302,6 @@ pub struct FaultRow {
     pub spread_pct: f64,
     /// Runs.
     pub runs: usize,
-}
-
-impl FaultRow {
-    /// One JSON object.
-    pub fn to_json(&self) -> String {
-        format!(
-            "{{\"bench\":\"faultbench\",\"system\":\"{}\",\"tlb\":\"{}\",\"backend\":\"{}\",\"threads\":{},\
-             \"map_fraction\":{:.2},\"faults_per_sec\":{:.0},\"fault_ns\":{:.1},\"maps_per_sec\":{:.0},\
-             \"spread_pct\":{:.1},\"runs\":{}}}",
-            self.system.name(),
-            self.system.tlb(),
-            self.system.backend().map_or("native", Backend::name),
-            self.threads,
-            self.map_fraction,
-            self.faults_per_sec,
-            self.fault_ns,
-            self.maps_per_sec,
-            self.spread_pct,
-            self.runs
-        )
-    }
-
-    /// Header of [`FaultRow::to_table_line`].
-    pub const TABLE_HEADER: &'static str =
-        "system         tlb        threads map-frac     faults/s  ns/fault    maps/s spread%";
-
-    /// One table line.
-    pub fn to_table_line(&self) -> String {
-        format!(
-            "{:<14} {:<10} {:>7} {:>8.2} {:>12.0} {:>9.1} {:>9.0} {:>7.1}",
-            self.system.name(),
-            self.system.tlb(),
-            self.threads,
-            self.map_fraction,
-            self.faults_per_sec,
-            self.fault_ns,
-            self.maps_per_sec,
-            self.spread_pct
-        )
-    }
 }
 
 fn pin(thread: usize) {

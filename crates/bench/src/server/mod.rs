@@ -88,20 +88,22 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use indicatif::ProgressBar;
 
-#[path = "server_load.rs"]
 pub(crate) mod load;
-#[path = "server_proto.rs"]
 pub(crate) mod proto;
-#[path = "server_sut.rs"]
+mod rows;
 pub(crate) mod sut;
+mod target;
 
+use crate::error::BenchError;
 use crate::report::{Reporter, Row};
 use crate::util::{self, Spread, Watchdog};
 use crate::ycsb::{Dist, KeyChooser};
 use crate::RunOpts;
 use load::{ChurnSpec, Conn, Mix, KEY_LEN};
 use proto::{Expect, Proto};
+use rows::emit;
 use sut::{Bins, ServerProc, Sys};
+use target::run_target;
 
 const BENCH: &str = "server";
 const CHURN: &str = "server-churn";
@@ -314,7 +316,7 @@ impl Sample {
 }
 
 /// Run from the command line.
-pub fn run_cli(a: ServerArgs) -> Result<i32, String> {
+pub fn run_cli(a: ServerArgs) -> crate::error::Result<i32> {
     let q = a.run.quick;
     let secs = a.seconds.unwrap_or(if q { 1.0 } else { 3.0 });
     let memory_mib = a.memory_mib.unwrap_or(if q { 256 } else { 1024 });
@@ -355,9 +357,9 @@ pub fn run_cli(a: ServerArgs) -> Result<i32, String> {
     };
     let connections = a.connections as usize;
     if let Some(&t) = threads.iter().find(|&&t| t > connections) {
-        return Err(format!(
+        return Err(BenchError::Usage(format!(
             "--threads {t} needs at least as many --connections (have {connections})"
-        ));
+        )));
     }
     let mut phases = a
         .phases
@@ -392,12 +394,12 @@ pub fn run_cli(a: ServerArgs) -> Result<i32, String> {
     let external = a.endpoint.is_some();
     let data = o.keys.saturating_mul((KEY_LEN + o.value_size) as u64);
     if !external && !measured(&o).is_empty() && data > o.memory / 4 * 3 {
-        return Err(format!(
+        return Err(BenchError::Usage(format!(
             "--keys x (16 + --value-size) = {} MiB of live data is more than 3/4 of the {} MiB memory \
              limit; raise --memory-mib or lower --keys",
             data >> 20,
             o.memory >> 20
-        ));
+        )));
     }
     if !external && o.phases.contains(&Phase::Churn) && o.churn_bytes > o.memory / 5 * 2 {
         eprintln!(
@@ -539,552 +541,9 @@ fn notes(o: &Opts, rep: &mut Reporter, rb: bool) {
     }
 }
 
-/// Everything for one system in one run.
-fn run_target(
-    o: &Opts,
-    t: &Target,
-    run: usize,
-    rb_bin: Option<&std::path::Path>,
-    pb: &ProgressBar,
-    rep: &mut Reporter,
-    samples: &mut Vec<Sample>,
-) -> Result<(), String> {
-    let name = t.name();
-    let seed = 1 + run as u64;
-    let max_threads = o.threads.iter().copied().max().unwrap_or(1);
-    let phases = measured(o);
-    if !phases.is_empty() || rb_bin.is_some() {
-        pb.set_message(format!("{name}: starting"));
-        let server = Server::start(o, t)?;
-        let mut conns = server.connect(o.connections)?;
-        let mut ctl = server.connect(1)?.remove(0);
-        let live = if phases.is_empty() {
-            0
-        } else {
-            pb.set_message(format!("{name}: loading {} keys", o.keys));
-            let ops = load::preload_ops(o.keys, o.value_size);
-            let r = load::run_bulk(&mut conns, max_threads, &ops, BULK_PIPELINE)?;
-            if !r.failed.is_empty() {
-                return Err(format!(
-                    "{} of {} preload SETs failed, first: {}",
-                    r.failed.len(),
-                    o.keys,
-                    r.first_error.as_deref().unwrap_or("?")
-                ));
-            }
-            let live = o.keys * (KEY_LEN + o.value_size) as u64;
-            let (keys, used) = sut::server_counts(&mut ctl);
-            if let Some(k) = keys.filter(|&k| k < o.keys) {
-                rep.fail(format!(
-                    "{BENCH} {name} run {}: the server holds {k} keys after {} were stored (evicted or lost)",
-                    run + 1,
-                    o.keys
-                ));
-            }
-            let (rss, hwm) = server.rss();
-            samples.push(Sample {
-                system: name,
-                run,
-                phase: "load".into(),
-                threads: max_threads,
-                ops_per_sec: o.keys as f64 / r.secs,
-                rss,
-                hwm,
-                live: Some(live),
-                server_keys: keys,
-                server_used: used,
-                completed: true,
-                secs: r.secs,
-                ..Sample::default()
-            });
-            pb.inc(1);
-            live
-        };
-        for &threads in &o.threads {
-            for &ph in &phases {
-                pb.set_message(format!("{name}: {} t={threads}", ph.name()));
-                let mix = Mix {
-                    read_ratio: match ph {
-                        Phase::Get => 1.0,
-                        Phase::Set => 0.0,
-                        _ => o.read_ratio,
-                    },
-                    value_size: o.value_size,
-                    chooser: KeyChooser::new(o.dist, o.keys),
-                    pipeline: o.pipeline,
-                };
-                let cpu = server
-                    .pid()
-                    .map(|pid| sut::CpuWindow::spawn(pid, Instant::now() + o.warmup, o.measure));
-                let r = load::run_phase(&mut conns, threads, &mix, o.warmup, o.measure, seed)?;
-                let cpu_secs = cpu.and_then(sut::CpuWindow::join);
-                let what = format!(
-                    "{BENCH} {name} {} threads={threads} run {}",
-                    ph.name(),
-                    run + 1
-                );
-                if r.misses > 0 || r.bad_values > 0 {
-                    rep.fail(format!(
-                        "{what}: {} GETs of loaded keys missed, {} returned a value of the wrong length",
-                        r.misses, r.bad_values
-                    ));
-                }
-                if r.errors > 0 {
-                    rep.error(format!(
-                        "{what}: {} error replies, first: {}",
-                        r.errors,
-                        r.first_error.as_deref().unwrap_or("?")
-                    ));
-                }
-                let (rss, hwm) = server.rss();
-                samples.push(Sample {
-                    system: name,
-                    run,
-                    phase: ph.name().into(),
-                    threads,
-                    ops_per_sec: r.ops_per_sec(),
-                    p50: Some(r.p_ns(0.5) as f64),
-                    p99: Some(r.p_ns(0.99) as f64),
-                    p999: Some(r.p_ns(0.999) as f64),
-                    rss,
-                    hwm,
-                    live: Some(live),
-                    cpu_ns_per_op: cpu_secs
-                        .filter(|_| r.ops_per_sec() > 0.0)
-                        .map(|c| c * 1e9 / (r.ops_per_sec() * r.secs)),
-                    completed: true,
-                    secs: r.secs,
-                    ..Sample::default()
-                });
-                pb.inc(1);
-            }
-        }
-        drop(conns);
-        drop(ctl);
-        if let (Some(bin), Some(port)) = (rb_bin, server.resp_port()) {
-            pb.set_message(format!("{name}: redis-benchmark"));
-            // ~200k requests/s is slow for a pipelined SET/GET: allow that and a minute.
-            let timeout = Duration::from_secs(60 + 2 * o.rb_requests / 200_000);
-            match sut::redis_benchmark(bin, port, o.rb_requests, timeout) {
-                Ok(v) => {
-                    for x in v {
-                        samples.push(Sample {
-                            system: name,
-                            run,
-                            phase: format!("rb:{}", x.test),
-                            threads: 1,
-                            ops_per_sec: x.rps,
-                            p50: x.p50_ms.map(|ms| ms * 1e6),
-                            completed: true,
-                            ..Sample::default()
-                        });
-                    }
-                }
-                Err(e) => rep.error(format!("{RB} {name} run {}: {e}", run + 1)),
-            }
-        }
-        pb.inc(1);
-        server.stop()?;
-    }
-    if o.phases.contains(&Phase::Churn) {
-        pb.set_message(format!("{name}: churn"));
-        let server = Server::start(o, t)?;
-        let mut conns = server.connect(o.connections.min(8 * max_threads))?;
-        let mut ctl = server.connect(1)?.remove(0);
-        let rss_start = server.rss().0;
-        let spec = ChurnSpec {
-            target: o.churn_bytes,
-            sizes_a: CHURN_SIZES_A,
-            sizes_b: CHURN_SIZES_B,
-            delete_permille: 900,
-            pipeline: BULK_PIPELINE,
-            seed,
-        };
-        let c = load::churn(&mut conns, max_threads, &spec)?;
-        std::thread::sleep(o.churn_settle);
-        let (keys, used) = sut::server_counts(&mut ctl);
-        let (rss, hwm) = server.rss();
-        // Redis's allocator keeps freed pages a while; MEMORY PURGE returns
-        // them at once: its best case, reported beside the as-is figure.
-        let purged = match ctl.proto() {
-            Proto::Resp => {
-                match ctl.call(Expect::Line, &[b"MEMORY", b"PURGE"], |r| r.is_stored()) {
-                    Ok(true) => {
-                        std::thread::sleep(Duration::from_millis(100));
-                        server.rss().0
-                    }
-                    _ => None,
-                }
-            }
-            Proto::Memcached => None,
-        };
-        if let Some(k) = keys.filter(|&k| k < c.live_keys) {
-            rep.fail(format!(
-                "{CHURN} {name} run {}: the server holds {k} keys, {} should be live (evicted or lost)",
-                run + 1,
-                c.live_keys
-            ));
-        }
-        samples.push(Sample {
-            system: name,
-            run,
-            phase: "churn".into(),
-            threads: max_threads,
-            ops_per_sec: c.ops as f64 / c.secs,
-            rss,
-            hwm,
-            rss_start,
-            rss_purged: purged,
-            live: Some(c.live_bytes),
-            live_keys: Some(c.live_keys),
-            server_keys: keys,
-            server_used: used,
-            completed: c.live_bytes >= o.churn_bytes,
-            secs: c.secs,
-            ..Sample::default()
-        });
-        if c.failed > 0 {
-            rep.note(
-                CHURN,
-                &format!(
-                    "{name} run {}: {} requests failed (first: {}); those keys are not counted live",
-                    run + 1,
-                    c.failed,
-                    c.first_error.as_deref().unwrap_or("a DEL found no key")
-                ),
-            );
-        }
-        drop(conns);
-        drop(ctl);
-        pb.inc(1);
-        server.stop()?;
-    }
-    Ok(())
-}
-
-/// A started server, or the external endpoint.
-enum Server {
-    Proc(ServerProc),
-    External {
-        addr: SocketAddr,
-        proto: Proto,
-        pid: Option<u32>,
-    },
-}
-
-impl Server {
-    fn start(o: &Opts, t: &Target) -> Result<Server, String> {
-        match t {
-            Target::Start(s) => {
-                util::prime_memory(o.memory as usize);
-                ServerProc::start(*s, &o.bins, o.memory, o.protocol).map(Server::Proc)
-            }
-            Target::External { addr, pid } => Ok(Server::External {
-                addr: *addr,
-                proto: o.protocol,
-                pid: *pid,
-            }),
-        }
-    }
-
-    fn connect(&self, n: usize) -> Result<Vec<Conn>, String> {
-        let (addr, proto) = match self {
-            Server::Proc(p) => (p.addr, p.proto),
-            Server::External { addr, proto, .. } => (*addr, *proto),
-        };
-        (0..n).map(|_| Conn::connect(addr, proto)).collect()
-    }
-
-    fn pid(&self) -> Option<u32> {
-        match self {
-            Server::Proc(p) => Some(p.pid()),
-            Server::External { pid, .. } => *pid,
-        }
-    }
-
-    fn rss(&self) -> (Option<u64>, Option<u64>) {
-        match self.pid().and_then(sut::proc_rss) {
-            Some((r, h)) => (Some(r), Some(h)),
-            None => (None, None),
-        }
-    }
-
-    fn resp_port(&self) -> Option<u16> {
-        match self {
-            Server::Proc(p) => p.resp_port,
-            Server::External { addr, proto, .. } => (*proto == Proto::Resp).then_some(addr.port()),
-        }
-    }
-
-    /// Stop the server; an error if it had died on its own.
-    fn stop(self) -> Result<(), String> {
-        if let Server::Proc(p) = self {
-            if p.rss().is_none() {
-                return Err(format!(
-                    "{} died during the run: {}",
-                    p.sys.name(),
-                    p.log_tail(1500)
-                ));
-            }
-        }
-        Ok(())
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Rows
-
-fn spread(xs: impl Iterator<Item = f64>) -> Option<Spread> {
-    let v: Vec<f64> = xs.filter(|x| x.is_finite()).collect();
-    (!v.is_empty()).then(|| Spread::of(&v))
-}
-
-fn emit(
-    o: &Opts,
-    targets: &[Target],
-    samples: &[Sample],
-    rep: &mut Reporter,
-) -> std::io::Result<()> {
-    let names: Vec<&str> = targets.iter().map(Target::name).collect();
-    let of = |sys: &str, phase: &str, threads: Option<usize>| -> Vec<&Sample> {
-        samples
-            .iter()
-            .filter(|s| {
-                s.system == sys && s.phase == phase && threads.is_none_or(|t| s.threads == t)
-            })
-            .collect()
-    };
-    // Throughput phases.
-    let mut keys: Vec<(String, usize)> = Vec::new();
-    if !measured(o).is_empty() {
-        let max_threads = o.threads.iter().copied().max().unwrap_or(1);
-        keys.push(("load".into(), max_threads));
-    }
-    for &t in &o.threads {
-        for p in measured(o) {
-            keys.push((p.name().into(), t));
-        }
-    }
-    for (phase, threads) in &keys {
-        for &sys in &names {
-            let v = of(sys, phase, Some(*threads));
-            let Some(ops) = spread(v.iter().map(|s| s.ops_per_sec)) else {
-                continue;
-            };
-            let med = |f: fn(&Sample) -> Option<f64>| spread(v.iter().filter_map(|s| f(s)));
-            let mut row = Row::new(BENCH, sys, *threads)
-                .set("phase", phase.as_str())
-                .set("wire", proto_of(o, sys).name())
-                .set("distribution", o.dist.name())
-                .set("connections", o.connections)
-                .set("pipeline", o.pipeline)
-                .set("keys", o.keys)
-                .set("value_size", o.value_size)
-                .set_spread("ops_per_sec", &ops, 0);
-            row = match phase.as_str() {
-                "load" => row
-                    .set("p50_ns", None::<u64>)
-                    .set("p99_ns", None::<u64>)
-                    .set("p999_ns", None::<u64>),
-                _ => row
-                    .set_f("p50_ns", med(|s| s.p50).map_or(f64::NAN, |x| x.median), 0)
-                    .set_f("p99_ns", med(|s| s.p99).map_or(f64::NAN, |x| x.median), 0)
-                    .set_f("p999_ns", med(|s| s.p999).map_or(f64::NAN, |x| x.median), 0),
-            };
-            if let Some(c) = med(|s| s.cpu_ns_per_op) {
-                row = row.set_spread("server_cpu_ns_per_op", &c, 0);
-            }
-            row = set_mem(row, &v);
-            rep.emit(row.set("runs", v.len()))?;
-        }
-    }
-    // Churn.
-    for &sys in &names {
-        let v = of(sys, "churn", None);
-        if v.is_empty() {
-            continue;
-        }
-        let mut row = Row::new(CHURN, sys, v[0].threads)
-            .set("wire", proto_of(o, sys).name())
-            .set("target_bytes", o.churn_bytes);
-        row = set_mem(row, &v);
-        let start = spread(v.iter().filter_map(|s| s.rss_start.map(|x| x as f64)));
-        row = row.set("rss_start_bytes", start.map(|s| s.median as u64));
-        let purged = spread(v.iter().filter_map(|s| s.rss_purged.map(|x| x as f64)));
-        row = row.set("rss_purged_bytes", purged.map(|s| s.median as u64));
-        let sk = spread(v.iter().filter_map(|s| s.server_keys.map(|x| x as f64)));
-        let lk = spread(v.iter().filter_map(|s| s.live_keys.map(|x| x as f64)));
-        row = row
-            .set("live_keys", lk.map(|s| s.median as u64))
-            .set("server_keys", sk.map(|s| s.median as u64))
-            .set("completed", v.iter().all(|s| s.completed))
-            .set_f(
-                "secs",
-                spread(v.iter().map(|s| s.secs)).map_or(f64::NAN, |s| s.median),
-                2,
-            )
-            .set("runs", v.len());
-        rep.emit(row)?;
-    }
-    // redis-benchmark.
-    for test in ["rb:SET", "rb:GET"] {
-        for &sys in &names {
-            let v = of(sys, test, None);
-            let Some(ops) = spread(v.iter().map(|s| s.ops_per_sec)) else {
-                continue;
-            };
-            let p50 = spread(v.iter().filter_map(|s| s.p50));
-            rep.emit(
-                Row::new(RB, sys, 1)
-                    .set("phase", &test[3..])
-                    .set("clients", 50)
-                    .set("pipeline", 16)
-                    .set("requests", o.rb_requests)
-                    .set_spread("ops_per_sec", &ops, 0)
-                    .set_f("p50_ns", p50.map_or(f64::NAN, |s| s.median), 0)
-                    .set("runs", v.len()),
-            )?;
-        }
-    }
-    // Ratios of the nibble variants to the peers.
-    let subjects: Vec<&str> = names
-        .iter()
-        .copied()
-        .filter(|n| *n == "nibble" || *n == "nibble2")
-        .collect();
-    let peers: Vec<&str> = names
-        .iter()
-        .copied()
-        .filter(|n| *n == "redis" || *n == "memcached")
-        .collect();
-    let paired =
-        |a: &str, b: &str, phase: &str, threads: Option<usize>, f: fn(&Sample) -> Option<f64>| {
-            let xs: Vec<f64> = (0..o.repeat)
-                .filter_map(|r| {
-                    let x = of(a, phase, threads).into_iter().find(|s| s.run == r)?;
-                    let y = of(b, phase, threads).into_iter().find(|s| s.run == r)?;
-                    Some(f(x)? / f(y)?)
-                })
-                .collect();
-            spread(xs.into_iter())
-        };
-    if !subjects.is_empty() && !peers.is_empty() {
-        rep.note(
-            RATIO,
-            &format!(
-                "Run by run (paired), median [min, max]: ratio = system / vs throughput, p99_ratio = system / \
-                 vs p99 latency. Goals (issue 4): ratio >= {GOAL_OPS}, p99_ratio <= {GOAL_P99}; churn: \
-                 bloat <= {GOAL_BLOAT} where the peer's bloat exceeds {PEER_BLOAT}."
-            ),
-        );
-    }
-    for &sys in &subjects {
-        for &peer in &peers {
-            let mut rows = Vec::new();
-            for &t in &o.threads {
-                for p in measured(o) {
-                    let ops = paired(sys, peer, p.name(), Some(t), |s| Some(s.ops_per_sec));
-                    let p99 = paired(sys, peer, p.name(), Some(t), |s| s.p99);
-                    if let (Some(ops), Some(p99)) = (ops, p99) {
-                        rows.push(ratio_row(sys, peer, p.name(), t, ops, Some(p99)));
-                    }
-                }
-            }
-            if peer == "redis" {
-                for test in ["rb:SET", "rb:GET"] {
-                    if let Some(ops) = paired(sys, peer, test, None, |s| Some(s.ops_per_sec)) {
-                        let name = format!("redis-benchmark {}", &test[3..]);
-                        rows.push(ratio_row(sys, peer, &name, 1, ops, None));
-                    }
-                }
-            }
-            if let (Some(b), Some(pb)) = (
-                spread(of(sys, "churn", None).iter().filter_map(|s| s.bloat())),
-                spread(of(peer, "churn", None).iter().filter_map(|s| s.bloat())),
-            ) {
-                let threads = of(sys, "churn", None).first().map_or(1, |s| s.threads);
-                rows.push(
-                    Row::new(RATIO, sys, threads)
-                        .set("vs", peer)
-                        .set("phase", "churn")
-                        .set_f("bloat", b.median, 3)
-                        .set_f("vs_bloat", pb.median, 3)
-                        .set(
-                            "goal",
-                            format!("bloat <= {GOAL_BLOAT} where vs_bloat > {PEER_BLOAT}"),
-                        )
-                        .set(
-                            "goal_met",
-                            if pb.median > PEER_BLOAT {
-                                serde_json::Value::from(b.median <= GOAL_BLOAT)
-                            } else {
-                                serde_json::Value::Null
-                            },
-                        ),
-                );
-            }
-            for row in rows {
-                rep.emit(row)?;
-            }
-        }
-    }
-    Ok(())
-}
-
-fn ratio_row(
-    sys: &str,
-    peer: &str,
-    phase: &str,
-    threads: usize,
-    ops: Spread,
-    p99: Option<Spread>,
-) -> Row {
-    let mut row = Row::new(RATIO, sys, threads)
-        .set("vs", peer)
-        .set("phase", phase)
-        .set_spread("ratio", &ops, 3);
-    let mut met = ops.median >= GOAL_OPS;
-    let mut goal = format!("ops >= {GOAL_OPS}x");
-    if let Some(p) = p99 {
-        row = row.set_spread("p99_ratio", &p, 3);
-        met &= p.median <= GOAL_P99;
-        goal.push_str(&format!(", p99 <= {GOAL_P99}x"));
-    }
-    row.set("goal", goal).set("goal_met", met)
-}
-
-/// Memory columns: median RSS, peak, live bytes, bloat [min, max], server-reported use.
-fn set_mem(row: Row, v: &[&Sample]) -> Row {
-    let rss = spread(v.iter().filter_map(|s| s.rss.map(|x| x as f64)));
-    let hwm = spread(v.iter().filter_map(|s| s.hwm.map(|x| x as f64)));
-    let live = spread(v.iter().filter_map(|s| s.live.map(|x| x as f64)));
-    let used = spread(v.iter().filter_map(|s| s.server_used.map(|x| x as f64)));
-    let bloat = spread(v.iter().filter_map(|s| s.bloat()));
-    let int = |s: Option<Spread>| s.map(|s| s.median as u64);
-    let mut row = row
-        .set("rss_bytes", int(rss))
-        .set("rss_peak_bytes", int(hwm))
-        .set("live_bytes", int(live));
-    row = match bloat {
-        Some(b) => row.set_spread("bloat", &b, 3),
-        None => row.set("bloat", None::<f64>),
-    };
-    if used.is_some() {
-        row = row.set("server_used_bytes", int(used));
-    }
-    row
-}
-
-fn proto_of(o: &Opts, sys: &str) -> Proto {
-    match sys {
-        "redis" => Proto::Resp,
-        "memcached" => Proto::Memcached,
-        _ => o.protocol,
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::rows::ratio_row;
     use super::*;
 
     #[test]

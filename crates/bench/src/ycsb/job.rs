@@ -1,0 +1,131 @@
+//! The child side: one process's job (load, then every (distribution,
+//! workload) at one thread count on one store) and its result cells.
+
+use super::*;
+
+/// One child's work: load, then every (distribution, workload) at one
+/// thread count, on one store.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct YcsbJob {
+    pub system: System,
+    pub threads: usize,
+    pub records: u64,
+    pub value_size: usize,
+    pub workloads: Vec<Workload>,
+    pub distributions: Vec<Dist>,
+    pub warmup_ms: u64,
+    pub measure_ms: u64,
+    pub capacity: usize,
+    pub seed: u64,
+}
+
+/// One measured cell.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct YcsbCell {
+    /// `load`, `A`, `B`, `C`, `F`.
+    pub workload: String,
+    /// None for the load.
+    pub distribution: Option<String>,
+    pub threads: usize,
+    pub ops: u64,
+    pub ops_per_sec: f64,
+    pub p50_ns: u64,
+    pub p99_ns: u64,
+    pub misses: u64,
+    pub bad_values: u64,
+    pub put_errors: u64,
+    pub first_error: Option<String>,
+}
+
+pub(super) fn cell_of(
+    workload: &str,
+    dist: Option<Dist>,
+    threads: usize,
+    r: &PhaseResult,
+) -> YcsbCell {
+    YcsbCell {
+        workload: workload.to_string(),
+        distribution: dist.map(|d| d.name().to_string()),
+        threads,
+        ops: r.ops,
+        ops_per_sec: r.ops_per_sec,
+        p50_ns: r.p_ns(0.5),
+        p99_ns: r.p_ns(0.99),
+        misses: r.misses,
+        bad_values: r.bad_values,
+        put_errors: r.put_errors,
+        first_error: r.first_error.clone(),
+    }
+}
+
+/// Run a job (in the child).
+pub fn run_job(job: &YcsbJob, emit: &mut dyn FnMut(YcsbCell)) -> Result<(), String> {
+    let cpus = util::online_cpus();
+    let cells = (job.workloads.len() * job.distributions.len()) as u32;
+    let _wd = Watchdog::arm(
+        Duration::from_millis(job.warmup_ms + job.measure_ms) * cells
+            + Duration::from_micros(40 * job.records)
+            + HANG_GRACE,
+        format!("ycsb {} threads={}", job.system, job.threads),
+    );
+    let kv = job.system.build(job.capacity)?;
+    let kv: &dyn Kv = &*kv;
+    let r = load(
+        kv,
+        job.records,
+        job.value_size,
+        job.threads,
+        &cpus,
+        job.seed,
+    )
+    .map_err(|e| format!("ycsb {} threads={}: {e}", job.system, job.threads))?;
+    emit(cell_of("load", None, job.threads, &r));
+    let c = condition(
+        kv,
+        job.records,
+        job.value_size,
+        job.threads,
+        &cpus,
+        job.seed,
+    )
+    .map_err(|e| {
+        format!(
+            "ycsb {} threads={}: overwrite pass: {e}",
+            job.system, job.threads
+        )
+    })?;
+    // Its failed writes are reported with the first measured cell's.
+    let mut carry = Some((c.put_errors, c.first_error));
+    for &dist in &job.distributions {
+        for &workload in &job.workloads {
+            let spec = RunSpec {
+                workload,
+                dist,
+                records: job.records,
+                value_size: job.value_size,
+                threads: job.threads,
+                warmup: Duration::from_millis(job.warmup_ms),
+                duration: Duration::from_millis(job.measure_ms),
+                seed: job.seed ^ ((workload as u64) << 8 | dist as u64),
+            };
+            let r = run_workload(kv, &spec, &cpus).map_err(|e| {
+                format!(
+                    "ycsb {} {} {} threads={}: {e}",
+                    job.system,
+                    workload.name(),
+                    dist.name(),
+                    job.threads
+                )
+            })?;
+            let mut cell = cell_of(workload.name(), Some(dist), job.threads, &r);
+            if let Some((n, e)) = carry.take() {
+                cell.put_errors += n;
+                if cell.first_error.is_none() {
+                    cell.first_error = e.map(|e| format!("{e} (overwrite pass)"));
+                }
+            }
+            emit(cell);
+        }
+    }
+    Ok(())
+}
