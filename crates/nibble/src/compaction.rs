@@ -538,7 +538,11 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
                         complete = false;
                         break;
                     };
-                    if !mem.copy(off, new_off, size) {
+                    // SAFETY: `new_off` is room `Dest::room` just made in
+                    // this worker's own destination segment (only this
+                    // worker writes it); the source object's bucket is
+                    // locked, in a victim segment, so they do not overlap.
+                    if !unsafe { mem.copy(off, new_off, size) } {
                         complete = false;
                         break;
                     }

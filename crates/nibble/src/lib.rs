@@ -32,15 +32,18 @@
 //! assert!(store.delete(b"hello").unwrap());
 //! ```
 
-pub mod compaction;
+#![deny(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
+
+pub(crate) mod compaction;
 pub mod index;
-pub mod live;
-pub mod log;
+pub(crate) mod live;
+pub(crate) mod log;
 pub mod memory;
 pub mod object;
 mod prefetch;
 pub mod store;
 
+pub use memory::BLOCK_BYTES;
 pub use store::{
     hash_key, Condition, Config, Error, Expiry, ItemMeta, Mode, PutOptions, Stats, Store,
     MAX_KEY_BYTES, MIN_CAPACITY_BYTES,

@@ -69,6 +69,7 @@ impl LiveBytes {
     }
 
     /// Number of stripes.
+    #[cfg(test)]
     pub fn stripes(&self) -> usize {
         self.stripes
     }

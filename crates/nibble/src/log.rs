@@ -52,8 +52,6 @@ impl HeadSeg {
 
 /// One node's log.
 pub struct Log {
-    /// The node index.
-    pub node: usize,
     heads: Box<[CachePadded<Mutex<Option<HeadSeg>>>]>,
     /// Per head: the pool offset of its next free byte, or `NO_HINT`. A
     /// hint only (read without the head's lock), for [`Log::prefetch`].
@@ -76,9 +74,8 @@ pub struct Appended {
 impl Log {
     /// A log with `heads` heads, `workers` compaction queues and segments of
     /// `segment_blocks` blocks.
-    pub fn new(node: usize, heads: usize, workers: usize, segment_blocks: usize) -> Log {
+    pub fn new(heads: usize, workers: usize, segment_blocks: usize) -> Log {
         Log {
-            node,
             heads: (0..heads.max(1))
                 .map(|_| CachePadded::new(Mutex::new(None)))
                 .collect(),
@@ -89,11 +86,6 @@ impl Log {
             next_worker: AtomicUsize::new(0),
             segment_blocks,
         }
-    }
-
-    /// Number of heads.
-    pub fn heads(&self) -> usize {
-        self.heads.len()
     }
 
     /// Append an object of `len` bytes written by `fill(mem, pool_offset)`.
@@ -196,17 +188,5 @@ impl Log {
                 self.close(mem, epochs, h);
             }
         }
-    }
-
-    /// Bytes of free space left in the heads.
-    pub fn head_free_bytes(&self) -> u64 {
-        self.heads
-            .iter()
-            .map(|h| {
-                h.lock()
-                    .as_ref()
-                    .map_or(0, |h| (h.capacity() - h.used) as u64)
-            })
-            .sum()
     }
 }

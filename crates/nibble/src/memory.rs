@@ -98,11 +98,11 @@ mod block_state {
 }
 
 /// Segment id.
-pub type SegId = u32;
+pub(crate) type SegId = u32;
 
 /// Life cycle of a segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SegState {
+pub(crate) enum SegState {
     /// Slot unused.
     Free,
     /// A log head (or a compaction destination being filled).
@@ -115,7 +115,7 @@ pub enum SegState {
 
 /// Mutable segment metadata.
 #[derive(Debug)]
-pub struct SegMeta {
+pub(crate) struct SegMeta {
     /// State.
     pub state: SegState,
     /// Blocks, in order.
@@ -126,12 +126,10 @@ pub struct SegMeta {
     pub created_tsc: u64,
     /// Epoch stamp when closed.
     pub closed_at: u64,
-    /// Built with reserve blocks by compaction.
-    pub for_compaction: bool,
 }
 
 /// One SegmentInfo slot.
-pub struct SegInfo {
+pub(crate) struct SegInfo {
     /// Earliest expiry (Unix ms) of any object written here; `u64::MAX` if
     /// none. Live bytes cannot see expiry, so compaction uses this to find
     /// segments whose objects have expired.
@@ -141,7 +139,7 @@ pub struct SegInfo {
 }
 
 /// Blocks of memory and the segments built from them.
-pub struct Memory {
+pub(crate) struct Memory {
     pool: FramePool,
     base: *mut u8,
     alloc: Box<dyn FrameAllocator>,
@@ -180,12 +178,12 @@ unsafe impl Sync for Memory {}
 
 /// Error from block allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NoBlocks;
+pub(crate) struct NoBlocks;
 
 impl Memory {
     /// Map `pool_bytes` of memory (rounded down to blocks), with
     /// `reserve_blocks` kept for compaction, over `heaps` buddy heaps.
-    pub fn new(pool_bytes: usize, reserve_blocks: u64, heaps: usize) -> io::Result<Memory> {
+    pub(crate) fn new(pool_bytes: usize, reserve_blocks: u64, heaps: usize) -> io::Result<Memory> {
         let blocks_total = (pool_bytes / BLOCK_BYTES) as u64;
         let pool = FramePool::new(&PoolConfig {
             bytes: blocks_total as usize * BLOCK_BYTES,
@@ -212,7 +210,6 @@ impl Memory {
                     used: 0,
                     created_tsc: 0,
                     closed_at: 0,
-                    for_compaction: false,
                 }),
             })
             .collect();
@@ -244,7 +241,7 @@ impl Memory {
     }
 
     /// Bytes of metadata held outside the pool (tables, SegmentInfo).
-    pub fn metadata_bytes(&self) -> u64 {
+    pub(crate) fn metadata_bytes(&self) -> u64 {
         let n = self.blocks_total;
         // next_block, block_seg (4 B each), block_state (1 B), regions.
         n * 9
@@ -255,38 +252,38 @@ impl Memory {
     }
 
     /// Blocks in the pool.
-    pub fn blocks_total(&self) -> u64 {
+    pub(crate) fn blocks_total(&self) -> u64 {
         self.blocks_total
     }
 
     /// Blocks held back for compaction.
-    pub fn reserve_blocks(&self) -> u64 {
+    pub(crate) fn reserve_blocks(&self) -> u64 {
         self.reserve_blocks
     }
 
     /// Blocks allocated to segments.
-    pub fn blocks_in_use(&self) -> u64 {
+    pub(crate) fn blocks_in_use(&self) -> u64 {
         self.blocks_in_use.load(Ordering::Relaxed)
     }
 
     /// Blocks clients may still take before hitting the reserve.
-    pub fn client_blocks_free(&self) -> u64 {
+    pub(crate) fn client_blocks_free(&self) -> u64 {
         (self.blocks_total - self.reserve_blocks).saturating_sub(self.blocks_in_use())
     }
 
     /// The live-bytes table.
     #[inline]
-    pub fn live(&self) -> &LiveBytes {
+    pub(crate) fn live(&self) -> &LiveBytes {
         &self.live
     }
 
     /// Segment info.
-    pub fn seg(&self, id: SegId) -> &SegInfo {
+    pub(crate) fn seg(&self, id: SegId) -> &SegInfo {
         &self.segs[id as usize]
     }
 
     /// Number of segment slots.
-    pub fn seg_slots(&self) -> usize {
+    pub(crate) fn seg_slots(&self) -> usize {
         self.segs.len()
     }
 
@@ -342,7 +339,7 @@ impl Memory {
 
     /// Create a segment of `blocks` blocks in state `Head`. It may grow
     /// later ([`Memory::grow_segment`]) while it is a head.
-    pub fn new_segment(&self, blocks: usize, for_compaction: bool) -> Result<SegId, NoBlocks> {
+    pub(crate) fn new_segment(&self, blocks: usize, for_compaction: bool) -> Result<SegId, NoBlocks> {
         let n = blocks as u64;
         let list = self.take_blocks(blocks, for_compaction)?;
         let Some(id) = self.free_segs.pop() else {
@@ -365,7 +362,6 @@ impl Memory {
             used: 0,
             created_tsc: topology::rdtsc(),
             closed_at: 0,
-            for_compaction,
         };
         Ok(id)
     }
@@ -381,7 +377,7 @@ impl Memory {
     /// tables before the caller writes an object into them, and objects are
     /// published through the index only after they are written, so a reader
     /// that follows an object across the old last block finds the link.
-    pub fn grow_segment(
+    pub(crate) fn grow_segment(
         &self,
         id: SegId,
         n: usize,
@@ -501,7 +497,7 @@ impl Memory {
     /// a segment. The blocks stay in the warm cache (stamped now, so each
     /// is looked at again one decay time later). Returns the blocks that
     /// stopped being resident.
-    pub fn purge_cold_regions(&self, freed_by_ms: u64) -> u64 {
+    pub(crate) fn purge_cold_regions(&self, freed_by_ms: u64) -> u64 {
         let now = now_ms();
         let mut n = 0;
         for _ in 0..self.warm_blocks.load(Ordering::Relaxed) {
@@ -529,7 +525,7 @@ impl Memory {
     /// reach them), so discarding their pages cannot lose data; a reader
     /// still holding a stale location is impossible because blocks enter
     /// the cache only after the epoch has passed their segment.
-    pub fn purge_all(&self) -> u64 {
+    pub(crate) fn purge_all(&self) -> u64 {
         let mut n = 0;
         while let Some((b, _)) = self.warm.pop() {
             self.warm_blocks.fetch_sub(1, Ordering::Relaxed);
@@ -564,20 +560,20 @@ impl Memory {
 
     /// Free blocks still resident (the warm cache, less the blocks of
     /// released regions in it).
-    pub fn warm_blocks(&self) -> u64 {
+    pub(crate) fn warm_blocks(&self) -> u64 {
         self.warm_blocks
             .load(Ordering::Relaxed)
             .saturating_sub(self.warm_released.load(Ordering::Relaxed))
     }
 
     /// Blocks given back to the OS so far.
-    pub fn blocks_purged(&self) -> u64 {
+    pub(crate) fn blocks_purged(&self) -> u64 {
         self.blocks_purged.load(Ordering::Relaxed)
     }
 
     /// Free a retired segment's blocks and slot. The caller guarantees the
     /// epoch has passed.
-    pub fn free_segment(&self, id: SegId) {
+    pub(crate) fn free_segment(&self, id: SegId) {
         let blocks = {
             let mut m = self.segs[id as usize].meta.lock();
             m.state = SegState::Free;
@@ -592,44 +588,73 @@ impl Memory {
 
     /// Pool offset of byte `off` of a segment with these blocks.
     #[inline]
-    pub fn seg_offset(blocks: &[u32], off: usize) -> u64 {
+    pub(crate) fn seg_offset(blocks: &[u32], off: usize) -> u64 {
         ((blocks[off >> BLOCK_SHIFT] as u64) << BLOCK_SHIFT) | (off & (BLOCK_BYTES - 1)) as u64
     }
 
     /// The segment holding pool offset `pool_off`.
     #[inline]
-    pub fn seg_of(&self, pool_off: u64) -> SegId {
+    pub(crate) fn seg_of(&self, pool_off: u64) -> SegId {
         self.block_seg[(pool_off >> BLOCK_SHIFT) as usize].load(Ordering::Relaxed)
+    }
+
+    /// Pointer to the `n` bytes at pool offset `off`, which lie in one
+    /// block (`n` is at most what is left of `off`'s block).
+    ///
+    /// # Panics
+    /// If `off` is beyond the pool. Offsets come from the index, from a
+    /// segment's block list or from the next-block table, all of which
+    /// hold only this pool's blocks, so this never fires; it keeps a logic
+    /// error from becoming an out-of-bounds access (one compare per block
+    /// a copy touches).
+    #[inline(always)]
+    fn block_ptr(&self, off: u64, n: usize) -> *mut u8 {
+        assert!(
+            off >> BLOCK_SHIFT < self.blocks_total,
+            "pool offset {off:#x} is beyond the pool"
+        );
+        // Every caller computes `n` as at most the room left in the block.
+        debug_assert!((off as usize & (BLOCK_BYTES - 1)) + n <= BLOCK_BYTES);
+        // SAFETY: `off` is below the pool's length (asserted), so the
+        // result points into the pool's mapping, which lives as long as
+        // `self`.
+        unsafe { self.base.add(off as usize) }
+    }
+
+    /// The block after the block of `off` in its segment, as a pool
+    /// offset; `None` at the segment's end.
+    #[inline(always)]
+    fn next_block_off(&self, off: u64) -> Option<u64> {
+        let b = self.next_block[(off >> BLOCK_SHIFT) as usize].load(Ordering::Relaxed);
+        (b != NO_BLOCK).then_some((b as u64) << BLOCK_SHIFT)
     }
 
     /// Copy `dst.len()` bytes starting at pool offset `off`, following the
     /// segment's blocks. Returns false if the walk left the segment (only
     /// possible on a torn read; the caller retries).
+    ///
+    /// The source bytes may be written concurrently (a Nibble-2 overwrite
+    /// under a bucket lock): the copy is through raw pointers, never a
+    /// reference, and the caller's seqlock validation discards what it
+    /// read if a writer was there.
     #[inline]
-    pub fn read(&self, mut off: u64, dst: &mut [u8]) -> bool {
+    pub(crate) fn read(&self, mut off: u64, dst: &mut [u8]) -> bool {
         let mut done = 0;
         while done < dst.len() {
             let in_block = BLOCK_BYTES - (off as usize & (BLOCK_BYTES - 1));
             let n = in_block.min(dst.len() - done);
-            // SAFETY: `off .. off + n` lies inside one block of the pool
-            // (offsets come from the index or a segment's block list and are
-            // bounded to the block); the block stays mapped for the pool's
-            // lifetime and its segment is not reused while the caller holds
-            // an epoch guard. Racing writes are detected by the seqlock.
-            unsafe {
-                ptr::copy_nonoverlapping(
-                    self.base.add(off as usize),
-                    dst.as_mut_ptr().add(done),
-                    n,
-                );
-            }
+            let src = self.block_ptr(off, n);
+            // SAFETY: `src .. src + n` lies inside one block of the pool
+            // (`block_ptr`); `dst[done .. done + n]` is in bounds
+            // (`n <= dst.len() - done`); a local buffer cannot overlap the
+            // pool.
+            unsafe { ptr::copy_nonoverlapping(src, dst.as_mut_ptr().add(done), n) };
             done += n;
             if done < dst.len() {
-                let b = self.next_block[(off >> BLOCK_SHIFT) as usize].load(Ordering::Relaxed);
-                if b == NO_BLOCK {
-                    return false;
+                match self.next_block_off(off) {
+                    Some(o) => off = o,
+                    None => return false,
                 }
-                off = (b as u64) << BLOCK_SHIFT;
             } else {
                 off += n as u64;
             }
@@ -638,69 +663,74 @@ impl Memory {
     }
 
     /// Write `src` at pool offset `off`, following the segment's blocks.
-    /// The caller owns the bytes (a head it holds, or an object under its
-    /// bucket lock).
+    ///
+    /// # Safety
+    /// The caller has exclusive write access to these bytes for the
+    /// duration of the call: they are space it reserved in a head (or
+    /// compaction destination) it holds, or part of a published object
+    /// whose index buckets it has locked. No other thread writes them
+    /// meanwhile (readers may read them: see [`Memory::read`]). The
+    /// segment's blocks must reach `off + src.len()` (set up before its
+    /// first write).
     #[inline]
-    pub fn write(&self, mut off: u64, src: &[u8]) {
+    pub(crate) unsafe fn write(&self, mut off: u64, src: &[u8]) {
         let mut done = 0;
         while done < src.len() {
             let in_block = BLOCK_BYTES - (off as usize & (BLOCK_BYTES - 1));
             let n = in_block.min(src.len() - done);
-            // SAFETY: as in `read`; the caller has exclusive write access to
-            // these bytes (see the doc comment), and the segment's blocks
-            // were set up before its first write.
-            unsafe {
-                ptr::copy_nonoverlapping(src.as_ptr().add(done), self.base.add(off as usize), n);
-            }
+            let dst = self.block_ptr(off, n);
+            // SAFETY: `dst .. dst + n` lies inside one block of the pool
+            // (`block_ptr`), `src[done .. done + n]` is in bounds, and the
+            // caller has exclusive write access to the pool bytes (this
+            // function's contract); a caller's slice is not pool memory.
+            unsafe { ptr::copy_nonoverlapping(src.as_ptr().add(done), dst, n) };
             done += n;
             if done < src.len() {
-                let b = self.next_block[(off >> BLOCK_SHIFT) as usize].load(Ordering::Relaxed);
-                debug_assert_ne!(b, NO_BLOCK, "write past the end of a segment");
-                off = (b as u64) << BLOCK_SHIFT;
+                let next = self.next_block_off(off);
+                debug_assert!(next.is_some(), "write past the end of a segment");
+                let Some(o) = next else { return };
+                off = o;
             }
         }
     }
 
     /// Copy `len` bytes of an object at pool offset `src` to pool offset
     /// `dst` in another segment, following both segments' blocks (for
-    /// compaction; no bounce buffer). The caller owns the destination
-    /// bytes and holds the object's bucket lock. Returns false if the walk
-    /// left the source segment (a torn header; the caller keeps it).
+    /// compaction; no bounce buffer). Returns false if the walk left the
+    /// source segment (a torn header; the caller keeps it).
+    ///
+    /// # Safety
+    /// As [`Memory::write`] for the destination bytes (compaction's own
+    /// open segment); the source is an object whose bucket lock the caller
+    /// holds, in another segment, so the ranges do not overlap.
     #[inline]
-    pub fn copy(&self, mut src: u64, mut dst: u64, len: usize) -> bool {
+    pub(crate) unsafe fn copy(&self, mut src: u64, mut dst: u64, len: usize) -> bool {
         let mut done = 0;
         while done < len {
             let src_room = BLOCK_BYTES - (src as usize & (BLOCK_BYTES - 1));
             let dst_room = BLOCK_BYTES - (dst as usize & (BLOCK_BYTES - 1));
             let n = src_room.min(dst_room).min(len - done);
+            let (from, to) = (self.block_ptr(src, n), self.block_ptr(dst, n));
             // SAFETY: both ranges lie inside one block each of the pool
-            // (bounded by `src_room` / `dst_room`); the blocks stay mapped
-            // for the pool's lifetime. They belong to different segments,
-            // so they do not overlap. The source is a closed segment that
-            // is not reused while the caller (compaction) runs; the
-            // destination is compaction's own open segment.
-            unsafe {
-                ptr::copy_nonoverlapping(
-                    self.base.add(src as usize),
-                    self.base.add(dst as usize),
-                    n,
-                );
-            }
+            // (`block_ptr`). They belong to different segments, so they
+            // do not overlap, and the caller has exclusive write access to
+            // the destination (this function's contract).
+            unsafe { ptr::copy_nonoverlapping(from, to, n) };
             done += n;
             if done < len {
                 if n == src_room {
-                    let b = self.next_block[(src >> BLOCK_SHIFT) as usize].load(Ordering::Relaxed);
-                    if b == NO_BLOCK {
-                        return false;
+                    match self.next_block_off(src) {
+                        Some(o) => src = o,
+                        None => return false,
                     }
-                    src = (b as u64) << BLOCK_SHIFT;
                 } else {
                     src += n as u64;
                 }
                 if n == dst_room {
-                    let b = self.next_block[(dst >> BLOCK_SHIFT) as usize].load(Ordering::Relaxed);
-                    debug_assert_ne!(b, NO_BLOCK, "copy past the end of a segment");
-                    dst = (b as u64) << BLOCK_SHIFT;
+                    let next = self.next_block_off(dst);
+                    debug_assert!(next.is_some(), "copy past the end of a segment");
+                    let Some(o) = next else { return false };
+                    dst = o;
                 } else {
                     dst += n as u64;
                 }
@@ -713,20 +743,20 @@ impl Memory {
     /// the end of `off`'s block (the next block of a segment is elsewhere
     /// in the pool), for an upcoming read.
     #[inline]
-    pub fn prefetch(&self, off: u64, len: usize) {
+    pub(crate) fn prefetch(&self, off: u64, len: usize) {
         self.prefetch_lines(off, len, crate::prefetch::line);
     }
 
     /// Like [`Memory::prefetch`], for bytes read once (a value copied out
     /// to a caller): see [`crate::prefetch::line_once`].
     #[inline]
-    pub fn prefetch_once(&self, off: u64, len: usize) {
+    pub(crate) fn prefetch_once(&self, off: u64, len: usize) {
         self.prefetch_lines(off, len, crate::prefetch::line_once);
     }
 
     /// Like [`Memory::prefetch`], for bytes about to be written.
     #[inline]
-    pub fn prefetch_for_write(&self, off: u64, len: usize) {
+    pub(crate) fn prefetch_for_write(&self, off: u64, len: usize) {
         self.prefetch_lines(off, len, crate::prefetch::line_for_write);
     }
 
@@ -744,7 +774,7 @@ impl Memory {
 
     /// Read the header at pool offset `off`.
     #[inline]
-    pub fn header(&self, off: u64) -> Option<Header> {
+    pub(crate) fn header(&self, off: u64) -> Option<Header> {
         let mut b = [0u8; HEADER_MIN_BYTES];
         if !self.read(off, &mut b) {
             return None;
@@ -762,32 +792,32 @@ impl Memory {
     }
 
     /// Write the header `h` at the start of the object at `off`.
+    ///
+    /// # Safety
+    /// As [`Memory::write`], for the header's bytes.
     #[inline]
-    pub fn write_header(&self, off: u64, h: &Header) {
-        self.write(off, h.encode().as_bytes());
+    pub(crate) unsafe fn write_header(&self, off: u64, h: &Header) {
+        // SAFETY: the caller's contract covers the header's bytes.
+        unsafe { self.write(off, h.encode().as_bytes()) }
     }
 
     /// Pool offset `n` bytes past `off` within the segment; `None` if that
     /// is at or past the segment's end.
     #[inline]
-    pub fn advance(&self, mut off: u64, mut n: usize) -> Option<u64> {
+    pub(crate) fn advance(&self, mut off: u64, mut n: usize) -> Option<u64> {
         loop {
             let in_block = BLOCK_BYTES - (off as usize & (BLOCK_BYTES - 1));
             if n < in_block {
                 return Some(off + n as u64);
             }
             n -= in_block;
-            let b = self.next_block[(off >> BLOCK_SHIFT) as usize].load(Ordering::Relaxed);
-            if b == NO_BLOCK {
-                return None;
-            }
-            off = (b as u64) << BLOCK_SHIFT;
+            off = self.next_block_off(off)?;
         }
     }
 
     /// Copy `dst.len()` bytes starting `skip` bytes into the object at `off`.
     #[inline]
-    pub fn read_part(&self, off: u64, skip: usize, dst: &mut [u8]) -> bool {
+    pub(crate) fn read_part(&self, off: u64, skip: usize, dst: &mut [u8]) -> bool {
         if dst.is_empty() {
             return true;
         }
@@ -798,30 +828,42 @@ impl Memory {
     }
 
     /// Write `src` starting `skip` bytes into the object at `off`.
+    ///
+    /// # Safety
+    /// As [`Memory::write`], for the bytes `skip .. skip + src.len()` of
+    /// the object.
     #[inline]
-    pub fn write_part(&self, off: u64, skip: usize, src: &[u8]) {
+    pub(crate) unsafe fn write_part(&self, off: u64, skip: usize, src: &[u8]) {
         if src.is_empty() {
             return;
         }
         if let Some(o) = self.advance(off, skip) {
-            self.write(o, src);
+            // SAFETY: the caller's contract covers these bytes.
+            unsafe { self.write(o, src) };
         }
     }
 
-    /// Mark the object at `off` dead ([`crate::object::DEAD_MARK`]). The
-    /// caller has just unlinked it from the index and holds an epoch guard.
+    /// Mark the object at `off` dead ([`crate::object::DEAD_MARK`]).
+    ///
+    /// # Safety
+    /// The caller holds the object's bucket lock, has just unlinked it
+    /// from the index and holds an epoch guard: it is the only writer of
+    /// the object's bytes (as [`Memory::write`]).
     #[inline]
-    pub fn mark_dead(&self, off: u64) {
-        self.write_part(
-            off,
-            crate::object::VERSION_OFFSET,
-            &crate::object::DEAD_MARK,
-        );
+    pub(crate) unsafe fn mark_dead(&self, off: u64) {
+        // SAFETY: the caller's contract covers the object's version bytes.
+        unsafe {
+            self.write_part(
+                off,
+                crate::object::VERSION_OFFSET,
+                &crate::object::DEAD_MARK,
+            )
+        }
     }
 
     /// Compare the key of the object at `off` with `key`.
     #[inline]
-    pub fn key_equals(&self, off: u64, key: &[u8]) -> bool {
+    pub(crate) fn key_equals(&self, off: u64, key: &[u8]) -> bool {
         // The length first: a stored key that merely starts with `key` is
         // another key.
         match self.header(off) {
@@ -833,7 +875,7 @@ impl Memory {
     /// Compare the key bytes of the object at `off` (whose header is `h`)
     /// with `key`, for a caller that has already checked the key length.
     #[inline]
-    pub fn key_bytes_equal(&self, off: u64, h: &Header, key: &[u8]) -> bool {
+    pub(crate) fn key_bytes_equal(&self, off: u64, h: &Header, key: &[u8]) -> bool {
         const CHUNK_BYTES: usize = 256;
         let mut buf = [0u8; CHUNK_BYTES];
         let mut skip = h.header_bytes();
@@ -848,20 +890,20 @@ impl Memory {
     }
 
     /// The pool itself (for RSS checks and tests).
-    pub fn pool(&self) -> &FramePool {
+    pub(crate) fn pool(&self) -> &FramePool {
         &self.pool
     }
 }
 
 /// `Loc` of a pool offset.
 #[inline]
-pub fn loc_of(pool_off: u64) -> Loc {
+pub(crate) fn loc_of(pool_off: u64) -> Loc {
     pool_off + 1
 }
 
 /// Pool offset of a `Loc`.
 #[inline]
-pub fn off_of(loc: Loc) -> u64 {
+pub(crate) fn off_of(loc: Loc) -> u64 {
     loc - 1
 }
 
@@ -873,8 +915,11 @@ mod tests {
         mem.seg(s).meta.lock().blocks[0]
     }
 
+    /// Fill block `b`, which the caller took in a segment of its own.
     fn fill(mem: &Memory, b: u32, byte: u8) {
-        mem.write((b as u64) << BLOCK_SHIFT, &[byte; BLOCK_BYTES]);
+        // SAFETY: every caller passes a block of a segment only its thread
+        // holds, so nobody else writes it.
+        unsafe { mem.write((b as u64) << BLOCK_SHIFT, &[byte; BLOCK_BYTES]) };
     }
 
     fn holds(mem: &Memory, b: u32, byte: u8) -> bool {

@@ -313,7 +313,7 @@ impl ItemMeta {
 
 /// Compaction counters.
 #[derive(Default)]
-pub struct CompactionCounters {
+pub(crate) struct CompactionCounters {
     /// Passes run.
     pub passes: AtomicU64,
     /// Segments compacted away.
@@ -381,7 +381,7 @@ pub struct Stats {
 }
 
 /// Shared state (the store handle and its workers hold it).
-pub struct Inner {
+pub(crate) struct Inner {
     pub(crate) cfg: Config,
     pub(crate) mem: Arc<Memory>,
     pub(crate) index: Index,
@@ -650,7 +650,7 @@ impl Store {
         )
         .map_err(|e| Error::Config(format!("index: {e}")))?;
         let logs = (0..nodes)
-            .map(|n| Log::new(n, heads_per_node, workers_per_node, segment_blocks))
+            .map(|_| Log::new(heads_per_node, workers_per_node, segment_blocks))
             .collect();
         let mut cpu_slot = vec![(0, 0); topo.max_cpu_id() + 1];
         for (n, node) in topo.nodes().iter().enumerate() {
@@ -821,8 +821,15 @@ impl Store {
                             expiry_ms: expiry_for(opts.expiry, live.then_some(&old)),
                             ..old
                         };
-                        mem.write_part(off, old.header_bytes() + old.key_len as usize, value);
-                        mem.write_header(off, &h);
+                        // SAFETY: we hold the key's bucket locks and an
+                        // epoch guard: the object is live and we are its
+                        // only writer; `can_hold` checked that the value
+                        // fits its allocation. Readers validate their
+                        // copy against the bucket version.
+                        unsafe {
+                            mem.write_part(off, old.header_bytes() + old.key_len as usize, value);
+                            mem.write_header(off, &h);
+                        }
                         note_expiry(mem, off, h.expiry_ms);
                         return Ok(h.version);
                     }
@@ -836,9 +843,14 @@ impl Store {
         let head_bytes = h.header_bytes();
         let first = h;
         let fill = |off| {
-            mem.write_header(off, &first);
-            mem.write_part(off, head_bytes, key);
-            mem.write_part(off, head_bytes + key.len(), value);
+            // SAFETY: `Log::append` calls `fill` with `len` bytes it just
+            // reserved under the head's lock and has not published: this
+            // thread is their only writer.
+            unsafe {
+                mem.write_header(off, &first);
+                mem.write_part(off, head_bytes, key);
+                mem.write_part(off, head_bytes + key.len(), value);
+            }
         };
         // Made at the first failed append only (it reads the clock).
         let mut wait = None;
@@ -874,14 +886,18 @@ impl Store {
                     if version != h.version || expiry != h.expiry_ms {
                         h.version = version;
                         h.expiry_ms = expiry;
-                        mem.write_header(app.off, &h);
+                        // SAFETY: the object is ours, appended above and
+                        // not yet published (the index store is below).
+                        unsafe { mem.write_header(app.off, &h) };
                     }
                     g.replace(slot, new_loc);
                     note_expiry(mem, app.off, h.expiry_ms);
                     mem.live().add(app.seg, len as i64);
                     // Under the bucket lock, like every in-place write:
                     // a reader that sees the mark fails its validation.
-                    mem.mark_dead(old_off);
+                    // SAFETY: the bucket is locked and the old object just
+                    // unlinked; we hold an epoch guard.
+                    unsafe { mem.mark_dead(old_off) };
                     drop(g);
                     mem.live()
                         .add(mem.seg_of(old_off), -(old.object_bytes() as i64));
@@ -1004,7 +1020,9 @@ impl Store {
             Self::check_condition(cond, Some(&h))?;
         }
         let off = off_of(g.remove(slot));
-        mem.mark_dead(off);
+        // SAFETY: the bucket is locked and the object just unlinked; we
+        // hold an epoch guard.
+        unsafe { mem.mark_dead(off) };
         drop(g);
         mem.live().add(mem.seg_of(off), -(h.object_bytes() as i64));
         if live {
@@ -1050,7 +1068,9 @@ impl Store {
             expiry_ms: expiry_ms.unwrap_or(0),
             ..h
         };
-        mem.write_header(off, &h);
+        // SAFETY: the key's buckets are locked and we hold an epoch guard:
+        // we are the object's only writer; readers validate their copy.
+        unsafe { mem.write_header(off, &h) };
         note_expiry(mem, off, h.expiry_ms);
         Ok(true)
     }

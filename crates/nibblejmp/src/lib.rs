@@ -172,6 +172,8 @@
 //! # Ok(()) }
 //! ```
 
+#![deny(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
+
 pub mod compaction;
 pub mod error;
 pub mod layout;

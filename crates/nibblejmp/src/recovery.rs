@@ -41,7 +41,7 @@ use std::sync::atomic::Ordering;
 use crate::error::{Error, Result};
 use crate::layout::*;
 use crate::proc_id;
-use crate::store::Inner;
+use crate::store::{Inner, Obj};
 
 /// Most threads recovery's log walk uses.
 const MAX_RECOVERY_THREADS: usize = 16;
@@ -217,7 +217,7 @@ impl Inner {
             let (mut live_bytes, mut min_expiry) = (0u64, 0u64);
             let damaged = self.walk_segment(s, |loc, h| {
                 t.live += 1;
-                let key = self.obj_key(loc, h);
+                let key = self.obj_key(h);
                 let (b0, b1, tag) = self.buckets_of(nibble::hash_key(key));
                 let entry = (tag << LOC_BITS) | loc;
                 let named = [b0, b1].iter().any(|&b| {
@@ -257,7 +257,7 @@ impl Inner {
     /// Walk segment `s` if in use (OPEN or CLOSED): calls `f(loc, header)`
     /// for each committed, not-dead object; true if the walk stopped at a
     /// damaged object.
-    fn walk_segment(&self, s: usize, mut f: impl FnMut(u64, &nibble::object::Header)) -> bool {
+    fn walk_segment(&self, s: usize, mut f: impl FnMut(u64, &Obj)) -> bool {
         let e = self.seg(s);
         let st = e.state.load(Ordering::Acquire) & 0xFF;
         if st != SEG_OPEN && st != SEG_CLOSED {
@@ -276,7 +276,7 @@ impl Inner {
                 return true;
             }
             off += size;
-            let os = self.obj_state(loc).load(Ordering::Acquire);
+            let os = self.obj_state(h.loc()).load(Ordering::Acquire);
             if os & OBJ_COMMITTED == 0 || os & OBJ_DEAD != 0 {
                 continue;
             }
@@ -290,7 +290,7 @@ impl Inner {
     /// whose walk stopped at a damaged object.
     fn walk_log(
         &self,
-        mut f: impl FnMut(u64, &nibble::object::Header) -> Result<()>,
+        mut f: impl FnMut(u64, &Obj) -> Result<()>,
     ) -> Result<u64> {
         let mut damaged = 0;
         let mut res = Ok(());
@@ -330,10 +330,10 @@ impl Inner {
     fn rebuild_insert(
         &self,
         loc: u64,
-        h: &nibble::object::Header,
+        h: &Obj,
         r: &mut RecoveryReport,
     ) -> Result<()> {
-        let key = self.obj_key(loc, h);
+        let key = self.obj_key(h);
         let (b0, b1, tag) = self.buckets_of(nibble::hash_key(key));
         let entry = (tag << LOC_BITS) | loc;
         if let Some((b, i, other)) = self.find(key, b0, b1, tag) {

@@ -335,7 +335,7 @@ impl Drop for Op<'_> {
 
 /// Outcome of an append attempt.
 pub(crate) enum Append {
-    Done(u64),
+    Done(ValidLoc),
     NoSpace,
 }
 
@@ -347,6 +347,54 @@ pub(crate) struct Intent {
     b1: u64,
     old: u64,
     new: u64,
+}
+
+/// A log location that names room for an object: [`Inner::loc_ok`] held
+/// for it (non-zero, 8-aligned, its 32-byte prefix inside one segment).
+/// Only [`Inner::valid_loc`] makes one, so the accessors that take it
+/// ([`Inner::obj_word`] and the object writes) need no check of their own.
+/// It is valid for the store whose `Inner` made it; locations never travel
+/// between stores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ValidLoc(u64);
+
+impl ValidLoc {
+    /// The location.
+    #[inline]
+    pub(crate) fn get(self) -> u64 {
+        self.0
+    }
+}
+
+/// An object whose header [`Inner::obj_header`] read and checked: its key
+/// and value lie inside its segment. The header (in it, by `Deref`) is a
+/// copy; the lengths in it never change after the append.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Obj {
+    loc: ValidLoc,
+    h: Header,
+}
+
+impl Obj {
+    /// Where the object is.
+    #[inline]
+    pub(crate) fn loc(&self) -> ValidLoc {
+        self.loc
+    }
+
+    /// Its header.
+    #[inline]
+    pub(crate) fn header(&self) -> &Header {
+        &self.h
+    }
+}
+
+impl std::ops::Deref for Obj {
+    type Target = Header;
+    #[inline]
+    fn deref(&self) -> &Header {
+        &self.h
+    }
 }
 
 impl Inner {
@@ -402,36 +450,47 @@ impl Inner {
             && (off % self.geo.seg_bytes) + OBJ_PREFIX_BYTES <= self.geo.seg_bytes
     }
 
+    /// `loc` as a [`ValidLoc`], if [`Inner::loc_ok`] holds for it: the only
+    /// way to make one.
+    #[inline]
+    pub(crate) fn valid_loc(&self, loc: u64) -> Option<ValidLoc> {
+        self.loc_ok(loc).then_some(ValidLoc(loc))
+    }
+
     pub(crate) fn seg_of(&self, loc: u64) -> usize {
         ((loc - 1) / self.geo.seg_bytes) as usize
     }
 
-    fn obj(&self, loc: u64) -> *mut u8 {
-        // SAFETY (of the arithmetic): callers pass `loc_ok` locations, so
-        // the offset is inside the log mapping.
-        unsafe { self.log.add((loc - 1) as usize) }
+    /// The first byte of the object at `loc` (its state word).
+    fn obj(&self, loc: ValidLoc) -> *mut u8 {
+        // SAFETY: `loc_ok` held when `loc` was made (the only constructor
+        // is `valid_loc`), so `loc - 1 + OBJ_PREFIX_BYTES` is within the
+        // log mapping, which lives as long as `self`.
+        unsafe { self.log.add((loc.0 - 1) as usize) }
     }
 
-    pub(crate) fn obj_state(&self, loc: u64) -> &AtomicU64 {
+    pub(crate) fn obj_state(&self, loc: ValidLoc) -> &AtomicU64 {
         self.obj_word(loc, 0)
     }
 
     /// Word `i` (0..4) of an object's 32-byte prefix: 0 is the state word,
     /// 1..=3 nibble's header; word 3 holds the expiry in its top 48 bits.
-    pub(crate) fn obj_word(&self, loc: u64, i: usize) -> &AtomicU64 {
-        debug_assert!(i < 4);
-        // SAFETY: `loc_ok` holds (callers check), so the object's 8-aligned
-        // 32-byte prefix is inside the log mapping, which lives as long as
-        // `self`; `i < 4` keeps the word inside the prefix.
+    ///
+    /// # Panics
+    /// If `i >= 4` (every caller passes a constant below 4).
+    pub(crate) fn obj_word(&self, loc: ValidLoc, i: usize) -> &AtomicU64 {
+        assert!(i < 4, "word {i} of a 4-word object prefix");
+        // SAFETY: `loc` is a `ValidLoc`, so the object's 8-aligned 32-byte
+        // prefix is inside the log mapping, which lives as long as `self`;
+        // `i < 4` keeps the word inside the prefix. The mapping is shared
+        // memory every process accesses with atomics only.
         unsafe { &*(self.obj(loc).add(8 * i) as *const AtomicU64) }
     }
 
-    /// The object's nibble header, if its magic is intact and it fits its
-    /// segment.
-    pub(crate) fn obj_header(&self, loc: u64) -> Option<Header> {
-        if !self.loc_ok(loc) {
-            return None;
-        }
+    /// The object at `loc`, if `loc` can name one, its magic is intact and
+    /// it fits its segment.
+    pub(crate) fn obj_header(&self, loc: u64) -> Option<Obj> {
+        let loc = self.valid_loc(loc)?;
         if self.obj_state(loc).load(Ordering::Acquire) & OBJ_MAGIC_MASK != OBJ_MAGIC {
             return None;
         }
@@ -443,38 +502,44 @@ impl Inner {
             chunk.copy_from_slice(&w.to_le_bytes());
         }
         let h = Header::decode_wide(&b);
-        let end =
-            (loc - 1) % self.geo.seg_bytes + object_bytes(h.key_len as usize, h.value_cap as usize);
-        (end <= self.geo.seg_bytes).then_some(h)
+        let end = (loc.0 - 1) % self.geo.seg_bytes
+            + object_bytes(h.key_len as usize, h.value_cap as usize);
+        (end <= self.geo.seg_bytes).then_some(Obj { loc, h })
     }
 
     /// The key bytes of a checked object.
-    pub(crate) fn obj_key(&self, loc: u64, h: &Header) -> &[u8] {
-        // SAFETY: `obj_header` checked that the object (prefix, key, value)
-        // lies inside one segment; the key is immutable once appended and
-        // the segment is not reused while the caller is pinned.
+    pub(crate) fn obj_key(&self, o: &Obj) -> &[u8] {
+        // SAFETY: `obj_header` made `o` after checking that the object
+        // (prefix, key, value of `value_cap` bytes) lies inside one
+        // segment, and the lengths in `o.h` are the ones it checked (an
+        // `Obj`'s fields are private to this module). The key is immutable
+        // once appended and the segment is not reused while the caller is
+        // pinned.
         unsafe {
             std::slice::from_raw_parts(
-                self.obj(loc).add(OBJ_PREFIX_BYTES as usize),
-                h.key_len as usize,
+                self.obj(o.loc).add(OBJ_PREFIX_BYTES as usize),
+                o.h.key_len as usize,
             )
         }
     }
 
-    pub(crate) fn obj_value(&self, loc: u64, h: &Header) -> &[u8] {
-        // SAFETY: as `obj_key`; the value follows the key.
+    /// The value bytes of a checked object.
+    pub(crate) fn obj_value(&self, o: &Obj) -> &[u8] {
+        let len = o.h.value_len.min(o.h.value_cap) as usize;
+        // SAFETY: as `obj_key`; the value follows the key and is at most
+        // `value_cap` bytes (bounded above).
         unsafe {
             std::slice::from_raw_parts(
-                self.obj(loc)
-                    .add(OBJ_PREFIX_BYTES as usize + h.key_len as usize),
-                h.value_len as usize,
+                self.obj(o.loc)
+                    .add(OBJ_PREFIX_BYTES as usize + o.h.key_len as usize),
+                len,
             )
         }
     }
 
     /// Set state bits on an object (idempotent; DEAD dominates).
     pub(crate) fn mark(&self, loc: u64, bits: u64) {
-        if self.loc_ok(loc) {
+        if let Some(loc) = self.valid_loc(loc) {
             let st = self.obj_state(loc);
             if st.load(Ordering::Relaxed) & OBJ_MAGIC_MASK == OBJ_MAGIC {
                 st.fetch_or(bits, Ordering::AcqRel);
@@ -955,8 +1020,13 @@ impl Inner {
             let off = head.off.load(Ordering::Acquire);
             if cur != 0 && off + size <= self.geo.seg_bytes {
                 let s = cur as usize - 1;
-                let loc = s as u64 * self.geo.seg_bytes + off + 1;
-                self.write_object(loc, key, value, hdr);
+                let loc = self
+                    .valid_loc(s as u64 * self.geo.seg_bytes + off + 1)
+                    .expect("a head's offset leaves room for the object in its segment");
+                // SAFETY: `size` bytes at `off` fit the head's segment
+                // (checked above) and we hold the head's lock: nobody else
+                // appends there, and nothing names the space yet.
+                unsafe { self.write_object(loc, key, value, hdr) };
                 point(CrashPoint::AppendMidCopy);
                 head.off.store(off + size, Ordering::Release);
                 self.seg(s).used.store(off + size, Ordering::Release);
@@ -982,13 +1052,30 @@ impl Inner {
     }
 
     /// Write state word (uncommitted), header, key and value at `loc`.
-    pub(crate) fn write_object(&self, loc: u64, key: &[u8], value: &[u8], hdr: &Header) {
+    ///
+    /// # Safety
+    /// The caller reserved `object_bytes(key.len(), value.len())` bytes at
+    /// `loc`, inside `loc`'s segment, under a head lock (or in the
+    /// compactor's own segment), and has not published them: no one else
+    /// reads or writes them.
+    pub(crate) unsafe fn write_object(
+        &self,
+        loc: ValidLoc,
+        key: &[u8],
+        value: &[u8],
+        hdr: &Header,
+    ) {
+        debug_assert!(
+            (loc.0 - 1) % self.geo.seg_bytes + object_bytes(key.len(), value.len())
+                <= self.geo.seg_bytes
+        );
         let p = self.obj(loc);
         self.obj_state(loc).store(OBJ_MAGIC, Ordering::Relaxed);
         let hb = hdr.encode_wide();
-        // SAFETY: `loc` was reserved by the caller under a head lock (or by
-        // the compactor in its own segment): the object's bytes lie in one
-        // segment, are not published yet, and no one else writes them.
+        // SAFETY: the bytes lie in one segment of the log mapping and only
+        // this thread accesses them (this function's contract); header,
+        // key and value follow each other without overlapping the
+        // caller's slices (which are not log memory).
         unsafe {
             std::ptr::copy_nonoverlapping(hb.as_ptr(), p.add(8), HEADER_BYTES);
             let k = p.add(OBJ_PREFIX_BYTES as usize);
@@ -997,12 +1084,24 @@ impl Inner {
         }
     }
 
-    /// Copy the object at `from` to `to` (compaction), uncommitted.
-    pub(crate) fn copy_object(&self, from: u64, to: u64, bytes: u64) {
-        // SAFETY: `from` is a checked object of `bytes` bytes in a segment
-        // being compacted; `to` is space in the compactor's own open
-        // segment; the two segments differ, so the ranges do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(self.obj(from), self.obj(to), bytes as usize) };
+    /// Copy the object `from` (`bytes` long) to `to` (compaction),
+    /// uncommitted.
+    ///
+    /// # Safety
+    /// `bytes` is `from`'s size; `to` is unpublished room of `bytes` bytes
+    /// in the compactor's own open segment (another segment than
+    /// `from`'s), which only the caller writes.
+    pub(crate) unsafe fn copy_object(&self, from: &Obj, to: ValidLoc, bytes: u64) {
+        debug_assert_eq!(
+            bytes,
+            object_bytes(from.key_len as usize, from.value_cap as usize)
+        );
+        // SAFETY: `from` is a checked object of `bytes` bytes inside its
+        // segment; `to` has `bytes` bytes of room in another segment (the
+        // contract), so the ranges are in the mapping and do not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.obj(from.loc), self.obj(to), bytes as usize)
+        };
         self.obj_state(to).store(OBJ_MAGIC, Ordering::Release);
     }
 
@@ -1028,7 +1127,7 @@ impl Inner {
                 }
                 let loc = e & LOC_MASK;
                 if let Some(h) = self.obj_header(loc) {
-                    if h.key_len as usize == key.len() && self.obj_key(loc, &h) == key {
+                    if h.key_len as usize == key.len() && self.obj_key(&h) == key {
                         return Some((b, i, loc));
                     }
                 }
@@ -1112,8 +1211,8 @@ impl Inner {
         if cond != Condition::Always {
             // Cheap optimistic check first, so a failing condition does
             // not leave a dead object in the log.
-            let cur = self.find_live(key, b0, b1, tag).map(|(_, h)| h);
-            check_condition(cond, cur.as_ref())?;
+            let cur = self.find_live(key, b0, b1, tag);
+            check_condition(cond, cur.as_ref().map(Obj::header))?;
         }
         let mut hdr = Header {
             key_len: key.len() as u32,
@@ -1152,6 +1251,8 @@ impl Inner {
                 }
             }
         };
+        let new = loc;
+        let loc = new.get();
         self.set_intent(op, INTENT_PUT, b0, b1, 0, loc);
         point(CrashPoint::PutAppended);
         if let Err(e) = self.lock_pair(op, b0, b1) {
@@ -1161,7 +1262,7 @@ impl Inner {
         let found = self.find(key, b0, b1, tag);
         let old_hdr = found.and_then(|(_, _, old)| self.obj_header(old));
         let live_old = old_hdr.filter(|h| !h.expired());
-        if let Err(e) = check_condition(cond, live_old.as_ref()) {
+        if let Err(e) = check_condition(cond, live_old.as_ref().map(Obj::header)) {
             self.mark(loc, OBJ_DEAD);
             self.unlock_pair(b0, b1);
             return Err(e);
@@ -1173,7 +1274,7 @@ impl Inner {
             hdr.expiry_ms = live_old.map_or(0, |h| h.expiry_ms);
         }
         if hdr.version != version || hdr.expiry_ms != expiry {
-            self.rewrite_header(loc, &hdr);
+            self.rewrite_header(new, &hdr);
         }
         let entry = (tag << LOC_BITS) | loc;
         let old = match found {
@@ -1219,7 +1320,7 @@ impl Inner {
     /// (It is not published, so nobody reads it; the stores are atomic
     /// anyway, as every access to header words after the append. Key and
     /// value lengths are unchanged, so scans that size it agree.)
-    fn rewrite_header(&self, loc: u64, hdr: &Header) {
+    fn rewrite_header(&self, loc: ValidLoc, hdr: &Header) {
         let hb = hdr.encode_wide();
         for (i, chunk) in hb.chunks_exact(8).enumerate() {
             let mut w = [0u8; 8];
@@ -1260,10 +1361,10 @@ impl Inner {
 
     /// The key's object and header if present and not expired; the caller
     /// is pinned.
-    fn find_live(&self, key: &[u8], b0: usize, b1: usize, tag: u64) -> Option<(u64, Header)> {
+    fn find_live(&self, key: &[u8], b0: usize, b1: usize, tag: u64) -> Option<Obj> {
         let (_, _, loc) = self.find(key, b0, b1, tag)?;
-        let h = self.obj_header(loc)?;
-        (!h.expired()).then_some((loc, h))
+        let o = self.obj_header(loc)?;
+        (!o.expired()).then_some(o)
     }
 
     pub(crate) fn get_into(&self, key: &[u8], buf: &mut Vec<u8>) -> Result<Option<ItemMeta>> {
@@ -1275,9 +1376,9 @@ impl Inner {
         // atomically; the object it names has an immutable key and value
         // (header words are loaded atomically) and stays mapped while we
         // are pinned (see the crate essay).
-        Ok(self.find_live(key, b0, b1, tag).map(|(loc, h)| {
-            buf.extend_from_slice(self.obj_value(loc, &h));
-            item_meta(&h)
+        Ok(self.find_live(key, b0, b1, tag).map(|o| {
+            buf.extend_from_slice(self.obj_value(&o));
+            item_meta(&o)
         }))
     }
 
@@ -1285,7 +1386,7 @@ impl Inner {
         self.check_key(key)?;
         let (b0, b1, tag) = self.buckets_of(nibble::hash_key(key));
         let _op = self.begin();
-        Ok(self.find_live(key, b0, b1, tag).map(|(_, h)| item_meta(&h)))
+        Ok(self.find_live(key, b0, b1, tag).map(|o| item_meta(&o)))
     }
 
     /// Delete `key` if `cond` holds (an expired item is removed either way
@@ -1303,7 +1404,7 @@ impl Inner {
         let oh = self.obj_header(old);
         let live = oh.filter(|h| !h.expired());
         if live.is_some() {
-            if let Err(e) = check_condition(cond, live.as_ref()) {
+            if let Err(e) = check_condition(cond, live.as_ref().map(Obj::header)) {
                 self.unlock_pair(b0, b1);
                 return Err(e);
             }
@@ -1352,8 +1453,9 @@ impl Inner {
         self.set_intent(&op, INTENT_NONE, b0, b1, 0, 0);
         self.lock_pair(&op, b0, b1)?;
         let done = match self.find_live(key, b0, b1, tag) {
-            Some((loc, _)) => {
-                let w = self.obj_word(loc, EXPIRY_WORD);
+            Some(o) => {
+                let loc = o.loc().get();
+                let w = self.obj_word(o.loc(), EXPIRY_WORD);
                 let old = w.load(Ordering::Relaxed);
                 w.store(
                     (old & !EXPIRY_WORD_MASK) | (t << EXPIRY_SHIFT),
@@ -1401,7 +1503,7 @@ impl Inner {
                 let loc = e & LOC_MASK;
                 if let Some(h) = self.obj_header(loc) {
                     if with_expired || !h.expired_at(now) {
-                        keys.push(self.obj_key(loc, &h).to_vec());
+                        keys.push(self.obj_key(&h).to_vec());
                     }
                 }
             }
@@ -1445,7 +1547,7 @@ impl Inner {
                     }
                     let loc = e & LOC_MASK;
                     if let Some(h) = self.obj_header(loc) {
-                        f(self.obj_key(loc, &h), &h);
+                        f(self.obj_key(&h), &h);
                     }
                 }
             }

@@ -253,7 +253,7 @@ impl Engine {
         match self {
             Engine::Local(s) => {
                 let st = s.stats();
-                let block = nibble::memory::BLOCK_BYTES as u64;
+                let block = nibble::BLOCK_BYTES as u64;
                 EngineStats {
                     engine: "local",
                     mode: st.mode.name(),
