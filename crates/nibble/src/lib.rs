@@ -36,6 +36,7 @@
 
 pub(crate) mod compaction;
 pub mod index;
+pub mod item;
 pub(crate) mod live;
 pub(crate) mod log;
 pub mod memory;

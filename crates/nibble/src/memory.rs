@@ -339,7 +339,11 @@ impl Memory {
 
     /// Create a segment of `blocks` blocks in state `Head`. It may grow
     /// later ([`Memory::grow_segment`]) while it is a head.
-    pub(crate) fn new_segment(&self, blocks: usize, for_compaction: bool) -> Result<SegId, NoBlocks> {
+    pub(crate) fn new_segment(
+        &self,
+        blocks: usize,
+        for_compaction: bool,
+    ) -> Result<SegId, NoBlocks> {
         let n = blocks as u64;
         let list = self.take_blocks(blocks, for_compaction)?;
         let Some(id) = self.free_segs.pop() else {

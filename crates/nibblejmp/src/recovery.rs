@@ -288,10 +288,7 @@ impl Inner {
     /// Walk every segment in use (see [`walk_segment`](Self::walk_segment));
     /// stops at the first error of `f`. Returns the number of segments
     /// whose walk stopped at a damaged object.
-    fn walk_log(
-        &self,
-        mut f: impl FnMut(u64, &Obj) -> Result<()>,
-    ) -> Result<u64> {
+    fn walk_log(&self, mut f: impl FnMut(u64, &Obj) -> Result<()>) -> Result<u64> {
         let mut damaged = 0;
         let mut res = Ok(());
         for s in 0..self.geo.log_segments as usize {
@@ -327,12 +324,7 @@ impl Inner {
         Ok(())
     }
 
-    fn rebuild_insert(
-        &self,
-        loc: u64,
-        h: &Obj,
-        r: &mut RecoveryReport,
-    ) -> Result<()> {
+    fn rebuild_insert(&self, loc: u64, h: &Obj, r: &mut RecoveryReport) -> Result<()> {
         let key = self.obj_key(h);
         let (b0, b1, tag) = self.buckets_of(nibble::hash_key(key));
         let entry = (tag << LOC_BITS) | loc;
