@@ -54,7 +54,7 @@ pub mod bucket;
 mod grow;
 mod reservation;
 mod scan;
-mod sync;
+pub(crate) mod sync;
 mod write;
 
 use core::fmt;

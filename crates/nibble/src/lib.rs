@@ -34,7 +34,9 @@
 
 #![deny(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
+pub mod backoff;
 pub(crate) mod compaction;
+pub mod engine;
 pub mod index;
 pub mod item;
 pub(crate) mod live;
@@ -44,7 +46,11 @@ pub mod object;
 mod prefetch;
 pub mod store;
 
+pub use engine::{EngineStats, KvEngine};
+pub use item::{check_condition, ConditionFailed};
 pub use memory::BLOCK_BYTES;
+/// The result type of the engine API.
+pub type Result<T> = std::result::Result<T, Error>;
 pub use store::{
     hash_key, Condition, Config, Error, Expiry, ItemMeta, Mode, PutOptions, Stats, Store,
     MAX_KEY_BYTES, MIN_CAPACITY_BYTES,

@@ -77,7 +77,9 @@ pub const MAX_LOCAL_SLOTS: usize = 4;
 /// Spins on a held lock before checking whether its holder is alive, and
 /// between checks.
 const SPINS_BETWEEN_LIVENESS_CHECKS: u32 = 512;
-/// Spins before a lock waiter starts yielding the CPU.
+/// Backoff rounds (`nibble::backoff`) before a lock waiter starts yielding
+/// the CPU: longer than in-process waiters spin, since a holder in another
+/// process is as likely to be running as descheduled.
 const SPINS_BEFORE_YIELD: u32 = 64;
 /// Epoch slots a process may claim at most (`Options::epoch_slots`).
 pub const MAX_PROCESS_SLOTS: usize = 64;

@@ -214,6 +214,17 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+impl From<crate::item::ConditionFailed> for Error {
+    fn from(e: crate::item::ConditionFailed) -> Self {
+        use crate::item::ConditionFailed;
+        match e {
+            ConditionFailed::Exists => Error::Exists,
+            ConditionFailed::NotFound => Error::NotFound,
+            ConditionFailed::VersionMismatch { current } => Error::VersionMismatch { current },
+        }
+    }
+}
+
 impl From<EpochError> for Error {
     fn from(e: EpochError) -> Self {
         Error::Epoch(e)

@@ -71,21 +71,6 @@ impl Store {
         )
     }
 
-    /// Check a condition against the current item (`None` = absent or expired).
-    fn check_condition(cond: Condition, cur: Option<&Header>) -> Result<(), Error> {
-        match (cond, cur) {
-            (Condition::Always, _) => Ok(()),
-            (Condition::IfAbsent, Some(_)) => Err(Error::Exists),
-            (Condition::IfAbsent, None) => Ok(()),
-            (Condition::IfPresent, None) | (Condition::IfVersion(_), None) => Err(Error::NotFound),
-            (Condition::IfPresent, Some(_)) => Ok(()),
-            (Condition::IfVersion(v), Some(h)) if h.version == v => Ok(()),
-            (Condition::IfVersion(_), Some(h)) => {
-                Err(Error::VersionMismatch { current: h.version })
-            }
-        }
-    }
-
     /// The general write: `opts.condition` decided against the live item
     /// under its bucket lock, `opts.expiry` and `opts.flags` applied.
     /// Returns the new version.
@@ -113,7 +98,7 @@ impl Store {
             // Cheap optimistic check first, so a failing condition does not
             // leave a dead object in the log.
             let cur = self.read_header(hash, key);
-            Self::check_condition(opts.condition, cur.as_ref())?;
+            check_condition(opts.condition, cur.as_ref())?;
         }
         if inner.cfg.mode == Mode::Nibble2 {
             if let Some(version) = self.overwrite_in_place(hash, key, value, &opts, &mut h)? {
@@ -136,10 +121,8 @@ impl Store {
             value.len(),
             opts.flags,
             next_version(0),
-            match opts.expiry {
-                Expiry::At(t) => t.clamp(1, crate::object::FIELD48_MASK),
-                _ => 0,
-            },
+            // No old item yet: `Keep` means none until `publish` sees one.
+            opts.expiry.expiry_ms(None),
             false,
         );
         if inner.cfg.mode == Mode::Nibble {
@@ -171,7 +154,7 @@ impl Store {
             return Ok(None);
         };
         let live = !old.expired();
-        Self::check_condition(opts.condition, live.then_some(&old))?;
+        check_condition(opts.condition, live.then_some(&old))?;
         if !(old.can_hold(value.len()) && old.fits_flags(opts.flags)) {
             h.slack_slot = old.value_cap as usize != value.len();
             return Ok(None);
@@ -180,7 +163,7 @@ impl Store {
             value_len: value.len() as u32,
             flags: opts.flags,
             version: next_version(old.version),
-            expiry_ms: expiry_for(opts.expiry, live.then_some(&old)),
+            expiry_ms: opts.expiry.expiry_ms(live.then_some(&old)),
             ..old
         };
         // SAFETY: we hold the key's bucket locks (`g`) and an epoch guard:
@@ -261,9 +244,9 @@ impl Store {
                     let old_off = off_of(g.loc(slot));
                     let old = mem.header(old_off).unwrap_or_default();
                     let live = !old.expired();
-                    Self::check_condition(opts.condition, live.then_some(&old))?;
+                    check_condition(opts.condition, live.then_some(&old))?;
                     let version = crate::object::live_version(h.version.max(old.version + 1));
-                    let expiry = expiry_for(opts.expiry, live.then_some(&old));
+                    let expiry = opts.expiry.expiry_ms(live.then_some(&old));
                     if version != h.version || expiry != h.expiry_ms {
                         h.version = version;
                         h.expiry_ms = expiry;
@@ -285,7 +268,7 @@ impl Store {
                     return Ok(version);
                 }
                 None => {
-                    Self::check_condition(opts.condition, None)?;
+                    check_condition(opts.condition, None)?;
                     match g.insert(new_loc) {
                         Ok(_) => {
                             note_expiry(mem, app.off, h.expiry_ms);
@@ -330,7 +313,7 @@ impl Store {
         let h = mem.header(off_of(g.loc(slot))).unwrap_or_default();
         let live = !h.expired();
         if live {
-            Self::check_condition(cond, Some(&h))?;
+            check_condition(cond, Some(&h))?;
         }
         let off = off_of(g.remove(slot));
         // SAFETY: the bucket is locked and the object just unlinked; we
@@ -384,13 +367,5 @@ pub(crate) fn note_expiry(mem: &Memory, off: u64, expiry_ms: u64) {
         mem.seg(mem.seg_of(off))
             .min_expiry_ms
             .fetch_min(expiry_ms, Ordering::AcqRel);
-    }
-}
-
-fn expiry_for(e: Expiry, old: Option<&Header>) -> u64 {
-    match e {
-        Expiry::Never => 0,
-        Expiry::At(t) => t.clamp(1, crate::object::FIELD48_MASK),
-        Expiry::Keep => old.map_or(0, |h| h.expiry_ms),
     }
 }

@@ -285,3 +285,81 @@ impl Drop for SharedStore {
         let _ = self.detach();
     }
 }
+
+/// The shared store behind `nibble`'s engine API, so a server drives it
+/// as it drives a `nibble::Store`. Each method forwards to the inherent
+/// one of the same name and converts the error
+/// (`From<Error> for nibble::Error`). The engines stay separate below this
+/// interface: see `nibble::engine` for why.
+impl nibble::KvEngine for SharedStore {
+    #[inline]
+    fn put_with(&self, key: &[u8], value: &[u8], opts: PutOptions) -> nibble::Result<u64> {
+        Ok(SharedStore::put_with(self, key, value, opts)?)
+    }
+
+    #[inline]
+    fn get_into(&self, key: &[u8], buf: &mut Vec<u8>) -> nibble::Result<Option<ItemMeta>> {
+        Ok(SharedStore::get_into(self, key, buf)?)
+    }
+
+    #[inline]
+    fn meta(&self, key: &[u8]) -> nibble::Result<Option<ItemMeta>> {
+        Ok(SharedStore::meta(self, key)?)
+    }
+
+    #[inline]
+    fn delete(&self, key: &[u8]) -> nibble::Result<bool> {
+        Ok(SharedStore::delete(self, key)?)
+    }
+
+    #[inline]
+    fn delete_if(&self, key: &[u8], cond: Condition) -> nibble::Result<()> {
+        Ok(SharedStore::delete_if(self, key, cond)?)
+    }
+
+    #[inline]
+    fn set_expiry(&self, key: &[u8], expiry_ms: Option<u64>) -> nibble::Result<bool> {
+        Ok(SharedStore::set_expiry(self, key, expiry_ms)?)
+    }
+
+    #[inline]
+    fn scan(&self, cursor: u64, count: usize) -> nibble::Result<(u64, Vec<Vec<u8>>)> {
+        Ok(SharedStore::scan(self, cursor, count)?)
+    }
+
+    #[inline]
+    fn len(&self) -> u64 {
+        SharedStore::len(self)
+    }
+
+    #[inline]
+    fn max_value_bytes(&self) -> u64 {
+        self.max_item_bytes()
+    }
+
+    fn engine_stats(&self) -> nibble::EngineStats {
+        let st = self.stats();
+        let g = self.geometry();
+        let in_use = g.log_segments - st.segments_free;
+        let blocks_per_seg = g.seg_bytes / BLOCK_BYTES;
+        let index_bytes = g.index_buckets * BUCKET_BYTES;
+        nibble::EngineStats {
+            engine: "shared",
+            mode: "nibblejmp",
+            epoch: "tsc-shared",
+            capacity_bytes: g.capacity_bytes,
+            used_bytes: in_use * g.seg_bytes + index_bytes + meta_bytes(g.log_segments),
+            live_bytes: st.live_bytes,
+            index_bytes,
+            pool_bytes: g.log_segments * g.seg_bytes,
+            blocks_total: g.log_segments * blocks_per_seg,
+            blocks_in_use: in_use * blocks_per_seg,
+            segments_closed: st.segments_closed,
+            compaction_passes: st.compactions,
+            bytes_relocated: 0,
+            expired_reclaimed: st.expired_reclaimed,
+            items: st.objects,
+            processes: st.processes.iter().filter(|p| p.2).count(),
+        }
+    }
+}

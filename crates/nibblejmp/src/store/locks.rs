@@ -15,6 +15,7 @@
 //! `Options::lock_wait`.
 
 use super::*;
+use nibble::backoff::Backoff;
 
 impl Inner {
     /// The (bucket, entry) of `b0`/`b1` that names `loc`, if any. The
@@ -133,6 +134,7 @@ impl Inner {
     pub(crate) fn lock_bucket(&self, op: &Op<'_>, b: usize) -> Result<()> {
         let word = &self.bucket(b).word;
         let mut spins = 0u32;
+        let mut backoff = Backoff::with_spin_rounds(SPINS_BEFORE_YIELD);
         let start = Instant::now();
         loop {
             let w = word.load(Ordering::Acquire);
@@ -166,7 +168,7 @@ impl Inner {
                             )));
                         }
                     }
-                    backoff(spins);
+                    backoff.snooze();
                 }
             }
         }
@@ -205,6 +207,7 @@ impl Inner {
         let first = topology::current_cpu() % n;
         let start = Instant::now();
         let mut rounds = 0u32;
+        let mut backoff = Backoff::with_spin_rounds(SPINS_BEFORE_YIELD);
         loop {
             for i in 0..n {
                 let h = (first + i) % n;
@@ -241,7 +244,7 @@ impl Inner {
                     )));
                 }
             }
-            backoff(rounds);
+            backoff.snooze();
         }
     }
 
@@ -257,14 +260,4 @@ impl Inner {
 /// its owner is dead.
 fn lock_breakable(owner: u64) -> bool {
     owner == 0 || owner & RECLAIM_BIT != 0 || !proc_id::alive(owner)
-}
-
-fn backoff(spins: u32) {
-    if spins < SPINS_BEFORE_YIELD {
-        for _ in 0..(1u32 << (spins.min(6))) {
-            std::hint::spin_loop();
-        }
-    } else {
-        std::thread::yield_now();
-    }
 }

@@ -12,6 +12,7 @@
 //! until after its last access to the log.
 
 use super::*;
+use nibble::check_condition;
 
 impl Inner {
     /// Find the entry of `key` in its buckets: (bucket, index, loc).
@@ -109,10 +110,8 @@ impl Inner {
         let hash = nibble::hash_key(key);
         let (b0, b1, tag) = self.buckets_of(hash);
         let (cond, flags, version) = (o.condition, o.flags, nibble::object::next_version(0));
-        let expiry = match o.expiry {
-            Expiry::At(t) => t.clamp(1, nibble::object::FIELD48_MASK),
-            Expiry::Never | Expiry::Keep => 0,
-        };
+        // `Keep` is decided under the bucket locks, below.
+        let expiry = o.expiry.expiry_ms(None);
         if cond != Condition::Always {
             // Cheap optimistic check first, so a failing condition does
             // not leave a dead object in the log.
@@ -170,7 +169,7 @@ impl Inner {
         if let Err(e) = check_condition(cond, live_old.as_ref().map(Obj::header)) {
             self.mark(loc, OBJ_DEAD);
             self.unlock_pair(b0, b1);
-            return Err(e);
+            return Err(e.into());
         }
         if let Some(oh) = old_hdr {
             hdr.version = hdr.version.max(oh.version + 1) & nibble::object::FIELD48_MASK;
@@ -283,7 +282,7 @@ impl Inner {
         // are pinned (see the crate essay).
         Ok(self.find_live(key, b0, b1, tag).map(|o| {
             buf.extend_from_slice(self.obj_value(&o));
-            item_meta(&o)
+            ItemMeta::of(&o)
         }))
     }
 
@@ -291,7 +290,7 @@ impl Inner {
         self.check_key(key)?;
         let (b0, b1, tag) = self.buckets_of(nibble::hash_key(key));
         let _op = self.begin();
-        Ok(self.find_live(key, b0, b1, tag).map(|o| item_meta(&o)))
+        Ok(self.find_live(key, b0, b1, tag).map(|o| ItemMeta::of(&o)))
     }
 
     /// Delete `key` if `cond` holds (an expired item is removed either way
@@ -311,7 +310,7 @@ impl Inner {
         if live.is_some() {
             if let Err(e) = check_condition(cond, live.as_ref().map(Obj::header)) {
                 self.unlock_pair(b0, b1);
-                return Err(e);
+                return Err(e.into());
             }
         }
         self.set_intent_old(&op, old);
@@ -458,29 +457,5 @@ impl Inner {
             }
             b += BUCKETS_PER_PIN;
         }
-    }
-}
-
-/// A write's condition against the current live item (`None` = absent or
-/// expired), as `nibble::Store`'s.
-fn check_condition(cond: Condition, cur: Option<&Header>) -> Result<()> {
-    match (cond, cur) {
-        (Condition::Always, _) | (Condition::IfAbsent, None) | (Condition::IfPresent, Some(_)) => {
-            Ok(())
-        }
-        (Condition::IfAbsent, Some(_)) => Err(Error::KeyExists),
-        (Condition::IfPresent, None) | (Condition::IfVersion(_), None) => Err(Error::KeyNotFound),
-        (Condition::IfVersion(v), Some(h)) if h.version == v => Ok(()),
-        (Condition::IfVersion(_), Some(h)) => Err(Error::VersionMismatch { current: h.version }),
-    }
-}
-
-/// The item metadata of a header.
-fn item_meta(h: &Header) -> ItemMeta {
-    ItemMeta {
-        value_len: h.value_len as usize,
-        version: h.version,
-        flags: h.flags,
-        expiry_ms: (h.expiry_ms != 0).then_some(h.expiry_ms),
     }
 }
