@@ -35,8 +35,9 @@
 //! overflow), publishes `2n` with a release store and unlocks. It never
 //! moves an entry that spilled to its second bucket back home, though home
 //! has room after the doubling: [`Index::scan`]'s guarantee rests on
-//! entries moving only from `c` to `c + n` (a version that did lost keys
-//! from concurrent scans), so spills of earlier growth phases stay. Everyone
+//! entries moving only from `c` to `c + n` (an entry moved home could jump
+//! behind a concurrent scan's cursor and be missed), so spills of earlier
+//! growth phases stay. Everyone
 //! reads `n` (acquire) before touching buckets and re-checks it after
 //! locking or validating: a resize that finished in between is seen there
 //! (its unlock happened after the store of `n`) and the operation retries.
@@ -83,12 +84,11 @@ pub const ENTRIES_PER_BUCKET: usize = 15;
 /// this many free entries, else to the emptier bucket of its neighbourhood.
 /// Always the emptier (balanced two-choice) leaves a third of the keys in
 /// their second bucket, and a read of one of those pays a second dependent
-/// miss; always home overflows at a load of ~0.5. With 5: 86-99 % of the
-/// keys inserted at loads 0.85-0.43 go home (simulated, random keys), and
-/// the first overflow comes at ~0.83 instead of ~0.87 (`tests/index.rs`).
-/// A table that grew keeps the spills of its fuller phases (a resize does
-/// not move entries home, see the module docs): grown from 64 buckets to
-/// 200k keys, 23 % of the keys sit in their second bucket.
+/// miss; always home overflows at a load of ~0.5. With 5, most keys go
+/// home at every load and the first overflow comes at ~0.83 instead of
+/// ~0.87 (`tests/index.rs`). A table that grew keeps the spills of its
+/// fuller phases (a resize does not move entries home, see the module
+/// docs).
 pub const HOME_SPARE_SLOTS: usize = 5;
 
 /// Size and alignment of a bucket: two 64-byte cache lines.
@@ -102,7 +102,7 @@ pub const NEIGHBOURHOOD_BUCKETS: usize = 2;
 /// concurrent resizes (each locks a whole subtable, and happen only as the
 /// key count doubles) rarely meet, and few enough that a subtable of a
 /// store of a million keys passes 2 MiB and gets huge pages (see
-/// `index/reservation.rs`); with 64, that took 8 M keys.
+/// `index/reservation.rs`).
 pub const DEFAULT_SUBTABLES_PER_NODE: usize = 8;
 
 /// Default initial buckets per subtable: 32 × 128 bytes = one 4 KiB page.

@@ -13,9 +13,8 @@
 //!
 //! A head's segment starts with the blocks its first object needs and
 //! grows a block at a time up to the segment size, so the budget never
-//! counts empty blocks of open heads as used (at 90 % utilization two
-//! half-empty 26-block heads were 1.5 % of the pool, a fifth of the free
-//! space compaction works with). When an object does not fit in a full-
+//! counts empty blocks of open heads as used (at high utilization those
+//! would be a large share of the free space compaction works with). When an object does not fit in a full-
 //! size segment, the head *rolls*: the segment is closed
 //! (stamped with the epoch clock, so compaction waits until every append
 //! that might still be publishing into it has finished) and handed

@@ -33,12 +33,11 @@
 //! after a phase of deletes instead of staying at its high-water mark.
 //! Why whole regions: the pool is backed by transparent huge pages, and
 //! releasing one 64 KiB block splits its 2 MiB page into 4 KiB pages for
-//! the live blocks around it too. Per-block release split nearly every
-//! huge page of a 200k-key store within a second of a write burst ending
-//! (free blocks lie everywhere), and the reads that followed paid for the
-//! TLB misses (YCSB-C after YCSB-A, 2 threads: 4.89 M vs 5.36 M ops/s,
-//! mean of 4 alternating runs). A region
-//! being released is marked, and a thread taking one of its blocks waits
+//! the live blocks around it too. Free blocks lie everywhere after a
+//! write burst, so per-block release would split nearly every huge page of
+//! the pool and the reads that follow would pay for the TLB misses (about
+//! a tenth of read throughput on a 200k-key store). A region being
+//! released is marked, and a thread taking one of its blocks waits
 //! for the release to finish before it writes. When the store is idle, and
 //! in `Store::release_memory` (the analogue of `malloc_trim`), every free
 //! block is released and returned to the buddy allocator: memory then

@@ -150,8 +150,8 @@ impl Store {
         // A worker per 8 CPUs (the paper runs 8 per socket), and at least
         // two where there are two CPUs: a writer that finds no space runs
         // an idle worker's step, so with one worker state only one thread
-        // at a time can compact, however many cores wait. At 90 %
-        // utilization on 2 CPUs a second worker doubled YCSB-A throughput.
+        // at a time can compact, however many cores wait: at high
+        // utilization that thread is the writers' bottleneck.
         let cpus_per_node = topo.num_cpus().div_ceil(nodes);
         let workers_per_node = cfg
             .compaction_workers

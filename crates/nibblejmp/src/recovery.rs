@@ -1,5 +1,5 @@
-//! Recovery on attach (issue 8, "crash behaviour"; dissertation §12.1.3 on
-//! restartable stores).
+//! Recovery on attach (the crate essay's crash guarantees; dissertation
+//! §12.1.3 on restartable stores).
 //!
 //! Every attach reclaims the epoch slots of dead processes (resolving the
 //! bucket updates they had in flight and releasing their head locks). When
@@ -16,9 +16,9 @@
 //!    its segment's `used` bytes must be named by an entry (with its hash
 //!    tag) in its key's two buckets, and the index must have no other
 //!    entries (entries = objects named). The log is read front to back and
-//!    the random accesses go to the index, 16x smaller: for 3 M objects of
-//!    1 KB this takes about a second here, where checking each entry's
-//!    object took 2.6 s;
+//!    the random accesses go to the index, which is much smaller than the
+//!    log (checking each entry's object instead would make the random
+//!    accesses go to the log);
 //! 3. if the index fails verification (or a rebuild was asked for),
 //!    rebuilds it from the log: every segment is scanned header by header
 //!    and each committed, not-dead object is indexed, the newest version

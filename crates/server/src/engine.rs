@@ -1,5 +1,5 @@
 //! The engine behind the commands: the process-private `nibble::Store`, or
-//! a shared, restartable `nibblejmp::SharedStore` (issue 8, `--data-dir`).
+//! a shared, restartable `nibblejmp::SharedStore` (`--data-dir`).
 //!
 //! Command code is written once, against [`Engine`]. Both stores implement
 //! `nibble::KvEngine` (one API, nibble's item types and error type), so

@@ -17,8 +17,8 @@ pub const DEFAULT_MAX_SEGMENT_BYTES: usize = 32 << 20;
 /// utilization between segments is what cost-benefit selection feeds on)
 /// and keep the reserve, at least a segment per worker, small: at 256, a
 /// 114 MiB store (15,249 blocks) has 59-block (3.7 MiB) segments and a
-/// 0.8 % minimum reserve for two workers. (1,024 measured no better at
-/// 90 % utilization: the best victims were 83-84 % live either way.)
+/// 0.8 % minimum reserve for two workers. More segments would not help: at
+/// 90 % utilization the best victims are equally live either way.
 pub const MIN_SEGMENTS_PER_STORE: usize = 256;
 /// Default largest value.
 pub const DEFAULT_MAX_VALUE_BYTES: usize = 16 << 20;
@@ -34,18 +34,17 @@ pub const DEFAULT_INDEX_PERMILLE: usize = 62;
 /// is a block of free space compaction cannot use to find emptier victims:
 /// hence the low end of the paper's range. At 90 % utilization the free
 /// space the reserve holds back is a tenth of all free space, and cleaning
-/// cost grows as free space shrinks (`memlab fill`: 1.5 % -> 0.5 % took
-/// relocations per write from ~6.1 to ~5.5).
+/// cost (relocations per write, `memlab fill`) grows as free space
+/// shrinks.
 pub const DEFAULT_RESERVE_PERMILLE: usize = 10;
 /// Compaction starts when the client's free blocks fall below this share
 /// of the client budget (and at least two segments per head: every head
 /// can roll twice before a writer waits). The dissertation starts at 20 %
 /// ([`PAPER_COMPACTION_TRIGGER_PERMILLE`], still selectable); free blocks
 /// compaction makes ahead of need are free space its victims lack, so it
-/// copies more: at 90 % utilization (`memlab fill`) 2 % took relocations per
-/// write from ~5.8 to ~5.3, and YCSB-A zipfian (~43 % utilization) gained
-/// ~10 %. Writers that find no space run compaction themselves, so a burst
-/// waits at most for a pass.
+/// copies more (more relocations per write in `memlab fill`). Writers that
+/// find no space run compaction themselves, so a burst waits at most for
+/// a pass.
 pub const DEFAULT_COMPACTION_TRIGGER_PERMILLE: usize = 20;
 /// The dissertation's compaction trigger: 20 % of the client budget free.
 pub const PAPER_COMPACTION_TRIGGER_PERMILLE: usize = 200;

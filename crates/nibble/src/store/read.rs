@@ -41,7 +41,7 @@ impl Store {
             // loads otherwise wait for the header (its length) and miss.
             // Non-temporally: the value is copied out once, and pulled
             // through L2/L3 it would evict index buckets that later reads
-            // need (YCSB-C at 1 M keys: +9-16 %).
+            // need.
             mem.prefetch_once(off, expect);
             let h = mem.header(off)?;
             if h.key_len as usize != key.len() || !mem.key_bytes_equal(off, &h, key) {
