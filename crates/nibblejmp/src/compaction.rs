@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::layout::*;
 use crate::proc_id;
-use crate::store::{Inner, Obj};
+use crate::store::{Inner, Obj, Op};
 use crate::testing::{point, CrashPoint};
 
 /// How often a process that does not hold the lease checks its holder.
@@ -262,6 +262,24 @@ impl Inner {
         Pass::Compacted
     }
 
+    /// Begin an operation on the object `h` with intent `kind` (naming
+    /// `h` as the old object) and lock its key's buckets: the operation,
+    /// the two buckets and the hash tag. `Busy` if a live process holds a
+    /// bucket too long.
+    fn lock_key_of(
+        &self,
+        h: &Obj,
+        kind: u64,
+    ) -> std::result::Result<(Op<'_>, usize, usize, u64), Pass> {
+        let (b0, b1, tag) = self.buckets_of(nibble::hash_key(self.obj_key(h)));
+        let op = self.begin();
+        self.set_intent(&op, kind, b0, b1, h.loc().get(), 0);
+        if self.lock_pair(&op, b0, b1).is_err() {
+            return Err(Pass::Busy);
+        }
+        Ok((op, b0, b1, tag))
+    }
+
     /// Remove an expired object from the index (a delete under the key's
     /// bucket locks, with a DEL intent, so a death halfway is resolved like
     /// any delete's) instead of moving it. False if, under the locks, it is
@@ -269,13 +287,7 @@ impl Inner {
     /// caller moves it instead.
     fn drop_expired(&self, h: &Obj) -> std::result::Result<bool, Pass> {
         let loc = h.loc().get();
-        let key = self.obj_key(h);
-        let (b0, b1, _) = self.buckets_of(nibble::hash_key(key));
-        let op = self.begin();
-        self.set_intent(&op, INTENT_DEL, b0, b1, loc, 0);
-        if self.lock_pair(&op, b0, b1).is_err() {
-            return Err(Pass::Busy);
-        }
+        let (op, b0, b1, _) = self.lock_key_of(h, INTENT_DEL)?;
         let found = self.find_entry(b0, b1, loc);
         let still_expired = self.obj_header(loc).is_some_and(|h| h.expired());
         if found.is_some() && !still_expired {
@@ -300,13 +312,7 @@ impl Inner {
         dest: &mut Option<usize>,
     ) -> std::result::Result<(), Pass> {
         let loc = h.loc().get();
-        let key = self.obj_key(h);
-        let (b0, b1, tag) = self.buckets_of(nibble::hash_key(key));
-        let op = self.begin();
-        self.set_intent(&op, INTENT_MOVE, b0, b1, loc, 0);
-        if self.lock_pair(&op, b0, b1).is_err() {
-            return Err(Pass::Busy);
-        }
+        let (op, b0, b1, tag) = self.lock_key_of(h, INTENT_MOVE)?;
         let found = self.find_entry(b0, b1, loc);
         let Some((b, i)) = found else {
             self.unlock_pair(b0, b1);

@@ -70,43 +70,42 @@ impl Inner {
     pub(super) fn break_bucket(&self, my_slot: usize, b: usize, w: u64, holder: usize) -> bool {
         let it = self.intent_of(holder);
         let word = &self.bucket(b).word;
-        if word
-            .compare_exchange(
-                w,
-                lock_word(w, my_slot),
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            )
-            .is_err()
-        {
+        if !self.steal(word, w, my_slot) {
             return false;
         }
         if it.kind != INTENT_NONE && (it.b0 == b as u64 + 1 || it.b1 == b as u64 + 1) {
             self.resolve(it);
         }
-        let now = word.load(Ordering::Relaxed);
-        word.store(unlock_word(now), Ordering::Release);
-        self.hdr().broken_locks.fetch_add(1, Ordering::Relaxed);
+        release(word);
         true
     }
 
     /// Take head `h` from a dead holder; on success the caller holds it.
     pub(super) fn break_head(&self, my_slot: usize, h: usize, w: u64) -> bool {
-        let lock = &self.head(h).lock;
-        if lock
+        if !self.steal(&self.head(h).lock, w, my_slot) {
+            return false;
+        }
+        self.repair_head(h);
+        true
+    }
+
+    /// Take a lock word from a dead holder for `my_slot`: a
+    /// compare-and-swap on the exact word `w` the caller saw (its sequence
+    /// number rules out ABA), counted in `broken_locks`. False if someone
+    /// else moved first.
+    fn steal(&self, word: &AtomicU64, w: u64, my_slot: usize) -> bool {
+        let stolen = word
             .compare_exchange(
                 w,
                 lock_word(w, my_slot),
                 Ordering::AcqRel,
                 Ordering::Relaxed,
             )
-            .is_err()
-        {
-            return false;
+            .is_ok();
+        if stolen {
+            self.hdr().broken_locks.fetch_add(1, Ordering::Relaxed);
         }
-        self.repair_head(h);
-        self.hdr().broken_locks.fetch_add(1, Ordering::Relaxed);
-        true
+        stolen
     }
 
     /// Under head `h`'s lock, after its holder died: segments the holder
@@ -160,13 +159,12 @@ impl Inner {
                             self.break_bucket(op.slot, b, w, h);
                             continue;
                         }
-                        if start.elapsed() > self.opts.lock_wait {
-                            return Err(Error::Busy(format!(
-                                "index bucket {b} held by live process {} for over {:?}",
-                                proc_id::pid_of(owner),
-                                self.opts.lock_wait
-                            )));
-                        }
+                        self.check_wait(start, || {
+                            format!(
+                                "index bucket {b} held by live process {}",
+                                proc_id::pid_of(owner)
+                            )
+                        })?;
                     }
                     backoff.snooze();
                 }
@@ -175,9 +173,7 @@ impl Inner {
     }
 
     pub(crate) fn unlock_bucket(&self, b: usize) {
-        let word = &self.bucket(b).word;
-        let w = word.load(Ordering::Relaxed);
-        word.store(unlock_word(w), Ordering::Release);
+        release(&self.bucket(b).word);
     }
 
     /// Lock a key's two buckets, lower index first (one global order).
@@ -237,22 +233,38 @@ impl Inner {
                         }
                     }
                 }
-                if start.elapsed() > self.opts.lock_wait {
-                    return Err(Error::Busy(format!(
-                        "every log head held by live processes for over {:?}",
-                        self.opts.lock_wait
-                    )));
-                }
+                self.check_wait(start, || {
+                    "every log head held by live processes".to_string()
+                })?;
             }
             backoff.snooze();
         }
     }
 
     pub(super) fn unlock_head(&self, h: usize) {
-        let lock = &self.head(h).lock;
-        let w = lock.load(Ordering::Relaxed);
-        lock.store(unlock_word(w), Ordering::Release);
+        release(&self.head(h).lock);
     }
+
+    /// `Busy` (naming what is `held`) once a wait for a live holder that
+    /// began at `start` has lasted longer than `Options::lock_wait`:
+    /// writers never spin forever.
+    fn check_wait(&self, start: Instant, held: impl FnOnce() -> String) -> Result<()> {
+        if start.elapsed() > self.opts.lock_wait {
+            return Err(Error::Busy(format!(
+                "{} for over {:?}",
+                held(),
+                self.opts.lock_wait
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Unlock a lock word this process's slot holds (the holder byte cleared,
+/// the sequence number kept: see `layout::unlock_word`).
+pub(super) fn release(word: &AtomicU64) {
+    let w = word.load(Ordering::Relaxed);
+    word.store(unlock_word(w), Ordering::Release);
 }
 
 /// Whether a lock held by a slot with this owner word may be broken: the

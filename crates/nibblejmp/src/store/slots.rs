@@ -181,8 +181,7 @@ impl Inner {
             let lock = &self.head(h).lock;
             let w = lock.load(Ordering::Acquire);
             if lock_holder(w) == Some(i) && self.break_head(i, h, w) {
-                let now = lock.load(Ordering::Relaxed);
-                lock.store(unlock_word(now), Ordering::Release);
+                super::locks::release(lock);
             }
         }
         s.intent_kind.store(INTENT_NONE, Ordering::Relaxed);
