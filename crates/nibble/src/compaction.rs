@@ -12,10 +12,9 @@
 //! compacts segments at most 95 % live even when free space is plentiful,
 //! until a pass finds nothing, and releases every free block to the OS at
 //! once (see `memory`). This keeps RSS near the live data after a burst of
-//! deletes without competing with clients for CPU. (Gated on writes alone,
-//! it ran under read-only load: at 1 M keys YCSB-C lost a third of its
-//! throughput to it, and the next write burst faulted every released
-//! block back in: A zipfian at 0.38 of a hash map.)
+//! deletes without competing with clients for CPU. Quiet writes alone are
+//! not enough: under a read-only load it would take CPU from the readers,
+//! and the next write burst would fault every released block back in.
 //!
 //! One pass:
 //! 1. Candidates are closed segments whose closing stamp the epoch table has
@@ -26,10 +25,10 @@
 //!    segment (at least `PASS_MIN_LIVE_BYTES`). Survivors go to the
 //!    worker's destination segment, which stays open across passes and
 //!    grows a block at a time (from the compaction reserve if need be)
-//!    until it is full, then closes and becomes a candidate. A destination
-//!    per pass sized to the pass's live bytes used to waste the rest of its
-//!    last block every pass; at 90 % utilization, where a pass frees a
-//!    block or two, that was a third of what compaction reclaimed.
+//!    until it is full, then closes and becomes a candidate, so no pass
+//!    leaves the rest of a last block unused: at high utilization a pass
+//!    frees only a block or two, and half a block wasted per pass would be
+//!    a large share of that.
 //! 3. Each candidate is scanned object by object. An object is live if the
 //!    index still points at exactly this location; under the bucket lock it
 //!    is copied to the destination and the entry redirected (expired
@@ -107,10 +106,8 @@ pub struct WorkerState {
 
 /// A compaction destination being filled: like a log head, it grows a
 /// block at a time and closes (becoming a candidate) only when the next
-/// object would not fit in a full-size segment. A destination per pass,
-/// sized to the pass's live bytes, wasted the unused part of its last
-/// block every pass, half a block on average, which at 90 % utilization
-/// was a third of the space a pass freed.
+/// object would not fit in a full-size segment, so passes do not each
+/// leave the unused part of a last block behind (see the module docs).
 struct Dest {
     seg: SegId,
     blocks: Vec<u32>,
@@ -314,9 +311,9 @@ pub enum Help {
     /// segments can take tens of milliseconds), or has compacted segments
     /// (or candidates) waiting for the epoch to pass them. The epoch
     /// waits for operations that began earlier; on a loaded machine one of
-    /// them may sit preempted for a scheduler tick or more, and a writer
-    /// that counted those rounds as rounds without progress reported out of
-    /// memory at 90 % utilization with 8 % of the pool reclaimable.
+    /// them may sit preempted for a scheduler tick or more, so these rounds
+    /// must not count as rounds without progress, or a writer would report
+    /// out of memory while space is about to be freed.
     Busy,
 }
 
@@ -538,7 +535,11 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
                         complete = false;
                         break;
                     };
-                    if !mem.copy(off, new_off, size) {
+                    // SAFETY: `new_off` is room `Dest::room` just made in
+                    // this worker's own destination segment (only this
+                    // worker writes it); the source object's bucket is
+                    // locked, in a victim segment, so they do not overlap.
+                    if !unsafe { mem.copy(off, new_off, size) } {
                         complete = false;
                         break;
                     }

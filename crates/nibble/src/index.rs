@@ -35,8 +35,9 @@
 //! overflow), publishes `2n` with a release store and unlocks. It never
 //! moves an entry that spilled to its second bucket back home, though home
 //! has room after the doubling: [`Index::scan`]'s guarantee rests on
-//! entries moving only from `c` to `c + n` (a version that did lost keys
-//! from concurrent scans), so spills of earlier growth phases stay. Everyone
+//! entries moving only from `c` to `c + n` (an entry moved home could jump
+//! behind a concurrent scan's cursor and be missed), so spills of earlier
+//! growth phases stay. Everyone
 //! reads `n` (acquire) before touching buckets and re-checks it after
 //! locking or validating: a resize that finished in between is seen there
 //! (its unlock happened after the store of `n`) and the operation retries.
@@ -44,10 +45,18 @@
 //! hash of each moved object ([`Index::new`]'s `rehash`). Growth fails with
 //! [`IndexError::Full`] beyond the reservation or the byte budget; it also
 //! starts early once a subtable's load passes `grow_load_factor`.
+//!
+//! Files: this one holds the types, construction and the optimistic read;
+//! `index/bucket.rs` the seqlocked bucket, `index/write.rs` the writers'
+//! lock and guard, `index/grow.rs` the in-place doubling, `index/scan.rs`
+//! the SCAN cursor, `index/reservation.rs` the never-moving bucket arrays.
 
 pub mod bucket;
+mod grow;
 mod reservation;
-mod sync;
+mod scan;
+pub(crate) mod sync;
+mod write;
 
 use core::fmt;
 
@@ -55,6 +64,8 @@ use crossbeam_utils::CachePadded;
 
 use self::reservation::{IndexBucket, Reservation};
 use self::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use self::write::free_slots;
+pub use self::write::{Slot, WriteGuard};
 
 /// A location: an opaque non-zero value below 2^[`LOC_BITS`] (the store's
 /// byte offset of the object in its pool).
@@ -73,12 +84,11 @@ pub const ENTRIES_PER_BUCKET: usize = 15;
 /// this many free entries, else to the emptier bucket of its neighbourhood.
 /// Always the emptier (balanced two-choice) leaves a third of the keys in
 /// their second bucket, and a read of one of those pays a second dependent
-/// miss; always home overflows at a load of ~0.5. With 5: 86-99 % of the
-/// keys inserted at loads 0.85-0.43 go home (simulated, random keys), and
-/// the first overflow comes at ~0.83 instead of ~0.87 (`tests/index.rs`).
-/// A table that grew keeps the spills of its fuller phases (a resize does
-/// not move entries home, see the module docs): grown from 64 buckets to
-/// 200k keys, 23 % of the keys sit in their second bucket.
+/// miss; always home overflows at a load of ~0.5. With 5, most keys go
+/// home at every load and the first overflow comes at ~0.83 instead of
+/// ~0.87 (`tests/index.rs`). A table that grew keeps the spills of its
+/// fuller phases (a resize does not move entries home, see the module
+/// docs).
 pub const HOME_SPARE_SLOTS: usize = 5;
 
 /// Size and alignment of a bucket: two 64-byte cache lines.
@@ -92,7 +102,7 @@ pub const NEIGHBOURHOOD_BUCKETS: usize = 2;
 /// concurrent resizes (each locks a whole subtable, and happen only as the
 /// key count doubles) rarely meet, and few enough that a subtable of a
 /// store of a million keys passes 2 MiB and gets huge pages (see
-/// `index/reservation.rs`); with 64, that took 8 M keys.
+/// `index/reservation.rs`).
 pub const DEFAULT_SUBTABLES_PER_NODE: usize = 8;
 
 /// Default initial buckets per subtable: 32 × 128 bytes = one 4 KiB page.
@@ -104,10 +114,6 @@ pub const DEFAULT_MAX_BUCKETS_PER_SUBTABLE: usize = 1 << 22;
 
 /// Default load (entries / slots) past which a subtable grows proactively.
 pub const DEFAULT_GROW_LOAD_FACTOR: f64 = 0.85;
-
-/// A scan call stops after visiting this many buckets per requested
-/// location, so that a mostly empty table does not make one call long.
-const SCAN_VISITS_PER_COUNT: usize = 10;
 
 #[cfg(not(loom))]
 const _: () = {
@@ -320,14 +326,6 @@ fn grow_threshold(load_factor: f64, n: usize) -> u64 {
     } else {
         (load_factor * (n * ENTRIES_PER_BUCKET) as f64) as u64
     }
-}
-
-/// Redis's reverse-binary cursor increment: the next bucket index after
-/// `v` among `mask + 1` buckets, counting with the bits reversed, so that
-/// the buckets not yet visited stay unvisited when the table doubles.
-#[inline]
-fn next_cursor(v: u64, mask: u64) -> u64 {
-    (v | !mask).reverse_bits().wrapping_add(1).reverse_bits()
 }
 
 impl Index {
@@ -579,179 +577,6 @@ impl Index {
         let _ = (bucket, each);
     }
 
-    /// Locks the neighbourhood of `hash` for writing and returns the guard;
-    /// readers of these two buckets retry until it is dropped.
-    ///
-    /// If the subtable's load has passed `grow_load_factor`, doubles it
-    /// first (a failure to grow is ignored here: the insert will report
-    /// [`IndexError::Full`] if it matters). Hence, and because of the lock
-    /// order, a thread must hold at most one guard at a time.
-    pub fn lock(&self, hash: u64) -> WriteGuard<'_> {
-        let st = self.subtable(hash);
-        if st.counters.entries.load(Ordering::Relaxed) > st.grow_at.load(Ordering::Relaxed) {
-            let _ = self.grow_subtable(st, Trigger::Load);
-        }
-        loop {
-            let n = st.n.load(Ordering::Acquire);
-            let (home, second) = self.neighbourhood(hash, n);
-            // Ascending index order, the order every writer and the resizer
-            // lock in (the second bucket has the lower index when the
-            // distance wraps around the end of the table).
-            let (low, high) = (
-                st.bucket(home.min(second)).lock(),
-                st.bucket(home.max(second)).lock(),
-            );
-            // While we hold these buckets no resize can publish (it needs
-            // every lock); one that published before our locking CAS
-            // released `n` to it, so this load sees it and we retry.
-            if st.n.load(Ordering::Relaxed) == n {
-                let buckets = if home < second {
-                    [low, high]
-                } else {
-                    [high, low]
-                };
-                return WriteGuard {
-                    st,
-                    buckets,
-                    tag: tag_bits(hash),
-                };
-            }
-        }
-    }
-
-    /// Doubles the subtable of `hash` unless its neighbourhood has room
-    /// again (another thread grew it, or an entry was removed). Call it
-    /// after [`WriteGuard::insert`] returned [`IndexError::Full`], with the
-    /// guard dropped, then retry the insert. Fails with
-    /// [`IndexError::Full`] if the subtable is at its reservation or the
-    /// index at its byte budget; existing entries are unaffected.
-    pub fn grow(&self, hash: u64) -> Result<(), IndexError> {
-        self.grow_subtable(self.subtable(hash), Trigger::Full(hash))
-    }
-
-    /// The resize of §4.3: lock every bucket, split, publish, unlock.
-    fn grow_subtable(&self, st: &Subtable, trigger: Trigger) -> Result<(), IndexError> {
-        // Bucket 0 first: this also serialises concurrent resizers, and
-        // once we hold it `n` cannot change (publishing needs it).
-        let first = st.bucket(0).lock();
-        let n = st.n.load(Ordering::Acquire);
-        let mut guards = Vec::with_capacity(2 * n);
-        guards.push(first);
-        guards.extend((1..n).map(|c| st.bucket(c).lock()));
-
-        let still_needed = match trigger {
-            Trigger::Full(hash) => {
-                let (home, second) = self.neighbourhood(hash, n);
-                free_slots(&guards[home]) + free_slots(&guards[second]) == 0
-            }
-            Trigger::Load => {
-                st.counters.entries.load(Ordering::Relaxed) > st.grow_at.load(Ordering::Relaxed)
-            }
-        };
-        if !still_needed {
-            return Ok(());
-        }
-
-        let m = 2 * n;
-        let added_bytes = (n * BUCKET_BYTES) as u64;
-        let budget_ok = m <= self.max_buckets
-            && self
-                .bucket_bytes
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
-                    (self.metadata_bytes + b + added_bytes <= self.max_bytes)
-                        .then_some(b + added_bytes)
-                })
-                .is_ok();
-        if !budget_ok {
-            st.counters.failed_resizes.fetch_add(1, Ordering::Relaxed);
-            // Neither the reservation nor the budget ever grows back, so
-            // stop the proactive check from locking the subtable again.
-            st.grow_at.store(u64::MAX, Ordering::Relaxed);
-            return Err(IndexError::Full);
-        }
-        // Gives the bytes back if `rehash` panics below.
-        let mut reserved = BudgetReservation {
-            counter: &self.bucket_bytes,
-            bytes: added_bytes,
-        };
-
-        // The new half is unpublished (no reader or writer can reach it
-        // before `n` changes); locking it only lets us write through guards.
-        // Locking writes every new bucket, so whole huge pages there cost
-        // no more resident memory than 4 KiB ones.
-        st.buckets.in_use(m);
-        guards.extend((n..m).map(|c| st.bucket(c).lock()));
-        if st.dirty_above_n.load(Ordering::Relaxed) {
-            for guard in &mut guards[n..] {
-                for i in 0..ENTRIES_PER_BUCKET {
-                    guard.store(i, 0);
-                }
-            }
-        }
-        st.dirty_above_n.store(true, Ordering::Relaxed);
-
-        // Pass 1: copy every entry whose bucket changes from c to c + n.
-        // An entry keeps its role (home or second bucket), and each of
-        // those is, for 2n buckets, the same index or that plus n: the
-        // split moves entries only from c to c + n, slot for slot, so it
-        // can never overflow. Only user code (`rehash`) can panic here;
-        // until pass 2 the old half is intact and the copies invisible.
-        let mut mismatches = 0u64;
-        for c in 0..n {
-            for i in 0..ENTRIES_PER_BUCKET {
-                let e = guards[c].load(i);
-                if e == 0 {
-                    continue;
-                }
-                let hash = (self.rehash)(e & LOC_MASK);
-                let (home, second) = self.neighbourhood(hash, n);
-                let (home2, second2) = self.neighbourhood(hash, m);
-                let c2 = if c == home {
-                    home2
-                } else if c == second {
-                    second2
-                } else {
-                    usize::MAX
-                };
-                if tag_bits(hash) != tag_bits(e) || (c2 != c && c2 != c + n) {
-                    mismatches += 1;
-                    continue;
-                }
-                if c2 != c {
-                    guards[c2].store(i, e);
-                }
-            }
-        }
-        // Pass 2: remove the originals of what was copied.
-        for c in 0..n {
-            for i in 0..ENTRIES_PER_BUCKET {
-                if guards[c + n].load(i) != 0 {
-                    guards[c].store(i, 0);
-                }
-            }
-        }
-        st.dirty_above_n.store(false, Ordering::Relaxed);
-        reserved.bytes = 0;
-        if mismatches > 0 {
-            st.counters
-                .rehash_mismatches
-                .fetch_add(mismatches, Ordering::Relaxed);
-        }
-        st.grow_at
-            .store(grow_threshold(self.grow_load_factor, m), Ordering::Relaxed);
-        // Release: whoever learns the new size also sees the moved entries
-        // (and the bucket unlocks below come after it, which is what the
-        // re-checks of `n` in `read` and `lock` rely on).
-        st.n.store(m, Ordering::Release);
-        st.counters.resizes.fetch_add(1, Ordering::Relaxed);
-        drop(guards);
-        // Chunks that held old buckets were faulted in 4 KiB pages; now
-        // that every bucket below `m` is resident, fold them into huge
-        // pages (outside the locks: it copies up to the subtable's size).
-        st.buckets.collapse(m);
-        Ok(())
-    }
-
     /// Live entries (a sum of per-subtable counters; exact when quiescent).
     pub fn len(&self) -> u64 {
         self.subtables
@@ -798,215 +623,5 @@ impl Index {
         s.slots = s.buckets * ENTRIES_PER_BUCKET as u64;
         s.load_factor = s.entries as f64 / s.slots as f64;
         s
-    }
-
-    /// Redis-style SCAN: starting at `cursor` (0 to begin), appends the
-    /// locations of some buckets to `out` and returns the cursor to pass
-    /// next, or 0 when the scan is complete.
-    ///
-    /// Subtables are walked in order; within one, buckets are visited in
-    /// reverse-binary order of their index. A doubling splits bucket `c`
-    /// into `c` and `c + n` only, so an entry present for the whole scan is
-    /// returned at least once even if subtables grow in between (it may be
-    /// returned more than once; entries added or removed meanwhile may or
-    /// may not be). Each bucket is read with the seqlock protocol. One call
-    /// stops once it has appended at least `count` locations, or visited
-    /// `10 × count` buckets.
-    pub fn scan(&self, cursor: u64, count: usize, out: &mut Vec<Loc>) -> u64 {
-        let bucket_mask = (1u64 << self.cursor_bucket_bits) - 1;
-        let mut sti = (cursor >> self.cursor_bucket_bits) as usize;
-        let mut v = cursor & bucket_mask;
-        if sti >= self.subtables.len() {
-            return 0;
-        }
-        let count = count.max(1);
-        let start = out.len();
-        let mut visited = 0;
-        loop {
-            let mask = self.scan_bucket(&self.subtables[sti], v, out);
-            v = next_cursor(v, mask);
-            visited += 1;
-            if v == 0 {
-                sti += 1;
-                if sti == self.subtables.len() {
-                    return 0;
-                }
-            }
-            if out.len() - start >= count || visited >= count * SCAN_VISITS_PER_COUNT {
-                return ((sti as u64) << self.cursor_bucket_bits) | v;
-            }
-        }
-    }
-
-    /// Appends the entries of bucket `v mod n` (one consistent read, for
-    /// the current `n`) and returns the mask `n - 1` it used.
-    fn scan_bucket(&self, st: &Subtable, v: u64, out: &mut Vec<Loc>) -> u64 {
-        loop {
-            let n = st.n.load(Ordering::Acquire);
-            let mask = n as u64 - 1;
-            let bucket = st.bucket((v & mask) as usize);
-            let version = bucket.read_begin();
-            let entries: [u64; ENTRIES_PER_BUCKET] = core::array::from_fn(|i| bucket.load(i));
-            if bucket.read_validate(version) && st.n.load(Ordering::Relaxed) == n {
-                out.extend(entries.iter().filter(|&&e| e != 0).map(|e| e & LOC_MASK));
-                return mask;
-            }
-        }
-    }
-}
-
-/// Gives reserved budget bytes back unless the resize completed (a
-/// panicking `rehash` must not leak budget).
-struct BudgetReservation<'a> {
-    counter: &'a AtomicU64,
-    bytes: u64,
-}
-
-impl Drop for BudgetReservation<'_> {
-    fn drop(&mut self) {
-        if self.bytes > 0 {
-            self.counter.fetch_sub(self.bytes, Ordering::Relaxed);
-        }
-    }
-}
-
-/// Free entry slots of a locked bucket.
-fn free_slots(bucket: &bucket::BucketGuard<'_, ENTRIES_PER_BUCKET>) -> usize {
-    (0..ENTRIES_PER_BUCKET)
-        .filter(|&i| bucket.load(i) == 0)
-        .count()
-}
-
-/// A position in a locked neighbourhood, from [`WriteGuard::find`] or
-/// [`WriteGuard::insert`]; meaningful only to the guard that returned it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Slot {
-    /// 0: home bucket, 1: neighbour.
-    bucket: u8,
-    entry: u8,
-}
-
-/// The write lock on one key hash's neighbourhood (home bucket and its
-/// neighbour). Dropping it unlocks both and publishes the changes.
-pub struct WriteGuard<'a> {
-    st: &'a Subtable,
-    /// `[home, neighbour]`.
-    buckets: [bucket::BucketGuard<'a, ENTRIES_PER_BUCKET>; NEIGHBOURHOOD_BUCKETS],
-    tag: u64,
-}
-
-impl fmt::Debug for WriteGuard<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WriteGuard")
-            .field("tag", &(self.tag >> LOC_BITS))
-            .finish_non_exhaustive()
-    }
-}
-
-/// Panics unless `loc` is a valid [`Loc`].
-fn check_loc(loc: Loc) {
-    assert!(
-        loc != 0 && loc <= LOC_MASK,
-        "location {loc:#x} is not in 1..2^48"
-    );
-}
-
-impl WriteGuard<'_> {
-    /// The first entry whose tag matches and for which `is_key` says yes
-    /// (home bucket first). Only tag-matching entries are offered.
-    pub fn find(&self, mut is_key: impl FnMut(Loc) -> bool) -> Option<Slot> {
-        for (b, guard) in self.buckets.iter().enumerate() {
-            for i in 0..ENTRIES_PER_BUCKET {
-                let e = guard.load(i);
-                if e != 0 && tag_bits(e) == self.tag && is_key(e & LOC_MASK) {
-                    return Some(Slot {
-                        bucket: b as u8,
-                        entry: i as u8,
-                    });
-                }
-            }
-        }
-        None
-    }
-
-    fn entry(&self, slot: Slot) -> u64 {
-        self.buckets[slot.bucket as usize].load(slot.entry as usize)
-    }
-
-    /// The location held in `slot`.
-    ///
-    /// # Panics
-    /// If the slot is empty (it was removed).
-    pub fn loc(&self, slot: Slot) -> Loc {
-        let e = self.entry(slot);
-        assert!(e != 0, "loc of an empty slot");
-        e & LOC_MASK
-    }
-
-    /// Points `slot` at a new location (the key's new object version, or
-    /// its relocated copy). Readers see the old or the new location.
-    ///
-    /// # Panics
-    /// If the slot is empty, or `loc` is 0 or not below 2^48.
-    pub fn replace(&mut self, slot: Slot, loc: Loc) {
-        check_loc(loc);
-        assert!(self.entry(slot) != 0, "replace of an empty slot");
-        self.buckets[slot.bucket as usize].store(slot.entry as usize, self.tag | loc);
-    }
-
-    /// Empties `slot` and returns the location it held.
-    ///
-    /// # Panics
-    /// If the slot is already empty.
-    pub fn remove(&mut self, slot: Slot) -> Loc {
-        let loc = self.loc(slot);
-        self.buckets[slot.bucket as usize].store(slot.entry as usize, 0);
-        self.st.counters.entries.fetch_sub(1, Ordering::Relaxed);
-        loc
-    }
-
-    /// Inserts a new entry (the caller has checked with [`find`] that the
-    /// key is absent): home while home has [`HOME_SPARE_SLOTS`] free
-    /// entries, else into the emptier of the two buckets, home on a tie.
-    /// `Err(IndexError::Full)` if both are full: drop the guard, call
-    /// [`Index::grow`] with the same hash, and retry.
-    ///
-    /// # Panics
-    /// If `loc` is 0 or not below 2^48.
-    ///
-    /// [`find`]: WriteGuard::find
-    pub fn insert(&mut self, loc: Loc) -> Result<Slot, IndexError> {
-        check_loc(loc);
-        let free = [free_slots(&self.buckets[0]), free_slots(&self.buckets[1])];
-        if free == [0, 0] {
-            self.st
-                .counters
-                .full_inserts
-                .fetch_add(1, Ordering::Relaxed);
-            return Err(IndexError::Full);
-        }
-        // Home while it has room to spare, so that most reads find their
-        // key in the one bucket they read first; the emptier of the two
-        // once home runs low, which keeps the overflow load near the
-        // balanced choice's.
-        let b = if free[0] >= HOME_SPARE_SLOTS {
-            0
-        } else {
-            usize::from(free[1] > free[0])
-        };
-        let guard = &mut self.buckets[b];
-        let i = (0..ENTRIES_PER_BUCKET)
-            .find(|&i| guard.load(i) == 0)
-            .ok_or(IndexError::Full)?;
-        guard.store(i, self.tag | loc);
-        let counters = &self.st.counters;
-        counters.entries.fetch_add(1, Ordering::Relaxed);
-        if b == 1 {
-            counters.neighbour_inserts.fetch_add(1, Ordering::Relaxed);
-        }
-        Ok(Slot {
-            bucket: b as u8,
-            entry: i as u8,
-        })
     }
 }

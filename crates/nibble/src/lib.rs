@@ -11,11 +11,19 @@
 //! | module | paper | concern |
 //! |---|---|---|
 //! | [`index`] | §4.3 | subtables of 128-byte seqlocked buckets, neighbour overflow, in-place growth |
-//! | [`memory`] | §4.2, §4.5 | 64 KiB blocks from the buddy allocator, segments, SegmentInfo live bytes |
-//! | [`log`] | §4.4 | multi-head logs, head choice by CPU id, rolling |
-//! | [`compaction`] | §4.4, ch. 6 | per-node workers, cost-benefit selection, relocation, epoch retirement |
-//! | [`store`] | §4.1 | the API and its error type |
+//! | `memory` | §4.2, §4.5 | 64 KiB blocks from the buddy allocator, segments, SegmentInfo; the only raw pool accessors |
+//! | `live` | §4.5 | live bytes per segment, CPU-striped |
+//! | `log` | §4.4 | multi-head logs, head choice by CPU id, rolling |
+//! | `compaction` | §4.4, ch. 6 | per-node workers, cost-benefit selection, relocation, epoch retirement |
+//! | [`store`] | §4.1, §6.2 | the API, Nibble-2's in-place update, sizing, the error type |
 //! | [`object`] | §4.2 | the object header |
+//! | [`item`] | — | write options, conditions, item metadata (shared with `nibblejmp`) |
+//! | [`engine`] | — | [`KvEngine`], the engine API both stores implement |
+//! | [`backoff`] | — | lock-waiter backoff (shared with `nibblejmp`) |
+//!
+//! `memory`, `live`, `log` and `compaction` are crate-private: they hand
+//! out raw pool memory under contracts only this crate can keep. Outside
+//! code needs only [`BLOCK_BYTES`] from them.
 //!
 //! Capacity: a store is created with a capacity in bytes. The index gets a
 //! budget (6.2 % by default), per-block metadata is set aside, and the rest
@@ -32,15 +40,25 @@
 //! assert!(store.delete(b"hello").unwrap());
 //! ```
 
-pub mod compaction;
+#![deny(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
+
+pub mod backoff;
+pub(crate) mod compaction;
+pub mod engine;
 pub mod index;
-pub mod live;
-pub mod log;
+pub mod item;
+pub(crate) mod live;
+pub(crate) mod log;
 pub mod memory;
 pub mod object;
 mod prefetch;
 pub mod store;
 
+pub use engine::{EngineStats, KvEngine};
+pub use item::{check_condition, ConditionFailed};
+pub use memory::BLOCK_BYTES;
+/// The result type of the engine API.
+pub type Result<T> = std::result::Result<T, Error>;
 pub use store::{
     hash_key, Condition, Config, Error, Expiry, ItemMeta, Mode, PutOptions, Stats, Store,
     MAX_KEY_BYTES, MIN_CAPACITY_BYTES,

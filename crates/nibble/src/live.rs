@@ -9,9 +9,8 @@
 //! The paper keeps one atomic counter per segment. Under skewed updates
 //! that counter is shared: a hot key's previous version usually sits in a
 //! segment another CPU is still appending to, so that CPU's add and this
-//! CPU's subtract pull one cache line back and forth on every update
-//! (YCSB-A zipfian, 2 threads: the subtract took a quarter of the write
-//! path's samples, against 7 % at 1 thread). Here each counter is split
+//! CPU's subtract pull one cache line back and forth on every update, a
+//! large share of a skewed write's cost from two threads on. Here each counter is split
 //! into one signed cell per *stripe*; a CPU only writes its own stripe's
 //! cells, and the stripes are separate arrays (stripe-major), so two CPUs
 //! never write one line. A segment's live bytes are the sum over stripes.
@@ -69,6 +68,7 @@ impl LiveBytes {
     }
 
     /// Number of stripes.
+    #[cfg(test)]
     pub fn stripes(&self) -> usize {
         self.stripes
     }

@@ -13,9 +13,8 @@
 //!
 //! A head's segment starts with the blocks its first object needs and
 //! grows a block at a time up to the segment size, so the budget never
-//! counts empty blocks of open heads as used (at 90 % utilization two
-//! half-empty 26-block heads were 1.5 % of the pool, a fifth of the free
-//! space compaction works with). When an object does not fit in a full-
+//! counts empty blocks of open heads as used (at high utilization those
+//! would be a large share of the free space compaction works with). When an object does not fit in a full-
 //! size segment, the head *rolls*: the segment is closed
 //! (stamped with the epoch clock, so compaction waits until every append
 //! that might still be publishing into it has finished) and handed
@@ -52,8 +51,6 @@ impl HeadSeg {
 
 /// One node's log.
 pub struct Log {
-    /// The node index.
-    pub node: usize,
     heads: Box<[CachePadded<Mutex<Option<HeadSeg>>>]>,
     /// Per head: the pool offset of its next free byte, or `NO_HINT`. A
     /// hint only (read without the head's lock), for [`Log::prefetch`].
@@ -76,9 +73,8 @@ pub struct Appended {
 impl Log {
     /// A log with `heads` heads, `workers` compaction queues and segments of
     /// `segment_blocks` blocks.
-    pub fn new(node: usize, heads: usize, workers: usize, segment_blocks: usize) -> Log {
+    pub fn new(heads: usize, workers: usize, segment_blocks: usize) -> Log {
         Log {
-            node,
             heads: (0..heads.max(1))
                 .map(|_| CachePadded::new(Mutex::new(None)))
                 .collect(),
@@ -89,11 +85,6 @@ impl Log {
             next_worker: AtomicUsize::new(0),
             segment_blocks,
         }
-    }
-
-    /// Number of heads.
-    pub fn heads(&self) -> usize {
-        self.heads.len()
     }
 
     /// Append an object of `len` bytes written by `fill(mem, pool_offset)`.
@@ -196,17 +187,5 @@ impl Log {
                 self.close(mem, epochs, h);
             }
         }
-    }
-
-    /// Bytes of free space left in the heads.
-    pub fn head_free_bytes(&self) -> u64 {
-        self.heads
-            .iter()
-            .map(|h| {
-                h.lock()
-                    .as_ref()
-                    .map_or(0, |h| (h.capacity() - h.used) as u64)
-            })
-            .sum()
     }
 }

@@ -33,16 +33,16 @@
 //! after a phase of deletes instead of staying at its high-water mark.
 //! Why whole regions: the pool is backed by transparent huge pages, and
 //! releasing one 64 KiB block splits its 2 MiB page into 4 KiB pages for
-//! the live blocks around it too. Per-block release split nearly every
-//! huge page of a 200k-key store within a second of a write burst ending
-//! (free blocks lie everywhere), and the reads that followed paid for the
-//! TLB misses (YCSB-C after YCSB-A, 2 threads: 4.89 M vs 5.36 M ops/s,
-//! mean of 4 alternating runs). A region
-//! being released is marked, and a thread taking one of its blocks waits
+//! the live blocks around it too. Free blocks lie everywhere after a
+//! write burst, so per-block release would split nearly every huge page of
+//! the pool and the reads that follow would pay for the TLB misses (about
+//! a tenth of read throughput on a 200k-key store). A region being
+//! released is marked, and a thread taking one of its blocks waits
 //! for the release to finish before it writes. When the store is idle, and
 //! in `Store::release_memory` (the analogue of `malloc_trim`), every free
 //! block is released and returned to the buddy allocator: memory then
 //! matters more than huge pages.
+//! (The release itself is in `memory/release.rs`.)
 //!
 //! Reads of object bytes race, by design, with Nibble-2's in-place
 //! overwrites (the bucket seqlock detects it and the reader retries); they
@@ -63,6 +63,8 @@ use parking_lot::Mutex;
 use crate::index::Loc;
 use crate::live::LiveBytes;
 use crate::object::{now_ms, Header, HEADER_MAX_BYTES, HEADER_MIN_BYTES};
+
+mod release;
 
 /// Bytes per block (the paper's default).
 pub const BLOCK_BYTES: usize = 64 << 10;
@@ -98,11 +100,11 @@ mod block_state {
 }
 
 /// Segment id.
-pub type SegId = u32;
+pub(crate) type SegId = u32;
 
 /// Life cycle of a segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SegState {
+pub(crate) enum SegState {
     /// Slot unused.
     Free,
     /// A log head (or a compaction destination being filled).
@@ -115,7 +117,7 @@ pub enum SegState {
 
 /// Mutable segment metadata.
 #[derive(Debug)]
-pub struct SegMeta {
+pub(crate) struct SegMeta {
     /// State.
     pub state: SegState,
     /// Blocks, in order.
@@ -126,12 +128,10 @@ pub struct SegMeta {
     pub created_tsc: u64,
     /// Epoch stamp when closed.
     pub closed_at: u64,
-    /// Built with reserve blocks by compaction.
-    pub for_compaction: bool,
 }
 
 /// One SegmentInfo slot.
-pub struct SegInfo {
+pub(crate) struct SegInfo {
     /// Earliest expiry (Unix ms) of any object written here; `u64::MAX` if
     /// none. Live bytes cannot see expiry, so compaction uses this to find
     /// segments whose objects have expired.
@@ -141,7 +141,7 @@ pub struct SegInfo {
 }
 
 /// Blocks of memory and the segments built from them.
-pub struct Memory {
+pub(crate) struct Memory {
     pool: FramePool,
     base: *mut u8,
     alloc: Box<dyn FrameAllocator>,
@@ -180,12 +180,12 @@ unsafe impl Sync for Memory {}
 
 /// Error from block allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NoBlocks;
+pub(crate) struct NoBlocks;
 
 impl Memory {
     /// Map `pool_bytes` of memory (rounded down to blocks), with
     /// `reserve_blocks` kept for compaction, over `heaps` buddy heaps.
-    pub fn new(pool_bytes: usize, reserve_blocks: u64, heaps: usize) -> io::Result<Memory> {
+    pub(crate) fn new(pool_bytes: usize, reserve_blocks: u64, heaps: usize) -> io::Result<Memory> {
         let blocks_total = (pool_bytes / BLOCK_BYTES) as u64;
         let pool = FramePool::new(&PoolConfig {
             bytes: blocks_total as usize * BLOCK_BYTES,
@@ -212,7 +212,6 @@ impl Memory {
                     used: 0,
                     created_tsc: 0,
                     closed_at: 0,
-                    for_compaction: false,
                 }),
             })
             .collect();
@@ -244,7 +243,7 @@ impl Memory {
     }
 
     /// Bytes of metadata held outside the pool (tables, SegmentInfo).
-    pub fn metadata_bytes(&self) -> u64 {
+    pub(crate) fn metadata_bytes(&self) -> u64 {
         let n = self.blocks_total;
         // next_block, block_seg (4 B each), block_state (1 B), regions.
         n * 9
@@ -255,38 +254,38 @@ impl Memory {
     }
 
     /// Blocks in the pool.
-    pub fn blocks_total(&self) -> u64 {
+    pub(crate) fn blocks_total(&self) -> u64 {
         self.blocks_total
     }
 
     /// Blocks held back for compaction.
-    pub fn reserve_blocks(&self) -> u64 {
+    pub(crate) fn reserve_blocks(&self) -> u64 {
         self.reserve_blocks
     }
 
     /// Blocks allocated to segments.
-    pub fn blocks_in_use(&self) -> u64 {
+    pub(crate) fn blocks_in_use(&self) -> u64 {
         self.blocks_in_use.load(Ordering::Relaxed)
     }
 
     /// Blocks clients may still take before hitting the reserve.
-    pub fn client_blocks_free(&self) -> u64 {
+    pub(crate) fn client_blocks_free(&self) -> u64 {
         (self.blocks_total - self.reserve_blocks).saturating_sub(self.blocks_in_use())
     }
 
     /// The live-bytes table.
     #[inline]
-    pub fn live(&self) -> &LiveBytes {
+    pub(crate) fn live(&self) -> &LiveBytes {
         &self.live
     }
 
     /// Segment info.
-    pub fn seg(&self, id: SegId) -> &SegInfo {
+    pub(crate) fn seg(&self, id: SegId) -> &SegInfo {
         &self.segs[id as usize]
     }
 
     /// Number of segment slots.
-    pub fn seg_slots(&self) -> usize {
+    pub(crate) fn seg_slots(&self) -> usize {
         self.segs.len()
     }
 
@@ -342,7 +341,11 @@ impl Memory {
 
     /// Create a segment of `blocks` blocks in state `Head`. It may grow
     /// later ([`Memory::grow_segment`]) while it is a head.
-    pub fn new_segment(&self, blocks: usize, for_compaction: bool) -> Result<SegId, NoBlocks> {
+    pub(crate) fn new_segment(
+        &self,
+        blocks: usize,
+        for_compaction: bool,
+    ) -> Result<SegId, NoBlocks> {
         let n = blocks as u64;
         let list = self.take_blocks(blocks, for_compaction)?;
         let Some(id) = self.free_segs.pop() else {
@@ -365,7 +368,6 @@ impl Memory {
             used: 0,
             created_tsc: topology::rdtsc(),
             closed_at: 0,
-            for_compaction,
         };
         Ok(id)
     }
@@ -381,7 +383,7 @@ impl Memory {
     /// tables before the caller writes an object into them, and objects are
     /// published through the index only after they are written, so a reader
     /// that follows an object across the old last block finds the link.
-    pub fn grow_segment(
+    pub(crate) fn grow_segment(
         &self,
         id: SegId,
         n: usize,
@@ -444,140 +446,9 @@ impl Memory {
             .fetch_add(blocks.len() as u64, Ordering::Relaxed);
     }
 
-    /// Release the region of block `b` to the OS if none of its blocks is
-    /// in a segment and it has not been released since one was. Returns
-    /// the warm blocks that stopped being resident.
-    fn release_region(&self, b: u32) -> u64 {
-        let r = b as usize / BLOCKS_PER_REGION;
-        let region = &self.regions[r];
-        if region
-            .compare_exchange(
-                REGION_RESIDENT,
-                REGION_RELEASING,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            )
-            .is_err()
-        {
-            // Some block is in use, a release is under way, or nothing was
-            // touched since the last one.
-            return 0;
-        }
-        let first = r * BLOCKS_PER_REGION;
-        let end = (first + BLOCKS_PER_REGION).min(self.blocks_total as usize);
-        // SAFETY: the range lies inside the pool's mapping (blocks
-        // `first..end` exist). No block of the region is in a segment (the
-        // taken count was 0) and none can enter one before we clear
-        // REGION_RELEASING (takers wait for it), so no live object is in
-        // these pages; dropping them (they read back as zeros) loses no
-        // data. A failure only leaves the pages resident.
-        unsafe {
-            libc::madvise(
-                self.base.add(first << BLOCK_SHIFT) as *mut libc::c_void,
-                (end - first) << BLOCK_SHIFT,
-                libc::MADV_DONTNEED,
-            );
-        }
-        let mut n = 0;
-        for s in &self.block_state[first..end] {
-            if s.compare_exchange(
-                block_state::WARM,
-                block_state::WARM_RELEASED,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            )
-            .is_ok()
-            {
-                n += 1;
-            }
-        }
-        self.warm_released.fetch_add(n, Ordering::Relaxed);
-        region.store(0, Ordering::Release);
-        n
-    }
-
-    /// The decay-time release: for every warm block freed at or before
-    /// `freed_by_ms` (Unix ms), release its region if no block of it is in
-    /// a segment. The blocks stay in the warm cache (stamped now, so each
-    /// is looked at again one decay time later). Returns the blocks that
-    /// stopped being resident.
-    pub fn purge_cold_regions(&self, freed_by_ms: u64) -> u64 {
-        let now = now_ms();
-        let mut n = 0;
-        for _ in 0..self.warm_blocks.load(Ordering::Relaxed) {
-            let Some((b, at)) = self.warm.pop() else {
-                break;
-            };
-            if at > freed_by_ms {
-                self.warm.push((b, at));
-                break;
-            }
-            n += self.release_region(b);
-            self.warm.push((b, now));
-        }
-        self.blocks_purged.fetch_add(n, Ordering::Relaxed);
-        n
-    }
-
-    /// Give every warm block back to the OS and to the buddy allocator,
-    /// block by block (splitting the huge pages they share with live
-    /// blocks): the idle-time and `Store::release_memory` release; the
-    /// decay-time one is [`Memory::purge_cold_regions`]. Returns how many
-    /// were resident.
-    ///
-    /// The blocks are owned by the cache while this runs (nobody else can
-    /// reach them), so discarding their pages cannot lose data; a reader
-    /// still holding a stale location is impossible because blocks enter
-    /// the cache only after the epoch has passed their segment.
-    pub fn purge_all(&self) -> u64 {
-        let mut n = 0;
-        while let Some((b, _)) = self.warm.pop() {
-            self.warm_blocks.fetch_sub(1, Ordering::Relaxed);
-            let off = (b as usize) << BLOCK_SHIFT;
-            let was = self.block_state[b as usize].swap(block_state::BUDDY, Ordering::AcqRel);
-            if was == block_state::WARM_RELEASED {
-                // Its region was released already.
-                self.warm_released.fetch_sub(1, Ordering::Relaxed);
-            } else {
-                // SAFETY: the block lies inside the pool's mapping (block
-                // ids come from this pool's allocator) and this thread owns
-                // it: it was popped from the warm cache and is not in any
-                // segment. MADV_DONTNEED on a private anonymous mapping only
-                // drops the pages (they read back as zeros); it cannot
-                // affect other memory. A failure only leaves them resident.
-                unsafe {
-                    libc::madvise(
-                        self.base.add(off) as *mut libc::c_void,
-                        BLOCK_BYTES,
-                        libc::MADV_DONTNEED,
-                    );
-                }
-                n += 1;
-            }
-            self.alloc
-                .free((b as u64) << BLOCK_ORDER, BLOCK_ORDER)
-                .expect("freeing a block this store allocated");
-        }
-        self.blocks_purged.fetch_add(n, Ordering::Relaxed);
-        n
-    }
-
-    /// Free blocks still resident (the warm cache, less the blocks of
-    /// released regions in it).
-    pub fn warm_blocks(&self) -> u64 {
-        self.warm_blocks
-            .load(Ordering::Relaxed)
-            .saturating_sub(self.warm_released.load(Ordering::Relaxed))
-    }
-
-    /// Blocks given back to the OS so far.
-    pub fn blocks_purged(&self) -> u64 {
-        self.blocks_purged.load(Ordering::Relaxed)
-    }
-
     /// Free a retired segment's blocks and slot. The caller guarantees the
     /// epoch has passed.
-    pub fn free_segment(&self, id: SegId) {
+    pub(crate) fn free_segment(&self, id: SegId) {
         let blocks = {
             let mut m = self.segs[id as usize].meta.lock();
             m.state = SegState::Free;
@@ -592,44 +463,73 @@ impl Memory {
 
     /// Pool offset of byte `off` of a segment with these blocks.
     #[inline]
-    pub fn seg_offset(blocks: &[u32], off: usize) -> u64 {
+    pub(crate) fn seg_offset(blocks: &[u32], off: usize) -> u64 {
         ((blocks[off >> BLOCK_SHIFT] as u64) << BLOCK_SHIFT) | (off & (BLOCK_BYTES - 1)) as u64
     }
 
     /// The segment holding pool offset `pool_off`.
     #[inline]
-    pub fn seg_of(&self, pool_off: u64) -> SegId {
+    pub(crate) fn seg_of(&self, pool_off: u64) -> SegId {
         self.block_seg[(pool_off >> BLOCK_SHIFT) as usize].load(Ordering::Relaxed)
+    }
+
+    /// Pointer to the `n` bytes at pool offset `off`, which lie in one
+    /// block (`n` is at most what is left of `off`'s block).
+    ///
+    /// # Panics
+    /// If `off` is beyond the pool. Offsets come from the index, from a
+    /// segment's block list or from the next-block table, all of which
+    /// hold only this pool's blocks, so this never fires; it keeps a logic
+    /// error from becoming an out-of-bounds access (one compare per block
+    /// a copy touches).
+    #[inline(always)]
+    fn block_ptr(&self, off: u64, n: usize) -> *mut u8 {
+        assert!(
+            off >> BLOCK_SHIFT < self.blocks_total,
+            "pool offset {off:#x} is beyond the pool"
+        );
+        // Every caller computes `n` as at most the room left in the block.
+        debug_assert!((off as usize & (BLOCK_BYTES - 1)) + n <= BLOCK_BYTES);
+        // SAFETY: `off` is below the pool's length (asserted), so the
+        // result points into the pool's mapping, which lives as long as
+        // `self`.
+        unsafe { self.base.add(off as usize) }
+    }
+
+    /// The block after the block of `off` in its segment, as a pool
+    /// offset; `None` at the segment's end.
+    #[inline(always)]
+    fn next_block_off(&self, off: u64) -> Option<u64> {
+        let b = self.next_block[(off >> BLOCK_SHIFT) as usize].load(Ordering::Relaxed);
+        (b != NO_BLOCK).then_some((b as u64) << BLOCK_SHIFT)
     }
 
     /// Copy `dst.len()` bytes starting at pool offset `off`, following the
     /// segment's blocks. Returns false if the walk left the segment (only
     /// possible on a torn read; the caller retries).
+    ///
+    /// The source bytes may be written concurrently (a Nibble-2 overwrite
+    /// under a bucket lock): the copy is through raw pointers, never a
+    /// reference, and the caller's seqlock validation discards what it
+    /// read if a writer was there.
     #[inline]
-    pub fn read(&self, mut off: u64, dst: &mut [u8]) -> bool {
+    pub(crate) fn read(&self, mut off: u64, dst: &mut [u8]) -> bool {
         let mut done = 0;
         while done < dst.len() {
             let in_block = BLOCK_BYTES - (off as usize & (BLOCK_BYTES - 1));
             let n = in_block.min(dst.len() - done);
-            // SAFETY: `off .. off + n` lies inside one block of the pool
-            // (offsets come from the index or a segment's block list and are
-            // bounded to the block); the block stays mapped for the pool's
-            // lifetime and its segment is not reused while the caller holds
-            // an epoch guard. Racing writes are detected by the seqlock.
-            unsafe {
-                ptr::copy_nonoverlapping(
-                    self.base.add(off as usize),
-                    dst.as_mut_ptr().add(done),
-                    n,
-                );
-            }
+            let src = self.block_ptr(off, n);
+            // SAFETY: `src .. src + n` lies inside one block of the pool
+            // (`block_ptr`); `dst[done .. done + n]` is in bounds
+            // (`n <= dst.len() - done`); a local buffer cannot overlap the
+            // pool.
+            unsafe { ptr::copy_nonoverlapping(src, dst.as_mut_ptr().add(done), n) };
             done += n;
             if done < dst.len() {
-                let b = self.next_block[(off >> BLOCK_SHIFT) as usize].load(Ordering::Relaxed);
-                if b == NO_BLOCK {
-                    return false;
+                match self.next_block_off(off) {
+                    Some(o) => off = o,
+                    None => return false,
                 }
-                off = (b as u64) << BLOCK_SHIFT;
             } else {
                 off += n as u64;
             }
@@ -638,69 +538,74 @@ impl Memory {
     }
 
     /// Write `src` at pool offset `off`, following the segment's blocks.
-    /// The caller owns the bytes (a head it holds, or an object under its
-    /// bucket lock).
+    ///
+    /// # Safety
+    /// The caller has exclusive write access to these bytes for the
+    /// duration of the call: they are space it reserved in a head (or
+    /// compaction destination) it holds, or part of a published object
+    /// whose index buckets it has locked. No other thread writes them
+    /// meanwhile (readers may read them: see [`Memory::read`]). The
+    /// segment's blocks must reach `off + src.len()` (set up before its
+    /// first write).
     #[inline]
-    pub fn write(&self, mut off: u64, src: &[u8]) {
+    pub(crate) unsafe fn write(&self, mut off: u64, src: &[u8]) {
         let mut done = 0;
         while done < src.len() {
             let in_block = BLOCK_BYTES - (off as usize & (BLOCK_BYTES - 1));
             let n = in_block.min(src.len() - done);
-            // SAFETY: as in `read`; the caller has exclusive write access to
-            // these bytes (see the doc comment), and the segment's blocks
-            // were set up before its first write.
-            unsafe {
-                ptr::copy_nonoverlapping(src.as_ptr().add(done), self.base.add(off as usize), n);
-            }
+            let dst = self.block_ptr(off, n);
+            // SAFETY: `dst .. dst + n` lies inside one block of the pool
+            // (`block_ptr`), `src[done .. done + n]` is in bounds, and the
+            // caller has exclusive write access to the pool bytes (this
+            // function's contract); a caller's slice is not pool memory.
+            unsafe { ptr::copy_nonoverlapping(src.as_ptr().add(done), dst, n) };
             done += n;
             if done < src.len() {
-                let b = self.next_block[(off >> BLOCK_SHIFT) as usize].load(Ordering::Relaxed);
-                debug_assert_ne!(b, NO_BLOCK, "write past the end of a segment");
-                off = (b as u64) << BLOCK_SHIFT;
+                let next = self.next_block_off(off);
+                debug_assert!(next.is_some(), "write past the end of a segment");
+                let Some(o) = next else { return };
+                off = o;
             }
         }
     }
 
     /// Copy `len` bytes of an object at pool offset `src` to pool offset
     /// `dst` in another segment, following both segments' blocks (for
-    /// compaction; no bounce buffer). The caller owns the destination
-    /// bytes and holds the object's bucket lock. Returns false if the walk
-    /// left the source segment (a torn header; the caller keeps it).
+    /// compaction; no bounce buffer). Returns false if the walk left the
+    /// source segment (a torn header; the caller keeps it).
+    ///
+    /// # Safety
+    /// As [`Memory::write`] for the destination bytes (compaction's own
+    /// open segment); the source is an object whose bucket lock the caller
+    /// holds, in another segment, so the ranges do not overlap.
     #[inline]
-    pub fn copy(&self, mut src: u64, mut dst: u64, len: usize) -> bool {
+    pub(crate) unsafe fn copy(&self, mut src: u64, mut dst: u64, len: usize) -> bool {
         let mut done = 0;
         while done < len {
             let src_room = BLOCK_BYTES - (src as usize & (BLOCK_BYTES - 1));
             let dst_room = BLOCK_BYTES - (dst as usize & (BLOCK_BYTES - 1));
             let n = src_room.min(dst_room).min(len - done);
+            let (from, to) = (self.block_ptr(src, n), self.block_ptr(dst, n));
             // SAFETY: both ranges lie inside one block each of the pool
-            // (bounded by `src_room` / `dst_room`); the blocks stay mapped
-            // for the pool's lifetime. They belong to different segments,
-            // so they do not overlap. The source is a closed segment that
-            // is not reused while the caller (compaction) runs; the
-            // destination is compaction's own open segment.
-            unsafe {
-                ptr::copy_nonoverlapping(
-                    self.base.add(src as usize),
-                    self.base.add(dst as usize),
-                    n,
-                );
-            }
+            // (`block_ptr`). They belong to different segments, so they
+            // do not overlap, and the caller has exclusive write access to
+            // the destination (this function's contract).
+            unsafe { ptr::copy_nonoverlapping(from, to, n) };
             done += n;
             if done < len {
                 if n == src_room {
-                    let b = self.next_block[(src >> BLOCK_SHIFT) as usize].load(Ordering::Relaxed);
-                    if b == NO_BLOCK {
-                        return false;
+                    match self.next_block_off(src) {
+                        Some(o) => src = o,
+                        None => return false,
                     }
-                    src = (b as u64) << BLOCK_SHIFT;
                 } else {
                     src += n as u64;
                 }
                 if n == dst_room {
-                    let b = self.next_block[(dst >> BLOCK_SHIFT) as usize].load(Ordering::Relaxed);
-                    debug_assert_ne!(b, NO_BLOCK, "copy past the end of a segment");
-                    dst = (b as u64) << BLOCK_SHIFT;
+                    let next = self.next_block_off(dst);
+                    debug_assert!(next.is_some(), "copy past the end of a segment");
+                    let Some(o) = next else { return false };
+                    dst = o;
                 } else {
                     dst += n as u64;
                 }
@@ -713,20 +618,20 @@ impl Memory {
     /// the end of `off`'s block (the next block of a segment is elsewhere
     /// in the pool), for an upcoming read.
     #[inline]
-    pub fn prefetch(&self, off: u64, len: usize) {
+    pub(crate) fn prefetch(&self, off: u64, len: usize) {
         self.prefetch_lines(off, len, crate::prefetch::line);
     }
 
     /// Like [`Memory::prefetch`], for bytes read once (a value copied out
     /// to a caller): see [`crate::prefetch::line_once`].
     #[inline]
-    pub fn prefetch_once(&self, off: u64, len: usize) {
+    pub(crate) fn prefetch_once(&self, off: u64, len: usize) {
         self.prefetch_lines(off, len, crate::prefetch::line_once);
     }
 
     /// Like [`Memory::prefetch`], for bytes about to be written.
     #[inline]
-    pub fn prefetch_for_write(&self, off: u64, len: usize) {
+    pub(crate) fn prefetch_for_write(&self, off: u64, len: usize) {
         self.prefetch_lines(off, len, crate::prefetch::line_for_write);
     }
 
@@ -744,7 +649,7 @@ impl Memory {
 
     /// Read the header at pool offset `off`.
     #[inline]
-    pub fn header(&self, off: u64) -> Option<Header> {
+    pub(crate) fn header(&self, off: u64) -> Option<Header> {
         let mut b = [0u8; HEADER_MIN_BYTES];
         if !self.read(off, &mut b) {
             return None;
@@ -762,32 +667,32 @@ impl Memory {
     }
 
     /// Write the header `h` at the start of the object at `off`.
+    ///
+    /// # Safety
+    /// As [`Memory::write`], for the header's bytes.
     #[inline]
-    pub fn write_header(&self, off: u64, h: &Header) {
-        self.write(off, h.encode().as_bytes());
+    pub(crate) unsafe fn write_header(&self, off: u64, h: &Header) {
+        // SAFETY: the caller's contract covers the header's bytes.
+        unsafe { self.write(off, h.encode().as_bytes()) }
     }
 
     /// Pool offset `n` bytes past `off` within the segment; `None` if that
     /// is at or past the segment's end.
     #[inline]
-    pub fn advance(&self, mut off: u64, mut n: usize) -> Option<u64> {
+    pub(crate) fn advance(&self, mut off: u64, mut n: usize) -> Option<u64> {
         loop {
             let in_block = BLOCK_BYTES - (off as usize & (BLOCK_BYTES - 1));
             if n < in_block {
                 return Some(off + n as u64);
             }
             n -= in_block;
-            let b = self.next_block[(off >> BLOCK_SHIFT) as usize].load(Ordering::Relaxed);
-            if b == NO_BLOCK {
-                return None;
-            }
-            off = (b as u64) << BLOCK_SHIFT;
+            off = self.next_block_off(off)?;
         }
     }
 
     /// Copy `dst.len()` bytes starting `skip` bytes into the object at `off`.
     #[inline]
-    pub fn read_part(&self, off: u64, skip: usize, dst: &mut [u8]) -> bool {
+    pub(crate) fn read_part(&self, off: u64, skip: usize, dst: &mut [u8]) -> bool {
         if dst.is_empty() {
             return true;
         }
@@ -798,30 +703,42 @@ impl Memory {
     }
 
     /// Write `src` starting `skip` bytes into the object at `off`.
+    ///
+    /// # Safety
+    /// As [`Memory::write`], for the bytes `skip .. skip + src.len()` of
+    /// the object.
     #[inline]
-    pub fn write_part(&self, off: u64, skip: usize, src: &[u8]) {
+    pub(crate) unsafe fn write_part(&self, off: u64, skip: usize, src: &[u8]) {
         if src.is_empty() {
             return;
         }
         if let Some(o) = self.advance(off, skip) {
-            self.write(o, src);
+            // SAFETY: the caller's contract covers these bytes.
+            unsafe { self.write(o, src) };
         }
     }
 
-    /// Mark the object at `off` dead ([`crate::object::DEAD_MARK`]). The
-    /// caller has just unlinked it from the index and holds an epoch guard.
+    /// Mark the object at `off` dead ([`crate::object::DEAD_MARK`]).
+    ///
+    /// # Safety
+    /// The caller holds the object's bucket lock, has just unlinked it
+    /// from the index and holds an epoch guard: it is the only writer of
+    /// the object's bytes (as [`Memory::write`]).
     #[inline]
-    pub fn mark_dead(&self, off: u64) {
-        self.write_part(
-            off,
-            crate::object::VERSION_OFFSET,
-            &crate::object::DEAD_MARK,
-        );
+    pub(crate) unsafe fn mark_dead(&self, off: u64) {
+        // SAFETY: the caller's contract covers the object's version bytes.
+        unsafe {
+            self.write_part(
+                off,
+                crate::object::VERSION_OFFSET,
+                &crate::object::DEAD_MARK,
+            )
+        }
     }
 
     /// Compare the key of the object at `off` with `key`.
     #[inline]
-    pub fn key_equals(&self, off: u64, key: &[u8]) -> bool {
+    pub(crate) fn key_equals(&self, off: u64, key: &[u8]) -> bool {
         // The length first: a stored key that merely starts with `key` is
         // another key.
         match self.header(off) {
@@ -833,7 +750,7 @@ impl Memory {
     /// Compare the key bytes of the object at `off` (whose header is `h`)
     /// with `key`, for a caller that has already checked the key length.
     #[inline]
-    pub fn key_bytes_equal(&self, off: u64, h: &Header, key: &[u8]) -> bool {
+    pub(crate) fn key_bytes_equal(&self, off: u64, h: &Header, key: &[u8]) -> bool {
         const CHUNK_BYTES: usize = 256;
         let mut buf = [0u8; CHUNK_BYTES];
         let mut skip = h.header_bytes();
@@ -848,134 +765,19 @@ impl Memory {
     }
 
     /// The pool itself (for RSS checks and tests).
-    pub fn pool(&self) -> &FramePool {
+    pub(crate) fn pool(&self) -> &FramePool {
         &self.pool
     }
 }
 
 /// `Loc` of a pool offset.
 #[inline]
-pub fn loc_of(pool_off: u64) -> Loc {
+pub(crate) fn loc_of(pool_off: u64) -> Loc {
     pool_off + 1
 }
 
 /// Pool offset of a `Loc`.
 #[inline]
-pub fn off_of(loc: Loc) -> u64 {
+pub(crate) fn off_of(loc: Loc) -> u64 {
     loc - 1
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn block_of(mem: &Memory, s: SegId) -> u32 {
-        mem.seg(s).meta.lock().blocks[0]
-    }
-
-    fn fill(mem: &Memory, b: u32, byte: u8) {
-        mem.write((b as u64) << BLOCK_SHIFT, &[byte; BLOCK_BYTES]);
-    }
-
-    fn holds(mem: &Memory, b: u32, byte: u8) -> bool {
-        let mut buf = vec![0u8; BLOCK_BYTES];
-        assert!(mem.read((b as u64) << BLOCK_SHIFT, &mut buf));
-        buf.iter().all(|&x| x == byte)
-    }
-
-    /// The decay-time release gives back whole regions none of whose
-    /// blocks is in a segment, and leaves the others (and their huge
-    /// pages) alone; a released region is not released again until one of
-    /// its blocks is used.
-    #[test]
-    fn decay_release_takes_whole_free_regions_only() {
-        let mem = Memory::new(4 * REGION_BYTES, 0, 1).unwrap();
-        let segs: Vec<SegId> = (0..mem.blocks_total())
-            .map(|_| mem.new_segment(1, false).unwrap())
-            .collect();
-        let region_of = |s: SegId| block_of(&mem, s) as usize / BLOCKS_PER_REGION;
-        for &s in &segs {
-            fill(&mem, block_of(&mem, s), 0xAB);
-        }
-        // Free regions 0 and 1 entirely, region 2 but for one block.
-        let mut kept_in_2 = None;
-        for &s in &segs {
-            match region_of(s) {
-                0 | 1 => mem.free_segment(s),
-                2 if kept_in_2.is_none() => kept_in_2 = Some(s),
-                2 => mem.free_segment(s),
-                _ => {}
-            }
-        }
-        let kept = block_of(&mem, kept_in_2.unwrap());
-        let freed = (2 * BLOCKS_PER_REGION + BLOCKS_PER_REGION - 1) as u64;
-        assert_eq!(mem.warm_blocks(), freed);
-        let released = mem.purge_cold_regions(u64::MAX);
-        assert_eq!(released, 2 * BLOCKS_PER_REGION as u64);
-        assert_eq!(mem.warm_blocks(), freed - released);
-        assert!(holds(&mem, kept, 0xAB), "a block in use lost its data");
-        // The released regions read back as zeros; region 2's free blocks
-        // are still resident.
-        for b in 0..mem.blocks_total() as u32 {
-            let r = b as usize / BLOCKS_PER_REGION;
-            if r < 2 {
-                assert!(holds(&mem, b, 0), "block {b} of a released region");
-            } else {
-                assert!(holds(&mem, b, 0xAB), "block {b} of a kept region");
-            }
-        }
-        assert_eq!(mem.purge_cold_regions(u64::MAX), 0);
-        // Every free block goes to the buddy allocator with a full purge,
-        // and the counts come back to zero.
-        mem.purge_all();
-        assert_eq!(mem.warm_blocks(), 0);
-        assert_eq!(mem.warm_released.load(Ordering::Relaxed), 0);
-        let again = mem.new_segment(1, false).unwrap();
-        fill(&mem, block_of(&mem, again), 0xCD);
-        assert!(holds(&mem, block_of(&mem, again), 0xCD));
-    }
-
-    /// Threads that take blocks, write them and check them race with
-    /// threads that release regions: a release never drops a block that
-    /// is in a segment (a taker waits for a release under way).
-    #[test]
-    fn region_release_never_drops_a_block_in_use() {
-        let mem = Memory::new(2 * REGION_BYTES, 0, 2).unwrap();
-        let stop = std::sync::atomic::AtomicBool::new(false);
-        let ms = if cfg!(debug_assertions) { 300 } else { 600 };
-        std::thread::scope(|s| {
-            for t in 0..2u8 {
-                let (mem, stop) = (&mem, &stop);
-                s.spawn(move || {
-                    let mut i = 0u8;
-                    while !stop.load(Ordering::Relaxed) {
-                        i = i.wrapping_add(1);
-                        let byte = (t << 7) | (i & 0x7F) | 1;
-                        let Ok(seg) = mem.new_segment(2, false) else {
-                            continue;
-                        };
-                        let blocks = mem.seg(seg).meta.lock().blocks.clone();
-                        for &b in &blocks {
-                            fill(mem, b, byte);
-                        }
-                        std::thread::yield_now();
-                        for &b in &blocks {
-                            assert!(holds(mem, b, byte), "block {b} lost its data");
-                        }
-                        mem.free_segment(seg);
-                    }
-                });
-            }
-            let (mem, stop) = (&mem, &stop);
-            s.spawn(move || {
-                let mut released = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    released += mem.purge_cold_regions(u64::MAX);
-                }
-                assert!(released > 0, "no region was ever released");
-            });
-            std::thread::sleep(std::time::Duration::from_millis(ms));
-            stop.store(true, Ordering::Relaxed);
-        });
-    }
 }

@@ -6,8 +6,7 @@
 //! 64-bit key; ours carries what a server needs. It is 18 bytes for the
 //! common object and grows by a slot for each optional field the object
 //! carries, because at 256-byte objects every header byte is 0.4 % of
-//! memory bloat (issue 3's bloat figure for 1 KiB -> 256 B objects was
-//! 1.17 with a fixed 24-byte header):
+//! memory bloat:
 //!
 //! ```text
 //!  0         2                 6               12              18

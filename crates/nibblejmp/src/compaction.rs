@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::layout::*;
 use crate::proc_id;
-use crate::store::Inner;
+use crate::store::{Inner, Obj, Op};
 use crate::testing::{point, CrashPoint};
 
 /// How often a process that does not hold the lease checks its holder.
@@ -225,12 +225,12 @@ impl Inner {
             };
             let size = object_bytes(h.key_len as usize, h.value_cap as usize);
             off += size;
-            let st = self.obj_state(loc).load(Ordering::Acquire);
+            let st = self.obj_state(h.loc()).load(Ordering::Acquire);
             if st & OBJ_COMMITTED == 0 || st & OBJ_DEAD != 0 {
                 continue;
             }
             let dropped = if h.expired() {
-                self.drop_expired(loc, &h)
+                self.drop_expired(&h)
             } else {
                 Ok(false)
             };
@@ -238,7 +238,7 @@ impl Inner {
                 if d {
                     Ok(())
                 } else {
-                    self.move_object(loc, size, &h, dest)
+                    self.move_object(&h, size, dest)
                 }
             });
             match moved {
@@ -262,23 +262,32 @@ impl Inner {
         Pass::Compacted
     }
 
+    /// Begin an operation on the object `h` with intent `kind` (naming
+    /// `h` as the old object) and lock its key's buckets: the operation,
+    /// the two buckets and the hash tag. `Busy` if a live process holds a
+    /// bucket too long.
+    fn lock_key_of(
+        &self,
+        h: &Obj,
+        kind: u64,
+    ) -> std::result::Result<(Op<'_>, usize, usize, u64), Pass> {
+        let (b0, b1, tag) = self.buckets_of(nibble::hash_key(self.obj_key(h)));
+        let op = self.begin();
+        self.set_intent(&op, kind, b0, b1, h.loc().get(), 0);
+        if self.lock_pair(&op, b0, b1).is_err() {
+            return Err(Pass::Busy);
+        }
+        Ok((op, b0, b1, tag))
+    }
+
     /// Remove an expired object from the index (a delete under the key's
     /// bucket locks, with a DEL intent, so a death halfway is resolved like
     /// any delete's) instead of moving it. False if, under the locks, it is
     /// indexed but no longer expired (a `set_expiry` came first): the
     /// caller moves it instead.
-    fn drop_expired(
-        &self,
-        loc: u64,
-        h: &nibble::object::Header,
-    ) -> std::result::Result<bool, Pass> {
-        let key = self.obj_key(loc, h);
-        let (b0, b1, _) = self.buckets_of(nibble::hash_key(key));
-        let op = self.begin();
-        self.set_intent(&op, INTENT_DEL, b0, b1, loc, 0);
-        if self.lock_pair(&op, b0, b1).is_err() {
-            return Err(Pass::Busy);
-        }
+    fn drop_expired(&self, h: &Obj) -> std::result::Result<bool, Pass> {
+        let loc = h.loc().get();
+        let (op, b0, b1, _) = self.lock_key_of(h, INTENT_DEL)?;
         let found = self.find_entry(b0, b1, loc);
         let still_expired = self.obj_header(loc).is_some_and(|h| h.expired());
         if found.is_some() && !still_expired {
@@ -298,18 +307,12 @@ impl Inner {
     /// Move one live object into the destination segment.
     fn move_object(
         &self,
-        loc: u64,
+        h: &Obj,
         size: u64,
-        h: &nibble::object::Header,
         dest: &mut Option<usize>,
     ) -> std::result::Result<(), Pass> {
-        let key = self.obj_key(loc, h);
-        let (b0, b1, tag) = self.buckets_of(nibble::hash_key(key));
-        let op = self.begin();
-        self.set_intent(&op, INTENT_MOVE, b0, b1, loc, 0);
-        if self.lock_pair(&op, b0, b1).is_err() {
-            return Err(Pass::Busy);
-        }
+        let loc = h.loc().get();
+        let (op, b0, b1, tag) = self.lock_key_of(h, INTENT_MOVE)?;
         let found = self.find_entry(b0, b1, loc);
         let Some((b, i)) = found else {
             self.unlock_pair(b0, b1);
@@ -338,8 +341,15 @@ impl Inner {
         let d = dest.unwrap_or_default();
         let de = self.seg(d);
         let doff = de.used.load(Ordering::Relaxed);
-        let new = d as u64 * self.geo.seg_bytes + doff + 1;
-        self.copy_object(loc, new, size);
+        let to = self
+            .valid_loc(d as u64 * self.geo.seg_bytes + doff + 1)
+            .expect("the destination has room for the object");
+        // SAFETY: `to` has `size` bytes of room in our own destination
+        // segment (`fits` above), which only the lease holder (us, under
+        // the compactor mutex) writes; `h` is a checked object of `size`
+        // bytes in the victim.
+        unsafe { self.copy_object(h, to, size) };
+        let new = to.get();
         de.used.store(doff + size, Ordering::Release);
         self.set_intent_new(&op, new);
         point(CrashPoint::MoveCopied);

@@ -141,6 +141,18 @@ impl From<spacejmp::Error> for Error {
     }
 }
 
+impl From<nibble::ConditionFailed> for Error {
+    fn from(e: nibble::ConditionFailed) -> Self {
+        match e {
+            nibble::ConditionFailed::Exists => Error::KeyExists,
+            nibble::ConditionFailed::NotFound => Error::KeyNotFound,
+            nibble::ConditionFailed::VersionMismatch { current } => {
+                Error::VersionMismatch { current }
+            }
+        }
+    }
+}
+
 /// The engine-neutral view for code written against `nibble::Store` (the
 /// server): conditional-write outcomes and limits map onto nibble's
 /// variants of the same meaning; the rest (lock waits, damage, I/O) has no

@@ -153,7 +153,7 @@
 //! | module | concern |
 //! |---|---|
 //! | [`layout`] | the bytes in the three segments; lock words; object format |
-//! | [`store`] | attach/create, epoch slots, breakable locks, put/get/delete |
+//! | [`store`] | attach/create, epoch slots, breakable locks, segments, put/get/delete (one file each under `store/`) |
 //! | [`compaction`] | the lease and the cleaner |
 //! | [`recovery`] | what an attach after a crash does |
 //! | [`proc_id`] | pid + start time in one word |
@@ -171,6 +171,8 @@
 //! assert_eq!(s.get(b"hello")?.as_deref(), Some(&b"world"[..]));
 //! # Ok(()) }
 //! ```
+
+#![deny(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
 pub mod compaction;
 pub mod error;

@@ -1,5 +1,5 @@
-//! Recovery on attach (issue 8, "crash behaviour"; dissertation §12.1.3 on
-//! restartable stores).
+//! Recovery on attach (the crate essay's crash guarantees; dissertation
+//! §12.1.3 on restartable stores).
 //!
 //! Every attach reclaims the epoch slots of dead processes (resolving the
 //! bucket updates they had in flight and releasing their head locks). When
@@ -16,9 +16,9 @@
 //!    its segment's `used` bytes must be named by an entry (with its hash
 //!    tag) in its key's two buckets, and the index must have no other
 //!    entries (entries = objects named). The log is read front to back and
-//!    the random accesses go to the index, 16x smaller: for 3 M objects of
-//!    1 KB this takes about a second here, where checking each entry's
-//!    object took 2.6 s;
+//!    the random accesses go to the index, which is much smaller than the
+//!    log (checking each entry's object instead would make the random
+//!    accesses go to the log);
 //! 3. if the index fails verification (or a rebuild was asked for),
 //!    rebuilds it from the log: every segment is scanned header by header
 //!    and each committed, not-dead object is indexed, the newest version
@@ -41,7 +41,7 @@ use std::sync::atomic::Ordering;
 use crate::error::{Error, Result};
 use crate::layout::*;
 use crate::proc_id;
-use crate::store::Inner;
+use crate::store::{Inner, Obj};
 
 /// Most threads recovery's log walk uses.
 const MAX_RECOVERY_THREADS: usize = 16;
@@ -217,7 +217,7 @@ impl Inner {
             let (mut live_bytes, mut min_expiry) = (0u64, 0u64);
             let damaged = self.walk_segment(s, |loc, h| {
                 t.live += 1;
-                let key = self.obj_key(loc, h);
+                let key = self.obj_key(h);
                 let (b0, b1, tag) = self.buckets_of(nibble::hash_key(key));
                 let entry = (tag << LOC_BITS) | loc;
                 let named = [b0, b1].iter().any(|&b| {
@@ -257,7 +257,7 @@ impl Inner {
     /// Walk segment `s` if in use (OPEN or CLOSED): calls `f(loc, header)`
     /// for each committed, not-dead object; true if the walk stopped at a
     /// damaged object.
-    fn walk_segment(&self, s: usize, mut f: impl FnMut(u64, &nibble::object::Header)) -> bool {
+    fn walk_segment(&self, s: usize, mut f: impl FnMut(u64, &Obj)) -> bool {
         let e = self.seg(s);
         let st = e.state.load(Ordering::Acquire) & 0xFF;
         if st != SEG_OPEN && st != SEG_CLOSED {
@@ -276,7 +276,7 @@ impl Inner {
                 return true;
             }
             off += size;
-            let os = self.obj_state(loc).load(Ordering::Acquire);
+            let os = self.obj_state(h.loc()).load(Ordering::Acquire);
             if os & OBJ_COMMITTED == 0 || os & OBJ_DEAD != 0 {
                 continue;
             }
@@ -288,10 +288,7 @@ impl Inner {
     /// Walk every segment in use (see [`walk_segment`](Self::walk_segment));
     /// stops at the first error of `f`. Returns the number of segments
     /// whose walk stopped at a damaged object.
-    fn walk_log(
-        &self,
-        mut f: impl FnMut(u64, &nibble::object::Header) -> Result<()>,
-    ) -> Result<u64> {
+    fn walk_log(&self, mut f: impl FnMut(u64, &Obj) -> Result<()>) -> Result<u64> {
         let mut damaged = 0;
         let mut res = Ok(());
         for s in 0..self.geo.log_segments as usize {
@@ -327,13 +324,8 @@ impl Inner {
         Ok(())
     }
 
-    fn rebuild_insert(
-        &self,
-        loc: u64,
-        h: &nibble::object::Header,
-        r: &mut RecoveryReport,
-    ) -> Result<()> {
-        let key = self.obj_key(loc, h);
+    fn rebuild_insert(&self, loc: u64, h: &Obj, r: &mut RecoveryReport) -> Result<()> {
+        let key = self.obj_key(h);
         let (b0, b1, tag) = self.buckets_of(nibble::hash_key(key));
         let entry = (tag << LOC_BITS) | loc;
         if let Some((b, i, other)) = self.find(key, b0, b1, tag) {

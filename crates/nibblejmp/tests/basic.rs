@@ -9,7 +9,7 @@ use proptest::prelude::*;
 
 mod common;
 
-use common::{quiet, TempDir};
+use common::{attach_rebuilt, quiet, TempDir};
 
 #[test]
 fn put_get_delete_close_attach() {
@@ -36,15 +36,7 @@ fn put_get_delete_close_attach() {
     assert!(!s.stats().clean_flag, "in use: not clean");
     s.close().unwrap();
     // A forced rebuild from the log gives the same contents.
-    let s = SharedStore::attach(
-        &d.0,
-        &Options {
-            rebuild: true,
-            ..quiet()
-        },
-    )
-    .unwrap();
-    assert!(s.recovery_report().rebuilt);
+    let s = attach_rebuilt(&d.0, quiet());
     assert_eq!(s.recovery_report().objects_indexed, 2);
     assert_eq!(s.get(b"a").unwrap().as_deref(), Some(&b"22"[..]));
     assert_eq!(s.get(b"b").unwrap(), None);
@@ -231,7 +223,7 @@ proptest! {
         prop_assert_eq!(keys, want);
         s.close().unwrap();
         // The log alone reproduces the model.
-        let s = SharedStore::attach(&d.0, &Options { rebuild: true, ..quiet() }).unwrap();
+        let s = attach_rebuilt(&d.0, quiet());
         for (k, v) in &model {
             prop_assert_eq!(s.get(k).unwrap(), Some(v.clone()));
         }

@@ -11,6 +11,8 @@
 //!    same contents, with no duplicate live copies (the dead holder's
 //!    update was rolled forward or back in the log too).
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Command;
@@ -200,14 +202,7 @@ fn run_point(name: &str, p: CrashPoint) {
     check(&parent, &want, name);
     parent.close().unwrap();
     // 3. The log agrees.
-    let s = SharedStore::attach(
-        &d.0,
-        &Options {
-            rebuild: true,
-            ..opts()
-        },
-    )
-    .unwrap();
+    let s = common::attach_rebuilt(&d.0, opts());
     let r = s.recovery_report().clone();
     assert_eq!(r.duplicates, 0, "{name}: {r:?}");
     assert_eq!(r.damaged_segments, 0, "{name}: {r:?}");

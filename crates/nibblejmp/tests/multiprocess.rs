@@ -22,6 +22,8 @@
 //! `NJ_LONG=1` makes the kill and linearizability runs longer (30 s and
 //! 10x the operations).
 
+mod common;
+
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -483,15 +485,7 @@ fn sigkill_during_mixed_workload() {
     let before = check_contents(&s, &allowed);
     s.close().unwrap();
     // The log alone gives the same contents.
-    let s = SharedStore::attach(
-        d.store(),
-        &Options {
-            rebuild: true,
-            ..Options::default()
-        },
-    )
-    .unwrap();
-    assert!(s.recovery_report().rebuilt);
+    let s = common::attach_rebuilt(d.store(), Options::default());
     let after = check_contents(&s, &allowed);
     assert_eq!(before, after, "rebuild from the log changed the contents");
     s.close().unwrap();

@@ -13,7 +13,7 @@ use proptest::prelude::*;
 
 mod common;
 
-use common::{quiet, TempDir};
+use common::{attach_rebuilt, quiet, TempDir};
 
 fn now_ms() -> u64 {
     nibble::object::now_ms()
@@ -309,15 +309,7 @@ fn run(ops: Vec<Op>) {
     s.close().unwrap();
     // An index rebuilt from the log serves the same items, metadata
     // included (the log's headers keep version, flags and expiry).
-    let s = SharedStore::attach(
-        &d.0,
-        &Options {
-            rebuild: true,
-            ..quiet()
-        },
-    )
-    .unwrap();
-    assert!(s.recovery_report().rebuilt);
+    let s = attach_rebuilt(&d.0, quiet());
     check_all(&s, &model);
     assert_eq!(
         s.flush().unwrap(),

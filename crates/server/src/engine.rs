@@ -1,13 +1,13 @@
 //! The engine behind the commands: the process-private `nibble::Store`, or
-//! a shared, restartable `nibblejmp::SharedStore` (issue 8, `--data-dir`).
+//! a shared, restartable `nibblejmp::SharedStore` (`--data-dir`).
 //!
-//! Command code is written once, against [`Engine`]. Each method is a
-//! `match` on the variant that calls the engine's method of the same name
-//! with the same types (`nibblejmp` takes nibble's own `PutOptions`,
-//! `Condition`, `Expiry` and returns `ItemMeta`), and maps the shared
-//! store's errors onto `nibble::Error`, so handlers match on one error
-//! type. The `match` is one predictable branch: the local path takes no
-//! lock and no indirection it did not take before.
+//! Command code is written once, against [`Engine`]. Both stores implement
+//! `nibble::KvEngine` (one API, nibble's item types and error type), so
+//! each method here is dispatch only: a `match` on the variant whose arms
+//! call the same trait method on the concrete store (the `dispatch!`
+//! macro). That is static dispatch: one predictable branch, each arm an
+//! inlined forwarder to the store's own method, no `dyn` call and no lock
+//! on the request path.
 //!
 //! ```text
 //!  nibble                    ─▶ Engine::Local(nibble::Store)        process-private, gone at exit
@@ -28,7 +28,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use nibble::{Condition, Error, ItemMeta, PutOptions};
+pub use nibble::EngineStats;
+use nibble::{Condition, Error, ItemMeta, KvEngine, PutOptions};
 
 use crate::config::ServerConfig;
 
@@ -63,11 +64,6 @@ pub struct SharedEngine {
 }
 
 impl SharedEngine {
-    #[inline]
-    fn s(&self) -> &nibblejmp::SharedStore {
-        &self.store
-    }
-
     /// The store handle (for tests and tools in this process).
     pub fn store(&self) -> &nibblejmp::SharedStore {
         &self.store
@@ -85,46 +81,14 @@ impl Drop for SharedEngine {
     }
 }
 
-/// Engine statistics for INFO and memcached `stats`, in one shape for both
-/// engines.
-#[derive(Clone, Debug, Default)]
-pub struct EngineStats {
-    /// `local` or `shared`.
-    pub engine: &'static str,
-    /// Engine mode (nibble, nibble2, or nibblejmp for the shared store).
-    pub mode: &'static str,
-    /// Epoch scheme.
-    pub epoch: &'static str,
-    /// Capacity (maxmemory).
-    pub capacity_bytes: u64,
-    /// Memory the engine uses: blocks or segments in use, index, metadata.
-    pub used_bytes: u64,
-    /// Live key + value + header bytes.
-    pub live_bytes: u64,
-    /// Index bytes.
-    pub index_bytes: u64,
-    /// Log (pool) bytes.
-    pub pool_bytes: u64,
-    /// Blocks (64 KiB) of the log, and in use.
-    pub blocks_total: u64,
-    /// Blocks in use.
-    pub blocks_in_use: u64,
-    /// Closed segments (compaction candidates).
-    pub segments_closed: u64,
-    /// Compaction passes (segments compacted for the shared store).
-    pub compaction_passes: u64,
-    /// Bytes moved by compaction (local engine only).
-    pub bytes_relocated: u64,
-    /// Expired items reclaimed by compaction.
-    pub expired_reclaimed: u64,
-    /// Keys.
-    pub items: u64,
-    /// Processes attached to a shared store (this one included).
-    pub processes: usize,
-}
-
-fn shared_err(e: nibblejmp::Error) -> Error {
-    e.into()
+/// Call the `KvEngine` method `$m` on whichever store `$e` holds.
+macro_rules! dispatch {
+    ($e:expr, $m:ident($($arg:expr),*)) => {
+        match $e {
+            Engine::Local(s) => KvEngine::$m(s, $($arg),*),
+            Engine::Shared(s) => KvEngine::$m(&s.store, $($arg),*),
+        }
+    };
 }
 
 impl Engine {
@@ -141,7 +105,7 @@ impl Engine {
             return Ok((Engine::Local(store), cfg.capacity));
         };
         let e = open_shared(dir, cfg)?;
-        let cap = e.s().geometry().capacity_bytes;
+        let cap = e.store.geometry().capacity_bytes;
         Ok((Engine::Shared(e), cap))
     }
 
@@ -155,152 +119,75 @@ impl Engine {
 
     /// Largest value the engine accepts.
     pub fn max_value_bytes(&self) -> u64 {
-        match self {
-            Engine::Local(s) => s.config().max_value_bytes as u64,
-            Engine::Shared(s) => s.s().max_item_bytes(),
-        }
+        dispatch!(self, max_value_bytes())
     }
 
     /// Store `value` under `key` (no conditions); the new version.
     #[inline]
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<u64, Error> {
-        self.put_with(key, value, PutOptions::default())
+        dispatch!(self, put(key, value))
     }
 
     /// The general write (`nibble::Store::put_with`).
     #[inline]
     pub fn put_with(&self, key: &[u8], value: &[u8], opts: PutOptions) -> Result<u64, Error> {
-        match self {
-            Engine::Local(s) => s.put_with(key, value, opts),
-            Engine::Shared(s) => s.s().put_with(key, value, opts).map_err(shared_err),
-        }
+        dispatch!(self, put_with(key, value, opts))
     }
 
     /// Copy the value into `buf`; its metadata, `None` if absent or expired.
     #[inline]
     pub fn get_into(&self, key: &[u8], buf: &mut Vec<u8>) -> Result<Option<ItemMeta>, Error> {
-        match self {
-            Engine::Local(s) => s.get_into(key, buf),
-            Engine::Shared(s) => s.s().get_into(key, buf).map_err(shared_err),
-        }
+        dispatch!(self, get_into(key, buf))
     }
 
     /// Metadata without the value.
     #[inline]
     pub fn meta(&self, key: &[u8]) -> Result<Option<ItemMeta>, Error> {
-        match self {
-            Engine::Local(s) => s.meta(key),
-            Engine::Shared(s) => s.s().meta(key).map_err(shared_err),
-        }
+        dispatch!(self, meta(key))
     }
 
     /// True if present.
     #[inline]
     pub fn contains(&self, key: &[u8]) -> Result<bool, Error> {
-        Ok(self.meta(key)?.is_some())
+        dispatch!(self, contains(key))
     }
 
     /// Remove; whether a live item was removed.
     #[inline]
     pub fn delete(&self, key: &[u8]) -> Result<bool, Error> {
-        match self {
-            Engine::Local(s) => s.delete(key),
-            Engine::Shared(s) => s.s().delete(key).map_err(shared_err),
-        }
+        dispatch!(self, delete(key))
     }
 
     /// Conditional delete (`nibble::Store::delete_if`).
     #[inline]
     pub fn delete_if(&self, key: &[u8], cond: Condition) -> Result<(), Error> {
-        match self {
-            Engine::Local(s) => s.delete_if(key, cond),
-            Engine::Shared(s) => s.s().delete_if(key, cond).map_err(shared_err),
-        }
+        dispatch!(self, delete_if(key, cond))
     }
 
     /// Set or clear the expiry; whether the key exists.
     #[inline]
     pub fn set_expiry(&self, key: &[u8], expiry_ms: Option<u64>) -> Result<bool, Error> {
-        match self {
-            Engine::Local(s) => s.set_expiry(key, expiry_ms),
-            Engine::Shared(s) => s.s().set_expiry(key, expiry_ms).map_err(shared_err),
-        }
+        dispatch!(self, set_expiry(key, expiry_ms))
     }
 
     /// One cursor step over the keys (start with 0; 0 at the end).
     pub fn scan(&self, cursor: u64, count: usize) -> Result<(u64, Vec<Vec<u8>>), Error> {
-        match self {
-            Engine::Local(s) => s.scan(cursor, count),
-            Engine::Shared(s) => s.s().scan(cursor, count).map_err(shared_err),
-        }
+        dispatch!(self, scan(cursor, count))
     }
 
     /// Keys in the index (expired ones not yet reclaimed included).
     pub fn len(&self) -> u64 {
-        match self {
-            Engine::Local(s) => s.len(),
-            Engine::Shared(s) => s.s().len(),
-        }
+        dispatch!(self, len())
     }
 
     /// True if no key is indexed.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        dispatch!(self, is_empty())
     }
 
     /// Statistics.
     pub fn stats(&self) -> EngineStats {
-        match self {
-            Engine::Local(s) => {
-                let st = s.stats();
-                let block = nibble::memory::BLOCK_BYTES as u64;
-                EngineStats {
-                    engine: "local",
-                    mode: st.mode.name(),
-                    epoch: st.epoch,
-                    capacity_bytes: st.capacity_bytes,
-                    used_bytes: st.blocks_in_use * block + st.index_bytes + st.metadata_bytes,
-                    live_bytes: st.live_bytes,
-                    index_bytes: st.index_bytes,
-                    pool_bytes: st.pool_bytes,
-                    blocks_total: st.blocks_total,
-                    blocks_in_use: st.blocks_in_use,
-                    segments_closed: st.segments_closed,
-                    compaction_passes: st.compaction_passes,
-                    bytes_relocated: st.bytes_relocated,
-                    expired_reclaimed: st.expired_reclaimed,
-                    items: st.items,
-                    processes: 1,
-                }
-            }
-            Engine::Shared(s) => {
-                let st = s.s().stats();
-                let g = s.s().geometry();
-                let in_use = g.log_segments - st.segments_free;
-                let blocks_per_seg = g.seg_bytes / nibblejmp::layout::BLOCK_BYTES;
-                let index_bytes = g.index_buckets * nibblejmp::layout::BUCKET_BYTES;
-                EngineStats {
-                    engine: "shared",
-                    mode: "nibblejmp",
-                    epoch: "tsc-shared",
-                    capacity_bytes: g.capacity_bytes,
-                    used_bytes: in_use * g.seg_bytes
-                        + index_bytes
-                        + nibblejmp::layout::meta_bytes(g.log_segments),
-                    live_bytes: st.live_bytes,
-                    index_bytes,
-                    pool_bytes: g.log_segments * g.seg_bytes,
-                    blocks_total: g.log_segments * blocks_per_seg,
-                    blocks_in_use: in_use * blocks_per_seg,
-                    segments_closed: st.segments_closed,
-                    compaction_passes: st.compactions,
-                    bytes_relocated: 0,
-                    expired_reclaimed: st.expired_reclaimed,
-                    items: st.objects,
-                    processes: st.processes.iter().filter(|p| p.2).count(),
-                }
-            }
-        }
+        dispatch!(self, engine_stats())
     }
 }
 

@@ -38,6 +38,8 @@
 //! srv.shutdown();
 //! ```
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod auth;
 pub mod commands;
 pub mod config;

@@ -23,50 +23,8 @@
 //! races. On x86-64 every one of these orderings is a plain `mov`; only the
 //! locking CAS is a locked instruction.
 
-#[cfg(not(loom))]
-use super::sync::spin_loop;
-use super::sync::{fence, yield_now, AtomicU64, Ordering};
-
-/// How many rounds of doubling `spin_loop` hints a waiter performs before
-/// it starts yielding the CPU instead (2^6 = 64 hints in the last round).
-#[cfg(not(loom))]
-const SPIN_ROUNDS_LOG2: u32 = 6;
-
-/// Bounded exponential backoff for seqlock waiters: spin a little (the
-/// common critical section is a few stores), then `yield_now`, so a waiter
-/// does not burn its core while a resize holds a bucket for longer.
-struct Backoff {
-    #[cfg(not(loom))]
-    round: u32,
-}
-
-impl Backoff {
-    fn new() -> Self {
-        Backoff {
-            #[cfg(not(loom))]
-            round: 0,
-        }
-    }
-
-    #[cfg(not(loom))]
-    fn snooze(&mut self) {
-        if self.round <= SPIN_ROUNDS_LOG2 {
-            for _ in 0..(1u32 << self.round) {
-                spin_loop();
-            }
-            self.round += 1;
-        } else {
-            yield_now();
-        }
-    }
-
-    /// Under loom a wait is one yield: loom needs to see the thread give
-    /// way, and extra spins would only multiply the explored schedules.
-    #[cfg(loom)]
-    fn snooze(&mut self) {
-        yield_now();
-    }
-}
+use super::sync::{fence, AtomicU64, Ordering};
+use crate::backoff::Backoff;
 
 /// One seqlock-protected bucket: a version word and `N` entry words.
 ///

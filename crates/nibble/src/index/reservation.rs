@@ -12,8 +12,7 @@
 //! below the subtable's published size, whose buckets a resize has already
 //! locked (written) or is about to: huge pages there add no resident
 //! memory, and an index of millions of keys on 4 KiB pages misses the TLB
-//! on nearly every lookup (YCSB-A zipfian at 1 M keys: ~10 % of Nibble's
-//! throughput). A reservation of at least 2 MiB is aligned to 2 MiB so that
+//! on nearly every lookup. A reservation of at least 2 MiB is aligned to 2 MiB so that
 //! its chunks are whole huge pages. With more than one NUMA node the range is
 //! bound (`MPOL_PREFERRED`) to its node before anything touches it, the
 //! paper's answer to first-touch placement.

@@ -1,8 +1,9 @@
-//! Scaffolding shared by the single-process test files.
+//! Scaffolding shared by the test files (each uses part of it).
+#![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use nibblejmp::Options;
+use nibblejmp::{Options, SharedStore};
 
 /// A store directory removed when dropped.
 pub struct TempDir(pub PathBuf);
@@ -33,4 +34,19 @@ pub fn quiet() -> Options {
         compaction_thread: false,
         ..Options::default()
     }
+}
+
+/// Attach the store in `dir` with `opts`, rebuilding its index from the
+/// log (the check that the log alone holds the contents).
+pub fn attach_rebuilt(dir: impl AsRef<Path>, opts: Options) -> SharedStore {
+    let s = SharedStore::attach(
+        dir,
+        &Options {
+            rebuild: true,
+            ..opts
+        },
+    )
+    .unwrap();
+    assert!(s.recovery_report().rebuilt);
+    s
 }

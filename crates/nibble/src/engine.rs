@@ -1,0 +1,196 @@
+//! One engine API: [`KvEngine`], the operations a key-value server needs,
+//! implemented by `nibble::Store` (here) and `nibblejmp::SharedStore`.
+//!
+//! The server's command code is written once against it. The two engines
+//! share the item types ([`crate::item`]: options, conditions, metadata)
+//! and one error type: this crate's [`Error`]; `nibblejmp` converts its
+//! own (`From<nibblejmp::Error> for nibble::Error`), so a handler matches
+//! on `Exists`, `NotFound`, `VersionMismatch` and `OutOfMemory` whichever
+//! engine runs.
+//!
+//! The trait unifies the *interface*, not the engines. They stay two
+//! implementations on purpose: `Store` is process-private (its locks wait
+//! forever, its memory comes from a buddy allocator with heap state, its
+//! compaction workers are threads of this process), while
+//! `nibblejmp::SharedStore` lives in shared segments where any process may
+//! die at any instruction: its locks name their holder and can be broken,
+//! every update carries an intent a survivor can finish or roll back, and
+//! its memory is a fixed segment table. Those dead-process rules are a
+//! different concurrency domain (the `nibblejmp` crate essay), and sharing
+//! code below this interface would put one engine's assumptions into the
+//! other.
+//!
+//! Callers that know their engine use static dispatch (generics, or an
+//! enum whose arms each call one implementation); every method here is a
+//! thin forwarder marked `#[inline]`, so it costs nothing over calling the
+//! store directly.
+
+use crate::item::{Condition, ItemMeta, PutOptions};
+use crate::store::{Error, Store};
+use crate::BLOCK_BYTES;
+
+/// The operations of a key-value engine, with `nibble`'s semantics (see
+/// [`Store`] for each one's contract). Keys and values are byte strings;
+/// versions are 48-bit, larger than every earlier version of the key.
+pub trait KvEngine {
+    /// The general write: store `value` under `key` if `opts.condition`
+    /// holds, with `opts.expiry` and `opts.flags`; the new version.
+    fn put_with(&self, key: &[u8], value: &[u8], opts: PutOptions) -> Result<u64, Error>;
+
+    /// Copy the value of `key` into `buf` (replacing its contents); its
+    /// metadata, or `None` (and `buf` empty) if absent or expired.
+    fn get_into(&self, key: &[u8], buf: &mut Vec<u8>) -> Result<Option<ItemMeta>, Error>;
+
+    /// Metadata of `key` without copying the value.
+    fn meta(&self, key: &[u8]) -> Result<Option<ItemMeta>, Error>;
+
+    /// Remove `key`; whether a live item was removed.
+    fn delete(&self, key: &[u8]) -> Result<bool, Error>;
+
+    /// Delete `key` if `cond` holds, atomically: `Err(NotFound)` if absent
+    /// or expired, `Err(VersionMismatch)`, `Err(Exists)` for `IfAbsent`.
+    fn delete_if(&self, key: &[u8], cond: Condition) -> Result<(), Error>;
+
+    /// Set (`Some(unix_ms)`) or clear the expiry of `key`, keeping its
+    /// version; whether the key exists.
+    fn set_expiry(&self, key: &[u8], expiry_ms: Option<u64>) -> Result<bool, Error>;
+
+    /// One step of a cursor over the keys: start with 0; 0 comes back at
+    /// the end. A key present for the whole walk is returned.
+    fn scan(&self, cursor: u64, count: usize) -> Result<(u64, Vec<Vec<u8>>), Error>;
+
+    /// Keys in the index (expired ones not yet reclaimed included).
+    fn len(&self) -> u64;
+
+    /// Largest value the engine accepts.
+    fn max_value_bytes(&self) -> u64;
+
+    /// Statistics in the shape both engines share.
+    fn engine_stats(&self) -> EngineStats;
+
+    /// Store `value` under `key`, unconditionally; the new version.
+    #[inline]
+    fn put(&self, key: &[u8], value: &[u8]) -> Result<u64, Error> {
+        self.put_with(key, value, PutOptions::default())
+    }
+
+    /// Whether `key` is present (and not expired).
+    #[inline]
+    fn contains(&self, key: &[u8]) -> Result<bool, Error> {
+        Ok(self.meta(key)?.is_some())
+    }
+
+    /// True if no key is indexed.
+    #[inline]
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Engine statistics for INFO and memcached `stats`, in one shape for both
+/// engines.
+#[derive(Clone, Debug, Default)]
+pub struct EngineStats {
+    /// `local` or `shared`.
+    pub engine: &'static str,
+    /// Engine mode (nibble, nibble2, or nibblejmp for the shared store).
+    pub mode: &'static str,
+    /// Epoch scheme.
+    pub epoch: &'static str,
+    /// Capacity (maxmemory).
+    pub capacity_bytes: u64,
+    /// Memory the engine uses: blocks or segments in use, index, metadata.
+    pub used_bytes: u64,
+    /// Live key + value + header bytes.
+    pub live_bytes: u64,
+    /// Index bytes.
+    pub index_bytes: u64,
+    /// Log (pool) bytes.
+    pub pool_bytes: u64,
+    /// Blocks (64 KiB) of the log.
+    pub blocks_total: u64,
+    /// Blocks in use.
+    pub blocks_in_use: u64,
+    /// Closed segments (compaction candidates).
+    pub segments_closed: u64,
+    /// Compaction passes (segments compacted for the shared store).
+    pub compaction_passes: u64,
+    /// Bytes moved by compaction (local engine only).
+    pub bytes_relocated: u64,
+    /// Expired items reclaimed by compaction.
+    pub expired_reclaimed: u64,
+    /// Keys.
+    pub items: u64,
+    /// Processes attached to a shared store (this one included).
+    pub processes: usize,
+}
+
+impl KvEngine for Store {
+    #[inline]
+    fn put_with(&self, key: &[u8], value: &[u8], opts: PutOptions) -> Result<u64, Error> {
+        Store::put_with(self, key, value, opts)
+    }
+
+    #[inline]
+    fn get_into(&self, key: &[u8], buf: &mut Vec<u8>) -> Result<Option<ItemMeta>, Error> {
+        Store::get_into(self, key, buf)
+    }
+
+    #[inline]
+    fn meta(&self, key: &[u8]) -> Result<Option<ItemMeta>, Error> {
+        Store::meta(self, key)
+    }
+
+    #[inline]
+    fn delete(&self, key: &[u8]) -> Result<bool, Error> {
+        Store::delete(self, key)
+    }
+
+    #[inline]
+    fn delete_if(&self, key: &[u8], cond: Condition) -> Result<(), Error> {
+        Store::delete_if(self, key, cond)
+    }
+
+    #[inline]
+    fn set_expiry(&self, key: &[u8], expiry_ms: Option<u64>) -> Result<bool, Error> {
+        Store::set_expiry(self, key, expiry_ms)
+    }
+
+    #[inline]
+    fn scan(&self, cursor: u64, count: usize) -> Result<(u64, Vec<Vec<u8>>), Error> {
+        Store::scan(self, cursor, count)
+    }
+
+    #[inline]
+    fn len(&self) -> u64 {
+        Store::len(self)
+    }
+
+    #[inline]
+    fn max_value_bytes(&self) -> u64 {
+        self.config().max_value_bytes as u64
+    }
+
+    fn engine_stats(&self) -> EngineStats {
+        let st = self.stats();
+        let block = BLOCK_BYTES as u64;
+        EngineStats {
+            engine: "local",
+            mode: st.mode.name(),
+            epoch: st.epoch,
+            capacity_bytes: st.capacity_bytes,
+            used_bytes: st.blocks_in_use * block + st.index_bytes + st.metadata_bytes,
+            live_bytes: st.live_bytes,
+            index_bytes: st.index_bytes,
+            pool_bytes: st.pool_bytes,
+            blocks_total: st.blocks_total,
+            blocks_in_use: st.blocks_in_use,
+            segments_closed: st.segments_closed,
+            compaction_passes: st.compaction_passes,
+            bytes_relocated: st.bytes_relocated,
+            expired_reclaimed: st.expired_reclaimed,
+            items: st.items,
+            processes: 1,
+        }
+    }
+}

@@ -1,0 +1,262 @@
+//! Giving memory back (see "Giving memory back" in `memory.rs`): the
+//! decay-time release of whole 2 MiB regions none of whose blocks is in a
+//! segment, and the full release (`purge_all`) when the store is idle or
+//! asked to (`Store::release_memory`).
+//!
+//! A region is released with `MADV_DONTNEED` only once its taken count is
+//! 0, under the `REGION_RELEASING` flag that makes a taker of one of its
+//! blocks wait, so a release never drops a block that is in a segment (the
+//! tests below race the two).
+
+use super::*;
+
+impl Memory {
+    /// Release the region of block `b` to the OS if none of its blocks is
+    /// in a segment and it has not been released since one was. Returns
+    /// the warm blocks that stopped being resident.
+    fn release_region(&self, b: u32) -> u64 {
+        let r = b as usize / BLOCKS_PER_REGION;
+        let region = &self.regions[r];
+        if region
+            .compare_exchange(
+                REGION_RESIDENT,
+                REGION_RELEASING,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            // Some block is in use, a release is under way, or nothing was
+            // touched since the last one.
+            return 0;
+        }
+        let first = r * BLOCKS_PER_REGION;
+        let end = (first + BLOCKS_PER_REGION).min(self.blocks_total as usize);
+        // SAFETY: the range lies inside the pool's mapping (blocks
+        // `first..end` exist). No block of the region is in a segment (the
+        // taken count was 0) and none can enter one before we clear
+        // REGION_RELEASING (takers wait for it), so no live object is in
+        // these pages; dropping them (they read back as zeros) loses no
+        // data. A failure only leaves the pages resident.
+        unsafe {
+            libc::madvise(
+                self.base.add(first << BLOCK_SHIFT) as *mut libc::c_void,
+                (end - first) << BLOCK_SHIFT,
+                libc::MADV_DONTNEED,
+            );
+        }
+        let mut n = 0;
+        for s in &self.block_state[first..end] {
+            if s.compare_exchange(
+                block_state::WARM,
+                block_state::WARM_RELEASED,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+            {
+                n += 1;
+            }
+        }
+        self.warm_released.fetch_add(n, Ordering::Relaxed);
+        region.store(0, Ordering::Release);
+        n
+    }
+
+    /// The decay-time release: for every warm block freed at or before
+    /// `freed_by_ms` (Unix ms), release its region if no block of it is in
+    /// a segment. The blocks stay in the warm cache (stamped now, so each
+    /// is looked at again one decay time later). Returns the blocks that
+    /// stopped being resident.
+    pub(crate) fn purge_cold_regions(&self, freed_by_ms: u64) -> u64 {
+        let now = now_ms();
+        let mut n = 0;
+        for _ in 0..self.warm_blocks.load(Ordering::Relaxed) {
+            let Some((b, at)) = self.warm.pop() else {
+                break;
+            };
+            if at > freed_by_ms {
+                self.warm.push((b, at));
+                break;
+            }
+            n += self.release_region(b);
+            self.warm.push((b, now));
+        }
+        self.blocks_purged.fetch_add(n, Ordering::Relaxed);
+        n
+    }
+
+    /// Give every warm block back to the OS and to the buddy allocator,
+    /// block by block (splitting the huge pages they share with live
+    /// blocks): the idle-time and `Store::release_memory` release; the
+    /// decay-time one is [`Memory::purge_cold_regions`]. Returns how many
+    /// were resident.
+    ///
+    /// The blocks are owned by the cache while this runs (nobody else can
+    /// reach them), so discarding their pages cannot lose data; a reader
+    /// still holding a stale location is impossible because blocks enter
+    /// the cache only after the epoch has passed their segment.
+    pub(crate) fn purge_all(&self) -> u64 {
+        let mut n = 0;
+        while let Some((b, _)) = self.warm.pop() {
+            self.warm_blocks.fetch_sub(1, Ordering::Relaxed);
+            let off = (b as usize) << BLOCK_SHIFT;
+            let was = self.block_state[b as usize].swap(block_state::BUDDY, Ordering::AcqRel);
+            if was == block_state::WARM_RELEASED {
+                // Its region was released already.
+                self.warm_released.fetch_sub(1, Ordering::Relaxed);
+            } else {
+                // SAFETY: the block lies inside the pool's mapping (block
+                // ids come from this pool's allocator) and this thread owns
+                // it: it was popped from the warm cache and is not in any
+                // segment. MADV_DONTNEED on a private anonymous mapping only
+                // drops the pages (they read back as zeros); it cannot
+                // affect other memory. A failure only leaves them resident.
+                unsafe {
+                    libc::madvise(
+                        self.base.add(off) as *mut libc::c_void,
+                        BLOCK_BYTES,
+                        libc::MADV_DONTNEED,
+                    );
+                }
+                n += 1;
+            }
+            self.alloc
+                .free((b as u64) << BLOCK_ORDER, BLOCK_ORDER)
+                .expect("freeing a block this store allocated");
+        }
+        self.blocks_purged.fetch_add(n, Ordering::Relaxed);
+        n
+    }
+
+    /// Free blocks still resident (the warm cache, less the blocks of
+    /// released regions in it).
+    pub(crate) fn warm_blocks(&self) -> u64 {
+        self.warm_blocks
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.warm_released.load(Ordering::Relaxed))
+    }
+
+    /// Blocks given back to the OS so far.
+    pub(crate) fn blocks_purged(&self) -> u64 {
+        self.blocks_purged.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block_of(mem: &Memory, s: SegId) -> u32 {
+        mem.seg(s).meta.lock().blocks[0]
+    }
+
+    /// Fill block `b`, which the caller took in a segment of its own.
+    fn fill(mem: &Memory, b: u32, byte: u8) {
+        // SAFETY: every caller passes a block of a segment only its thread
+        // holds, so nobody else writes it.
+        unsafe { mem.write((b as u64) << BLOCK_SHIFT, &[byte; BLOCK_BYTES]) };
+    }
+
+    fn holds(mem: &Memory, b: u32, byte: u8) -> bool {
+        let mut buf = vec![0u8; BLOCK_BYTES];
+        assert!(mem.read((b as u64) << BLOCK_SHIFT, &mut buf));
+        buf.iter().all(|&x| x == byte)
+    }
+
+    /// The decay-time release gives back whole regions none of whose
+    /// blocks is in a segment, and leaves the others (and their huge
+    /// pages) alone; a released region is not released again until one of
+    /// its blocks is used.
+    #[test]
+    fn decay_release_takes_whole_free_regions_only() {
+        let mem = Memory::new(4 * REGION_BYTES, 0, 1).unwrap();
+        let segs: Vec<SegId> = (0..mem.blocks_total())
+            .map(|_| mem.new_segment(1, false).unwrap())
+            .collect();
+        let region_of = |s: SegId| block_of(&mem, s) as usize / BLOCKS_PER_REGION;
+        for &s in &segs {
+            fill(&mem, block_of(&mem, s), 0xAB);
+        }
+        // Free regions 0 and 1 entirely, region 2 but for one block.
+        let mut kept_in_2 = None;
+        for &s in &segs {
+            match region_of(s) {
+                0 | 1 => mem.free_segment(s),
+                2 if kept_in_2.is_none() => kept_in_2 = Some(s),
+                2 => mem.free_segment(s),
+                _ => {}
+            }
+        }
+        let kept = block_of(&mem, kept_in_2.unwrap());
+        let freed = (2 * BLOCKS_PER_REGION + BLOCKS_PER_REGION - 1) as u64;
+        assert_eq!(mem.warm_blocks(), freed);
+        let released = mem.purge_cold_regions(u64::MAX);
+        assert_eq!(released, 2 * BLOCKS_PER_REGION as u64);
+        assert_eq!(mem.warm_blocks(), freed - released);
+        assert!(holds(&mem, kept, 0xAB), "a block in use lost its data");
+        // The released regions read back as zeros; region 2's free blocks
+        // are still resident.
+        for b in 0..mem.blocks_total() as u32 {
+            let r = b as usize / BLOCKS_PER_REGION;
+            if r < 2 {
+                assert!(holds(&mem, b, 0), "block {b} of a released region");
+            } else {
+                assert!(holds(&mem, b, 0xAB), "block {b} of a kept region");
+            }
+        }
+        assert_eq!(mem.purge_cold_regions(u64::MAX), 0);
+        // Every free block goes to the buddy allocator with a full purge,
+        // and the counts come back to zero.
+        mem.purge_all();
+        assert_eq!(mem.warm_blocks(), 0);
+        assert_eq!(mem.warm_released.load(Ordering::Relaxed), 0);
+        let again = mem.new_segment(1, false).unwrap();
+        fill(&mem, block_of(&mem, again), 0xCD);
+        assert!(holds(&mem, block_of(&mem, again), 0xCD));
+    }
+
+    /// Threads that take blocks, write them and check them race with
+    /// threads that release regions: a release never drops a block that
+    /// is in a segment (a taker waits for a release under way).
+    #[test]
+    fn region_release_never_drops_a_block_in_use() {
+        let mem = Memory::new(2 * REGION_BYTES, 0, 2).unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let ms = if cfg!(debug_assertions) { 300 } else { 600 };
+        std::thread::scope(|s| {
+            for t in 0..2u8 {
+                let (mem, stop) = (&mem, &stop);
+                s.spawn(move || {
+                    let mut i = 0u8;
+                    while !stop.load(Ordering::Relaxed) {
+                        i = i.wrapping_add(1);
+                        let byte = (t << 7) | (i & 0x7F) | 1;
+                        let Ok(seg) = mem.new_segment(2, false) else {
+                            continue;
+                        };
+                        let blocks = mem.seg(seg).meta.lock().blocks.clone();
+                        for &b in &blocks {
+                            fill(mem, b, byte);
+                        }
+                        std::thread::yield_now();
+                        for &b in &blocks {
+                            assert!(holds(mem, b, byte), "block {b} lost its data");
+                        }
+                        mem.free_segment(seg);
+                    }
+                });
+            }
+            let (mem, stop) = (&mem, &stop);
+            s.spawn(move || {
+                let mut released = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    released += mem.purge_cold_regions(u64::MAX);
+                }
+                assert!(released > 0, "no region was ever released");
+            });
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+            stop.store(true, Ordering::Relaxed);
+        });
+    }
+}

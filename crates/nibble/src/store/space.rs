@@ -1,0 +1,176 @@
+//! Space for writers: when compaction runs, and what a write does when
+//! the log is full (dissertation §4.4, "Scalable Asynchronous
+//! Compaction").
+//!
+//! Compaction workers sleep until the client's free blocks fall below the
+//! trigger; an append that crosses it wakes them. A write whose append
+//! finds no blocks drops its epoch guard (so the segments compaction
+//! retires can be freed), runs an idle worker's step itself, and retries.
+//! It gives up with `OutOfMemory` only when compaction has nothing left
+//! to do, has made no progress for a while, or the configured wait
+//! (`Config::max_write_wait_ms`) is over ([`Inner::wait_for_space`]).
+//! Also here: the prefetches that start a write's cache misses early.
+use super::*;
+
+/// Rounds (of `APPEND_WAIT_ROUND_MS`) a write waits for compaction to free
+/// space, with no compaction progress, before reporting out of memory.
+const APPEND_WAIT_ROUNDS: u32 = 50;
+const APPEND_WAIT_ROUND_MS: u64 = 1;
+
+impl Inner {
+    pub(crate) fn should_compact(&self) -> bool {
+        if self.force_compaction.load(Ordering::Acquire) {
+            return true;
+        }
+        self.mem.client_blocks_free() < self.compaction_trigger_blocks
+    }
+
+    pub(crate) fn sleep_worker(&self, d: Duration) {
+        let mut g = self.wake.0.lock();
+        let seen = *g;
+        if !self.shutdown.load(Ordering::Acquire) {
+            self.wake.1.wait_while_for(&mut g, |v| *v == seen, d);
+        }
+    }
+
+    pub(super) fn wake_workers(&self) {
+        *self.wake.0.lock() += 1;
+        self.wake.1.notify_all();
+    }
+
+    pub(crate) fn notify_space(&self) {
+        *self.space.0.lock() += 1;
+        self.space.1.notify_all();
+    }
+
+    pub(super) fn wait_space(&self, d: Duration) {
+        let mut g = self.space.0.lock();
+        let seen = *g;
+        self.space.1.wait_while_for(&mut g, |v| *v == seen, d);
+    }
+
+    /// Prefetch where this CPU's next append of `len` bytes will go.
+    #[inline]
+    pub(super) fn prefetch_append(&self, len: usize) {
+        let cpu = topology::current_cpu();
+        let (node, head) = self.cpu_slot.get(cpu).copied().unwrap_or((0, cpu));
+        self.logs[node].prefetch(&self.mem, head, len);
+    }
+
+    /// Prefetch, for writing, the first `len` bytes (up to the end of its
+    /// block) of the object `hash`'s index entry probably points at: a
+    /// hint read without the bucket lock, see [`Index::peek`].
+    #[inline]
+    pub(super) fn prefetch_old(&self, hash: u64, len: usize) {
+        if let Some(l) = self.index.peek(hash) {
+            self.mem.prefetch_for_write(off_of(l), len);
+        }
+    }
+
+    /// Append an object to the local node's log (one attempt).
+    pub(super) fn try_append(
+        &self,
+        len: usize,
+        fill: &dyn Fn(u64),
+    ) -> Result<crate::log::Appended, crate::memory::NoBlocks> {
+        let cpu = topology::current_cpu();
+        let (node, head) = self.cpu_slot.get(cpu).copied().unwrap_or((0, cpu));
+        let before = self.mem.client_blocks_free();
+        let a = self.logs[node].append(&self.mem, &self.epochs, head, len, fill)?;
+        if before != self.mem.client_blocks_free() && self.should_compact() {
+            self.wake_workers();
+        }
+        Ok(a)
+    }
+
+    /// Wait for compaction to free space after a failed append. The caller
+    /// must not hold an epoch guard: segments retired by compaction are
+    /// freed only once every guard older than `w`'s start is gone.
+    /// `Err` once compaction has finished a pass, begun after the wait
+    /// started, that found nothing to do, after `APPEND_WAIT_ROUNDS` rounds
+    /// in which compaction neither progressed nor was busy, or after the
+    /// bounded wait.
+    pub(super) fn wait_for_space(&self, w: &mut SpaceWait) -> Result<(), Error> {
+        let round = w.rounds;
+        w.rounds += 1;
+        let gave_up = self.last_nothing_pass.load(Ordering::Acquire) > w.since_pass
+            && self.last_nothing_pass.load(Ordering::Acquire)
+                > self.last_progress_pass.load(Ordering::Acquire);
+        // Compaction that frees segments while we wait is worth waiting
+        // for (at high utilization it is slow but steady); a pass that found
+        // nothing, or no progress at all for APPEND_WAIT_ROUNDS, is not.
+        // Segments compacted by a pass still running count: a pass frees
+        // each segment as soon as the epoch allows.
+        let progressed = self.last_progress_pass.load(Ordering::Acquire) > w.since_pass
+            || self.stats.segments_compacted.load(Ordering::Acquire) > w.since_compacted;
+        // The budget says a whole segment is free: the failure was transient
+        // (blocks in flight between buddy heaps, or taken by a racing
+        // writer), not a full store.
+        let space_exists = self.mem.client_blocks_free() > self.segment_blocks as u64;
+        let progressed = progressed || space_exists;
+        // With several workers, one finding nothing while another compacts
+        // is no reason to give up: only after a round in which this writer
+        // ran every idle worker's step and none had anything to do (below).
+        let gave_up = gave_up && !progressed && w.last_idle;
+        let max_rounds = (self.cfg.max_write_wait_ms / APPEND_WAIT_ROUND_MS) as u32;
+        // The bound is time, not rounds: a round in which this writer's
+        // help made progress does not sleep, and the space it freed may go
+        // to another writer.
+        if w.start.elapsed() >= Duration::from_millis(self.cfg.max_write_wait_ms)
+            || (w.stalled >= APPEND_WAIT_ROUNDS.min(max_rounds) && !progressed)
+            || (round > 1 && gave_up)
+        {
+            return Err(Error::OutOfMemory { what: "log" });
+        }
+        self.wake_workers();
+        let cpu = topology::current_cpu();
+        let node = self.cpu_slot.get(cpu).map_or(0, |&(n, _)| n);
+        let helped = crate::compaction::help(self, node);
+        w.last_idle = helped == crate::compaction::Help::Idle;
+        match helped {
+            crate::compaction::Help::Progress => {}
+            crate::compaction::Help::Idle => {
+                w.stalled += 1;
+                self.wait_space(Duration::from_millis(APPEND_WAIT_ROUND_MS));
+            }
+            crate::compaction::Help::Busy => {
+                // Every worker is inside a pass (a pass over sparse
+                // segments takes tens of milliseconds at 10 %
+                // utilization): space is coming, so this round does not
+                // count as one without progress.
+                self.wait_space(Duration::from_millis(APPEND_WAIT_ROUND_MS));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A write's wait for space (see `Inner::wait_for_space`).
+pub(super) struct SpaceWait {
+    /// Rounds waited.
+    rounds: u32,
+    /// When the wait began.
+    start: std::time::Instant,
+    /// Rounds in which no compaction worker was busy and none progressed.
+    stalled: u32,
+    /// The last round's help found every worker idle with nothing to do.
+    last_idle: bool,
+    /// Compaction passes begun before the wait.
+    since_pass: u64,
+    /// Segments compacted before the wait.
+    since_compacted: u64,
+}
+
+impl SpaceWait {
+    /// A wait that starts now.
+    pub(super) fn new(inner: &Inner) -> SpaceWait {
+        SpaceWait {
+            rounds: 0,
+            start: std::time::Instant::now(),
+            stalled: 0,
+            last_idle: false,
+            since_pass: inner.stats.passes.load(Ordering::Acquire),
+            since_compacted: inner.stats.segments_compacted.load(Ordering::Acquire),
+        }
+    }
+}

@@ -1,0 +1,371 @@
+//! The write path: PUT (Nibble and Nibble-2), DEL and expiry changes
+//! (dissertation §4.1, §4.4, §6.2).
+//!
+//! ```text
+//!  put_with   check ─ start_put (header, prefetch) ─ pin ─ optimistic condition
+//!             ─ Nibble-2: overwrite_in_place (bucket lock; fits? write value + header)
+//!             ─ append_object (local head; full log: wait for compaction unpinned)
+//!             ─ publish (bucket lock: condition, version, expiry; swap entry; old dead)
+//!  delete_if  pin ─ bucket lock ─ condition ─ remove entry ─ old dead ─ live−
+//!  set_expiry pin ─ bucket lock ─ header rewritten in place (no space needed)
+//! ```
+//!
+//! Every write to a published object's bytes happens under its bucket
+//! lock, so an optimistic reader that raced it fails its seqlock
+//! validation and retries; an appended object is written before the index
+//! names it, so nobody reads it half-made.
+use super::*;
+
+impl Store {
+    fn check(&self, key: &[u8], value_len: usize) -> Result<(), Error> {
+        if key.len() > MAX_KEY_BYTES {
+            return Err(Error::BadKey { len: key.len() });
+        }
+        if value_len > self.inner.cfg.max_value_bytes {
+            return Err(Error::ValueTooLarge {
+                len: value_len,
+                max: self.inner.cfg.max_value_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// Store `value` under `key`. Returns the new version.
+    pub fn put(&self, key: &[u8], value: &[u8]) -> Result<u64, Error> {
+        self.put_with(key, value, PutOptions::default())
+    }
+
+    /// Store only if absent (memcached `add`).
+    pub fn put_if_absent(&self, key: &[u8], value: &[u8]) -> Result<u64, Error> {
+        self.put_with(
+            key,
+            value,
+            PutOptions {
+                condition: Condition::IfAbsent,
+                ..Default::default()
+            },
+        )
+    }
+
+    /// Store only if present (memcached `replace`).
+    pub fn replace(&self, key: &[u8], value: &[u8]) -> Result<u64, Error> {
+        self.put_with(
+            key,
+            value,
+            PutOptions {
+                condition: Condition::IfPresent,
+                ..Default::default()
+            },
+        )
+    }
+
+    /// Store only if the current version is `version` (memcached `cas`).
+    pub fn compare_and_swap(&self, key: &[u8], value: &[u8], version: u64) -> Result<u64, Error> {
+        self.put_with(
+            key,
+            value,
+            PutOptions {
+                condition: Condition::IfVersion(version),
+                ..Default::default()
+            },
+        )
+    }
+
+    /// The general write: `opts.condition` decided against the live item
+    /// under its bucket lock, `opts.expiry` and `opts.flags` applied.
+    /// Returns the new version.
+    ///
+    /// The steps: check the sizes, build the header and start the cache
+    /// misses ahead of the index work; pin; check the condition
+    /// optimistically (so a failing one leaves no dead object in the log);
+    /// in Nibble-2, try the in-place overwrite; otherwise append the object
+    /// and publish it in the index.
+    pub fn put_with(&self, key: &[u8], value: &[u8], opts: PutOptions) -> Result<u64, Error> {
+        self.check(key, value.len())?;
+        let inner = &*self.inner;
+        let hash = hash_key(key);
+        let mut h = self.start_put(hash, key, value, &opts);
+        let guard = inner.epochs.try_pin()?;
+        // Start the old version's lines too: the bucket lock below reads
+        // its header and key (and Nibble-2 overwrites its value), a miss
+        // that otherwise waits for the lock and then stalls the write.
+        let old_bytes = match inner.cfg.mode {
+            Mode::Nibble2 => crate::object::HEADER_MIN_BYTES + key.len() + value.len(),
+            Mode::Nibble => crate::object::HEADER_MIN_BYTES + key.len(),
+        };
+        inner.prefetch_old(hash, old_bytes);
+        if opts.condition != Condition::Always {
+            // Cheap optimistic check first, so a failing condition does not
+            // leave a dead object in the log.
+            let cur = self.read_header(hash, key);
+            check_condition(opts.condition, cur.as_ref())?;
+        }
+        if inner.cfg.mode == Mode::Nibble2 {
+            if let Some(version) = self.overwrite_in_place(hash, key, value, &opts, &mut h)? {
+                return Ok(version);
+            }
+        }
+        let (app, _guard) = self.append_object(&h, key, value, guard)?;
+        self.publish(hash, key, &opts, h, app)
+    }
+
+    /// A put's new header, with the index buckets and (in Nibble mode)
+    /// the append's destination already being fetched: the misses then
+    /// overlap the rest of the put's work before it needs them.
+    #[inline]
+    fn start_put(&self, hash: u64, key: &[u8], value: &[u8], opts: &PutOptions) -> Header {
+        let inner = &*self.inner;
+        inner.index.prefetch_for_lock(hash);
+        let h = Header::new(
+            key.len(),
+            value.len(),
+            opts.flags,
+            next_version(0),
+            // No old item yet: `Keep` means none until `publish` sees one.
+            opts.expiry.expiry_ms(None),
+            false,
+        );
+        if inner.cfg.mode == Mode::Nibble {
+            inner.prefetch_append(h.object_bytes());
+        }
+        h
+    }
+
+    /// Nibble-2 (§6.2): overwrite the live object of `key` in place when
+    /// the new value fits its allocation. `Ok(Some(version))` if it did;
+    /// `Ok(None)` if the put must append, in which case `h` gets a slack
+    /// slot when it replaces a value of another size, so that a later,
+    /// shorter value can be written in place.
+    fn overwrite_in_place(
+        &self,
+        hash: u64,
+        key: &[u8],
+        value: &[u8],
+        opts: &PutOptions,
+        h: &mut Header,
+    ) -> Result<Option<u64>, Error> {
+        let mem = &self.inner.mem;
+        let g = self.inner.index.lock(hash);
+        let Some(slot) = g.find(|l| mem.key_equals(off_of(l), key)) else {
+            return Ok(None);
+        };
+        let off = off_of(g.loc(slot));
+        let Some(old) = mem.header(off) else {
+            return Ok(None);
+        };
+        let live = !old.expired();
+        check_condition(opts.condition, live.then_some(&old))?;
+        if !(old.can_hold(value.len()) && old.fits_flags(opts.flags)) {
+            h.slack_slot = old.value_cap as usize != value.len();
+            return Ok(None);
+        }
+        let new = Header {
+            value_len: value.len() as u32,
+            flags: opts.flags,
+            version: next_version(old.version),
+            expiry_ms: opts.expiry.expiry_ms(live.then_some(&old)),
+            ..old
+        };
+        // SAFETY: we hold the key's bucket locks (`g`) and an epoch guard:
+        // the object is live and we are its only writer; `can_hold`
+        // checked that the value fits its allocation. Readers validate
+        // their copy against the bucket version.
+        unsafe {
+            mem.write_part(off, old.header_bytes() + old.key_len as usize, value);
+            mem.write_header(off, &new);
+        }
+        note_expiry(mem, off, new.expiry_ms);
+        Ok(Some(new.version))
+    }
+
+    /// Append the object (`h`, `key`, `value`) to this CPU's log head.
+    /// When the log is full, waits for compaction with the epoch guard
+    /// dropped (segments retired meanwhile are freed only once every
+    /// older guard is gone) and pins again; returns where the object went
+    /// and the guard it holds. `Err(OutOfMemory)` when the wait gives up.
+    fn append_object<'s>(
+        &'s self,
+        h: &Header,
+        key: &[u8],
+        value: &[u8],
+        mut guard: epoch::Guard<'s>,
+    ) -> Result<(crate::log::Appended, epoch::Guard<'s>), Error> {
+        let inner = &*self.inner;
+        let mem = &inner.mem;
+        let len = h.object_bytes();
+        let head_bytes = h.header_bytes();
+        let fill = |off| {
+            // SAFETY: `Log::append` calls `fill` with `len` bytes it just
+            // reserved under the head's lock and has not published: this
+            // thread is their only writer.
+            unsafe {
+                mem.write_header(off, h);
+                mem.write_part(off, head_bytes, key);
+                mem.write_part(off, head_bytes + key.len(), value);
+            }
+        };
+        // Made at the first failed append only (it reads the clock).
+        let mut wait = None;
+        loop {
+            match inner.try_append(len, &fill) {
+                Ok(a) => return Ok((a, guard)),
+                Err(_) => {
+                    drop(guard);
+                    let w = wait.get_or_insert_with(|| SpaceWait::new(inner));
+                    inner.wait_for_space(w)?;
+                    guard = inner.epochs.try_pin()?;
+                }
+            }
+        }
+    }
+
+    /// Point the index at the appended object `app`, under the key's
+    /// bucket lock: the condition is decided there, and so are the
+    /// version (above the old one's) and a kept expiry, written into the
+    /// unpublished object's header before the entry store that publishes
+    /// it. The old object, if any, is marked dead and its live bytes
+    /// subtracted. Grows the index and retries when both buckets are full.
+    fn publish(
+        &self,
+        hash: u64,
+        key: &[u8],
+        opts: &PutOptions,
+        mut h: Header,
+        app: crate::log::Appended,
+    ) -> Result<u64, Error> {
+        let inner = &*self.inner;
+        let mem = &inner.mem;
+        let len = h.object_bytes();
+        let new_loc = loc_of(app.off);
+        loop {
+            let mut g = inner.index.lock(hash);
+            match g.find(|l| mem.key_equals(off_of(l), key)) {
+                Some(slot) => {
+                    let old_off = off_of(g.loc(slot));
+                    let old = mem.header(old_off).unwrap_or_default();
+                    let live = !old.expired();
+                    check_condition(opts.condition, live.then_some(&old))?;
+                    let version = crate::object::live_version(h.version.max(old.version + 1));
+                    let expiry = opts.expiry.expiry_ms(live.then_some(&old));
+                    if version != h.version || expiry != h.expiry_ms {
+                        h.version = version;
+                        h.expiry_ms = expiry;
+                        // SAFETY: the object is ours, appended above and
+                        // not yet published (the index store is below).
+                        unsafe { mem.write_header(app.off, &h) };
+                    }
+                    g.replace(slot, new_loc);
+                    note_expiry(mem, app.off, h.expiry_ms);
+                    mem.live().add(app.seg, len as i64);
+                    // Under the bucket lock, like every in-place write:
+                    // a reader that sees the mark fails its validation.
+                    // SAFETY: the bucket is locked and the old object just
+                    // unlinked; we hold an epoch guard.
+                    unsafe { mem.mark_dead(old_off) };
+                    drop(g);
+                    mem.live()
+                        .add(mem.seg_of(old_off), -(old.object_bytes() as i64));
+                    return Ok(version);
+                }
+                None => {
+                    check_condition(opts.condition, None)?;
+                    match g.insert(new_loc) {
+                        Ok(_) => {
+                            note_expiry(mem, app.off, h.expiry_ms);
+                            mem.live().add(app.seg, len as i64);
+                            return Ok(h.version);
+                        }
+                        Err(_) => {
+                            drop(g);
+                            if inner.index.grow(hash).is_err() {
+                                return Err(Error::OutOfMemory { what: "index" });
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Remove `key`. Returns whether a live item was removed.
+    pub fn delete(&self, key: &[u8]) -> Result<bool, Error> {
+        match self.delete_if(key, Condition::Always) {
+            Ok(()) => Ok(true),
+            Err(Error::NotFound) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Delete `key` if `cond` holds for it, atomically (under the bucket
+    /// lock): `IfVersion(v)` deletes only the version a client read (Redis
+    /// GETDEL, RENAME). `Err(NotFound)` if absent (or expired; an expired
+    /// item is removed either way), `Err(VersionMismatch)` if the version
+    /// differs, `Err(Exists)` for `IfAbsent` on a live item.
+    pub fn delete_if(&self, key: &[u8], cond: Condition) -> Result<(), Error> {
+        let inner = &*self.inner;
+        let mem = &inner.mem;
+        let _guard = inner.epochs.try_pin()?;
+        let hash = hash_key(key);
+        let mut g = inner.index.lock(hash);
+        let Some(slot) = g.find(|l| mem.key_equals(off_of(l), key)) else {
+            return Err(Error::NotFound);
+        };
+        let h = mem.header(off_of(g.loc(slot))).unwrap_or_default();
+        let live = !h.expired();
+        if live {
+            check_condition(cond, Some(&h))?;
+        }
+        let off = off_of(g.remove(slot));
+        // SAFETY: the bucket is locked and the object just unlinked; we
+        // hold an epoch guard.
+        unsafe { mem.mark_dead(off) };
+        drop(g);
+        mem.live().add(mem.seg_of(off), -(h.object_bytes() as i64));
+        if live {
+            Ok(())
+        } else {
+            Err(Error::NotFound)
+        }
+    }
+
+    /// Set (or clear, with `None`) the expiry of `key`. Returns whether the
+    /// key exists. The header is updated in place under the bucket lock in
+    /// both modes (every object has an expiry field, so this needs no space
+    /// and works on a full store): it is metadata, not a new version of the
+    /// value.
+    pub fn set_expiry(&self, key: &[u8], expiry_ms: Option<u64>) -> Result<bool, Error> {
+        let inner = &*self.inner;
+        let mem = &inner.mem;
+        let _guard = inner.epochs.try_pin()?;
+        let hash = hash_key(key);
+        let g = inner.index.lock(hash);
+        let Some(slot) = g.find(|l| mem.key_equals(off_of(l), key)) else {
+            return Ok(false);
+        };
+        let off = off_of(g.loc(slot));
+        let Some(h) = mem.header(off) else {
+            return Ok(false);
+        };
+        if h.expired() {
+            return Ok(false);
+        }
+        let h = Header {
+            expiry_ms: expiry_ms.unwrap_or(0),
+            ..h
+        };
+        // SAFETY: the key's buckets are locked and we hold an epoch guard:
+        // we are the object's only writer; readers validate their copy.
+        unsafe { mem.write_header(off, &h) };
+        note_expiry(mem, off, h.expiry_ms);
+        Ok(true)
+    }
+}
+
+/// Record that the object at `off` expires at `expiry_ms` (0 = never).
+pub(crate) fn note_expiry(mem: &Memory, off: u64, expiry_ms: u64) {
+    if expiry_ms != 0 {
+        mem.seg(mem.seg_of(off))
+            .min_expiry_ms
+            .fetch_min(expiry_ms, Ordering::AcqRel);
+    }
+}
