@@ -18,8 +18,8 @@
 //!
 //! The header is a page of its own so it can stay writable (lock words,
 //! heap state) while the data is mapped read-only. The whole size is
-//! reserved at creation with `fallocate`, so a full tmpfs is an error now
-//! ([`Error::NoSpace`]) rather than a SIGBUS on first touch.
+//! reserved at creation with `fallocate`, so a full tmpfs is an error at
+//! creation ([`Error::NoSpace`]) rather than a SIGBUS on first touch.
 //!
 //! The header is the authority on what the file is: attaching validates
 //! magic, version, base, size and name against the registry entry and
