@@ -50,6 +50,7 @@
 
 #![warn(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_op_in_unsafe_fn)]
 
 #[cfg(feature = "bench")]
 pub mod bench;

@@ -101,7 +101,9 @@ pub struct BonsaiTree<K, V, S: EpochScheme = Epochs> {
 // nodes move between threads when freed (hence `Send`). All shared
 // mutation is through atomics or under the writer lock.
 unsafe impl<K: Send + Sync, V: Send + Sync, S: EpochScheme> Sync for BonsaiTree<K, V, S> {}
-// SAFETY: the tree owns its nodes.
+// SAFETY: the raw node pointers are owned by the tree alone (no other
+// handle to them outlives a borrow of the tree), so sending the tree sends
+// its keys, values and scheme: hence the `Send` bounds on all three.
 unsafe impl<K: Send, V: Send, S: EpochScheme + Send> Send for BonsaiTree<K, V, S> {}
 
 impl<K, V> Default for BonsaiTree<K, V> {
@@ -135,7 +137,8 @@ fn size<K, V>(link: Link<K, V>) -> usize {
 /// `link` is non-null and points at a node that is reachable from the
 /// root, fresh, or retired after the caller's epoch guard was taken.
 unsafe fn node<'a, K, V>(link: Link<K, V>) -> &'a Node<K, V> {
-    // SAFETY: by the contract.
+    // SAFETY: the caller guarantees `link` is non-null and live (see
+    // `# Safety`); a live node is never mutated except through atomics.
     unsafe { &*link }
 }
 

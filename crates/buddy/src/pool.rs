@@ -254,7 +254,8 @@ pub struct Block {
 // SAFETY: a block is an address and a size; ownership of the memory is the
 // holder's concern, exactly as for a Box<[u8]> handed across threads.
 unsafe impl Send for Block {}
-// SAFETY: as above.
+// SAFETY: `Block` has no interior mutability; `&Block` exposes only the
+// `Copy` fields, so sharing it is no more than sending a copy.
 unsafe impl Sync for Block {}
 
 impl Block {

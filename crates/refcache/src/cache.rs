@@ -733,7 +733,8 @@ impl<'d> Local<'d> {
         // slow path's end before it returns, and nothing here re-enters).
         let hit = unsafe { (*entry).object } == Some(object);
         if hit && until_tick > 1 && epoch == self.flushed_epoch.get() {
-            // SAFETY: as above.
+            // SAFETY: the same entry under the same lock; the read above
+            // has ended, so this write is the only access.
             unsafe { (*entry).delta += delta };
             self.until_tick.set(until_tick - 1);
             return;

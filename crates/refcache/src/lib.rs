@@ -48,6 +48,7 @@
 #![no_std]
 #![warn(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_op_in_unsafe_fn)]
 
 extern crate alloc;
 #[cfg(any(feature = "std", test))]

@@ -26,40 +26,25 @@
 //! connection code (`conn.rs`), at the cost of a task per connection.
 //!
 //! Workers block in `epoll_wait` when they run out of ready connections;
-//! they do not busy-poll. That was measured and rejected (issue 4, client
-//! and server sharing 2 vCPUs of a VM: `memlab server --quick --phases
-//! get,set --repeat 3 --rb-requests 0 --churn-mib 1`, 32 connections,
-//! pipeline 1; each figure is the median over 3-8 invocations of memlab's
-//! per-invocation median, `server_cpu_ns_per_op` in µs). The idea: Redis
-//! reads ~32 sockets per `epoll_wait`, a nibble worker ~3, so nibble
-//! sleeps and is woken (context switch, IPI, VM exit) far more often. A
-//! worker-local spinner task that called `tokio::task::yield_now()` while
-//! a request had been read less than N µs ago (a yielded task makes the
-//! `current_thread` scheduler poll epoll with a zero timeout instead of
-//! parking) and slept on a waker otherwise did cut the workers' voluntary
-//! context switches from 0.50 to 0.12 per request (redis-benchmark, 32
-//! connections), and an idle server stayed idle. But the spinning CPU is
-//! the client's CPU here, so it cost more than the wake-ups it saved:
-//!
-//! | workers, spin window | nibble/redis, nibble/memcached ops ratios | nibble CPU µs/op |
-//! |---|---|---|
-//! | 2, none (this code) | 0.95-1.09 | 8.2-9.1 |
-//! | 2, 50 µs | 0.80-1.04 (p99 ratio 1.2-2.0) | 10.7-11.1 |
-//! | 2, 50 µs + `sched_yield` | 0.94-1.14 (p99 worse) | 9.2-10.2 |
-//! | 2, 10 µs | 0.92-1.11 (p99 worse) | 8.3-9.6 |
-//! | 1, 50 µs | 0.84-1.14 | 7.7-8.0 |
-//! | 1, none (`--threads 1`) | 0.94-1.10 | 7.0-7.3 (redis 7.4-7.5) |
-//!
-//! (ranges: the medians of the eight nibble and nibble2 vs redis and
-//! memcached, GET and SET rows). One worker takes the most ready sockets
-//! per wake-up and spends the least CPU per request (0.21 voluntary
-//! switches per request), but its throughput ratio is within the noise of
-//! two workers', and one worker caps a machine whose clients are
-//! elsewhere, so the default stays one worker per CPU. tokio's knobs do
-//! not apply: `event_interval` and `global_queue_interval` pace the
-//! runtime's own queue, and every task here lives in the `LocalSet`,
-//! which runs up to 61 tasks per poll whatever they are set to; the
-//! runtime parks as soon as the `LocalSet` has nothing ready (tokio
+//! they do not busy-poll. Polling would save wake-ups: Redis reads ~32
+//! sockets per `epoll_wait`, a nibble worker ~3, so a nibble worker sleeps
+//! and is woken (context switch, IPI, VM exit) far more often, and a task
+//! that keeps the `current_thread` scheduler polling epoll with a zero
+//! timeout for a few µs after each request cuts voluntary context switches
+//! from about 0.5 to 0.1 per request. But where clients share the server's
+//! CPUs, the spinning CPU is a client's, and it costs more than the
+//! wake-ups it saves: on 2 shared vCPUs with 32 connections a 50 µs spin
+//! window raises the server's CPU per request from 8-9 µs to 11 µs and
+//! worsens p99 latency, with throughput against Redis and memcached
+//! unchanged within noise; shorter windows and `sched_yield` in the spin
+//! do no better. A single worker takes the most ready sockets per wake-up
+//! and spends the least CPU per request (about 7 µs, as Redis), but its
+//! throughput is within the noise of two workers' and it caps a machine
+//! whose clients are elsewhere, so the default is one worker per CPU.
+//! tokio's knobs do not apply: `event_interval` and `global_queue_interval`
+//! pace the runtime's own queue, and every task here lives in the
+//! `LocalSet`, which runs up to 61 tasks per poll whatever they are set to;
+//! the runtime parks as soon as the `LocalSet` has nothing ready (tokio
 //! 1.54, `scheduler/current_thread` and `task/local.rs`).
 //!
 //! `maxclients` is checked at accept with one shared counter (an accept is

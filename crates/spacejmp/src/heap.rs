@@ -332,7 +332,9 @@ pub struct SegVec<T> {
     cap: u64,
     _t: PhantomData<T>,
 }
-// SAFETY: the buffer is in a segment.
+// SAFETY: the fields are plain integers (the buffer is named by its segment
+// address, not a process pointer), the type is `Copy` without a destructor,
+// and the elements are themselves `SegSafe`.
 unsafe impl<T: SegSafe> SegSafe for SegVec<T> {}
 
 impl<T: SegSafe> Default for SegVec<T> {
@@ -446,7 +448,7 @@ impl<T: SegSafe> SegVec<T> {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SegStr(SegVec<u8>);
-// SAFETY: wraps a SegVec<u8>.
+// SAFETY: the only field is a `SegVec<u8>`, which is `SegSafe`.
 unsafe impl SegSafe for SegStr {}
 
 impl SegStr {

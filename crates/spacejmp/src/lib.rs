@@ -48,6 +48,8 @@
 //! spacejmp::seg_struct! { struct Bad { s: *const u64 } }   // a private pointer: not SegSafe
 //! ```
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 #[cfg(feature = "bench")]
 pub mod bench;
 pub mod error;

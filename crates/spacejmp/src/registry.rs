@@ -235,7 +235,8 @@ impl Registry {
         } else {
             libc::LOCK_SH
         };
-        // SAFETY: valid fd owned by `guard`.
+        // SAFETY: `guard` keeps the lock file open for the whole call, so
+        // the fd is valid; flock takes no pointers.
         if unsafe { libc::flock(guard.as_raw_fd(), op) } != 0 {
             return Err(Error::last_os("flock", self.dir.join("registry.lock")));
         }
@@ -268,7 +269,8 @@ impl Registry {
             }
             Ok(r)
         })();
-        // SAFETY: valid fd.
+        // SAFETY: `guard` is still alive, so its fd is the one locked above;
+        // flock takes no pointers.
         unsafe { libc::flock(guard.as_raw_fd(), libc::LOCK_UN) };
         res
     }

@@ -18,8 +18,8 @@
 //!
 //! The header is a page of its own so it can stay writable (lock words,
 //! heap state) while the data is mapped read-only. The whole size is
-//! reserved at creation with `fallocate`, so a full tmpfs is an error now
-//! ([`Error::NoSpace`]) rather than a SIGBUS on first touch.
+//! reserved at creation with `fallocate`, so a full tmpfs is an error at
+//! creation ([`Error::NoSpace`]) rather than a SIGBUS on first touch.
 //!
 //! The header is the authority on what the file is: attaching validates
 //! magic, version, base, size and name against the registry entry and
@@ -231,7 +231,9 @@ impl HeaderMap {
 
 impl Drop for HeaderMap {
     fn drop(&mut self) {
-        // SAFETY: we own this mapping.
+        // SAFETY: `ptr`/`len` are exactly the mapping `new` created; it is
+        // unmapped only here, and every `&Header` borrowed from `self` has
+        // ended because `drop` takes `&mut self`.
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
 }
@@ -271,8 +273,9 @@ pub(crate) fn create_file(dir: &Path, info: &SegInfo, mode: u32) -> Result<()> {
             }));
         }
         // No fallocate on this file system: size it, accepting late SIGBUS.
-        // SAFETY: valid fd.
         if errno != libc::EOPNOTSUPP
+            // SAFETY: `file` is open for writing and outlives the call;
+            // ftruncate only reads its arguments.
             || unsafe { libc::ftruncate(file.as_raw_fd(), info.size as libc::off_t) } != 0
         {
             return Err(cleanup(Error::last_os("fallocate", &path)));

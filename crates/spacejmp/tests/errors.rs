@@ -25,15 +25,18 @@ fn window_taken_is_reported_not_clobbered() {
         )
     };
     assert_eq!(p as u64, probe);
-    // SAFETY (test): the page is ours.
+    // SAFETY (test): `p` is the start of the 4 KiB read-write mapping made
+    // above, aligned for u64.
     unsafe { *(p as *mut u64) = 77 };
     let e = Jmp::open(st.config()).err().expect("must fail");
     assert!(matches!(e, Error::WindowTaken { .. }), "{e}");
     assert!(e.to_string().contains("SPACEJMP_WINDOW"));
     // The existing mapping is intact.
-    // SAFETY (test): still mapped.
+    // SAFETY (test): the failed `Jmp::open` must not have unmapped it
+    // (that is what this test checks); the address is aligned.
     assert_eq!(unsafe { *(p as *const u64) }, 77);
-    // SAFETY (test): our mapping.
+    // SAFETY (test): `p`/4096 is exactly the mapping made above, and no
+    // reference into it remains.
     unsafe { libc::munmap(p, 4096) };
     // Two contexts over one window collide too.
     let a = st.open();

@@ -26,6 +26,7 @@
 
 #![warn(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_op_in_unsafe_fn)]
 
 mod affinity;
 #[cfg(target_arch = "x86_64")]

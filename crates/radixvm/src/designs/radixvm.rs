@@ -127,7 +127,9 @@ pub struct RadixVm {
 // only dereferenced under the range lock covering them (module essay);
 // the descriptors' and metadata's contents are Send + Sync.
 unsafe impl Send for RadixVm {}
-// SAFETY: as above.
+// SAFETY: every method takes `&self` and reaches the pointed-to
+// descriptors and metadata only under the range lock of their pages, whose
+// shared fields are atomics or mutexes; hence shared use from many threads.
 unsafe impl Sync for RadixVm {}
 
 impl std::fmt::Debug for RadixVm {
@@ -385,7 +387,10 @@ impl AddressSpace for RadixVm {
                     guard.set(encode_page(meta));
                 }
                 Value::Page(m) => {
-                    // SAFETY: we hold the page's lock.
+                    // SAFETY: `m` was read from the entry under `guard`,
+                    // this page's range lock; metadata is freed only after
+                    // an unmap takes it out of the entry under that lock,
+                    // so it is live while `guard` is held.
                     let meta = unsafe { &*m };
                     meta.prot.store(prot.bits(), Ordering::Relaxed);
                     // Change the entries in place; the CPUs stay in the

@@ -145,16 +145,20 @@ impl Op {
     /// concurrently (the accesses are volatile or atomic).
     pub unsafe fn perform(self, p: *mut u8) -> u8 {
         match self {
-            // SAFETY: per the contract.
+            // SAFETY: the caller guarantees `p` is valid for a one-byte read
+            // for the call (`# Safety`); a byte needs no alignment.
             Op::Load | Op::Touch(Access::Read) => unsafe { p.read_volatile() },
             Op::Store(v) => {
-                // SAFETY: per the contract.
+                // SAFETY: the caller guarantees `p` is valid for a one-byte
+                // write for the call (`# Safety`).
                 unsafe { p.write_volatile(v) };
                 0
             }
             Op::Touch(Access::Write) => {
-                // SAFETY: per the contract; a byte is always aligned for
-                // an AtomicU8.
+                // SAFETY: the caller guarantees `p` is valid for a one-byte
+                // read and write for the call, and a byte is always aligned
+                // for an AtomicU8; concurrent accesses are atomic or
+                // volatile, never a plain `&mut`.
                 unsafe { std::sync::atomic::AtomicU8::from_ptr(p) }.fetch_or(0, Ordering::Relaxed);
                 0
             }

@@ -498,7 +498,12 @@ impl UffdMmu {
 
     fn mprotect(&self, vpns: &Range<u64>, prot: libc::c_int) {
         let len = ((vpns.end - vpns.start) * PAGE_SIZE_BYTES) as usize;
-        // SAFETY: a range of our arena.
+        // SAFETY: callers pass a page, or pages of a shadow leaf holding a
+        // page, that `update_pte` installed after checking it against
+        // `ARENA_BYTES`: the range lies in the arena mapping `self` owns.
+        // mprotect neither frees nor moves memory, so no reference
+        // into the arena can dangle (a later access faults, which the
+        // probes of `Op::perform` expect).
         let rc = unsafe { libc::mprotect(self.page_addr(vpns.start) as *mut _, len, prot) };
         assert_eq!(rc, 0, "mprotect: {}", io::Error::last_os_error());
     }

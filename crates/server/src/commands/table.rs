@@ -1,0 +1,637 @@
+//! The command table: one [`Spec`] per command, in the order COMMAND
+//! lists them. Dispatch ([`lookup`](super::lookup)) indexes it once into
+//! buckets; COMMAND COUNT/INFO/DOCS read it as is.
+
+use super::{admin, hash, keys, strings, Spec};
+
+// Flag sets (Redis's command flags, as COMMAND INFO reports them).
+const W: &[&str] = &["write", "denyoom", "fast"];
+const WS: &[&str] = &["write", "denyoom"];
+const WD: &[&str] = &["write", "fast"];
+const R: &[&str] = &["readonly", "fast"];
+const RS: &[&str] = &["readonly"];
+const A: &[&str] = &["fast"];
+const N: &[&str] = &["noauth", "fast"];
+
+macro_rules! spec {
+    ($name:literal, $arity:expr, $flags:expr, $keys:expr, $group:literal, $summary:literal, $run:expr) => {
+        Spec {
+            name: $name,
+            arity: $arity,
+            flags: $flags,
+            keys: $keys,
+            group: $group,
+            summary: $summary,
+            run: $run,
+        }
+    };
+}
+
+const K1: (i32, i32, i32) = (1, 1, 1);
+const K0: (i32, i32, i32) = (0, 0, 0);
+const KALL: (i32, i32, i32) = (1, -1, 1);
+
+/// The command table (also the truth for COMMAND COUNT/INFO/DOCS).
+pub static COMMANDS: &[Spec] = &[
+    // Connection and server.
+    spec!(
+        "ping",
+        -1,
+        A,
+        K0,
+        "connection",
+        "Returns the server's liveliness response.",
+        admin::ping
+    ),
+    spec!(
+        "echo",
+        2,
+        A,
+        K0,
+        "connection",
+        "Returns the given string.",
+        admin::echo
+    ),
+    spec!(
+        "quit",
+        -1,
+        N,
+        K0,
+        "connection",
+        "Closes the connection.",
+        admin::quit
+    ),
+    spec!(
+        "hello",
+        -1,
+        N,
+        K0,
+        "connection",
+        "Handshakes with the server.",
+        admin::hello
+    ),
+    spec!(
+        "auth",
+        -2,
+        N,
+        K0,
+        "connection",
+        "Authenticates the connection.",
+        admin::auth
+    ),
+    spec!(
+        "select",
+        2,
+        A,
+        K0,
+        "connection",
+        "Changes the selected database (only 0 exists).",
+        admin::select
+    ),
+    spec!(
+        "client",
+        -2,
+        RS,
+        K0,
+        "connection",
+        "CLIENT SETNAME, GETNAME, SETINFO, ID, INFO, LIST.",
+        admin::client
+    ),
+    spec!(
+        "command",
+        -1,
+        RS,
+        K0,
+        "server",
+        "COMMAND, COUNT, DOCS, INFO, LIST.",
+        admin::command
+    ),
+    spec!(
+        "config",
+        -2,
+        RS,
+        K0,
+        "server",
+        "CONFIG GET, SET, RESETSTAT.",
+        admin::config
+    ),
+    spec!(
+        "info",
+        -1,
+        RS,
+        K0,
+        "server",
+        "Returns information and statistics about the server.",
+        admin::info
+    ),
+    spec!(
+        "dbsize",
+        1,
+        R,
+        K0,
+        "server",
+        "Returns the number of keys.",
+        admin::dbsize
+    ),
+    spec!(
+        "flushall",
+        -1,
+        WD,
+        K0,
+        "server",
+        "Removes all keys.",
+        admin::flushall
+    ),
+    spec!(
+        "flushdb",
+        -1,
+        WD,
+        K0,
+        "server",
+        "Removes all keys.",
+        admin::flushall
+    ),
+    spec!(
+        "shutdown",
+        -1,
+        RS,
+        K0,
+        "server",
+        "Stops the server.",
+        admin::shutdown
+    ),
+    spec!(
+        "debug",
+        -2,
+        RS,
+        K0,
+        "server",
+        "DEBUG POPULATE count [prefix] [size].",
+        admin::debug
+    ),
+    spec!(
+        "time",
+        1,
+        A,
+        K0,
+        "server",
+        "Returns the server time.",
+        admin::time
+    ),
+    // Strings.
+    spec!(
+        "get",
+        2,
+        R,
+        K1,
+        "string",
+        "Returns the string value of a key.",
+        strings::get
+    ),
+    spec!(
+        "set",
+        -3,
+        WS,
+        K1,
+        "string",
+        "Sets the string value of a key, with options.",
+        strings::set
+    ),
+    spec!(
+        "setex",
+        4,
+        WS,
+        K1,
+        "string",
+        "Sets a value and its expiry in seconds.",
+        strings::setex
+    ),
+    spec!(
+        "psetex",
+        4,
+        WS,
+        K1,
+        "string",
+        "Sets a value and its expiry in milliseconds.",
+        strings::psetex
+    ),
+    spec!(
+        "setnx",
+        3,
+        W,
+        K1,
+        "string",
+        "Sets a key only if it does not exist.",
+        strings::setnx
+    ),
+    spec!(
+        "getset",
+        3,
+        W,
+        K1,
+        "string",
+        "Sets a value and returns the old one.",
+        strings::getset
+    ),
+    spec!(
+        "getdel",
+        2,
+        WD,
+        K1,
+        "string",
+        "Returns a value and deletes the key.",
+        strings::getdel
+    ),
+    spec!(
+        "getex",
+        -2,
+        WD,
+        K1,
+        "string",
+        "Returns a value and changes its expiry.",
+        strings::getex
+    ),
+    spec!(
+        "mget",
+        -2,
+        R,
+        KALL,
+        "string",
+        "Returns the values of several keys.",
+        strings::mget
+    ),
+    spec!(
+        "mset",
+        -3,
+        WS,
+        (1, -1, 2),
+        "string",
+        "Sets several keys.",
+        strings::mset
+    ),
+    spec!(
+        "msetnx",
+        -3,
+        WS,
+        (1, -1, 2),
+        "string",
+        "Sets several keys only if none exists.",
+        strings::msetnx
+    ),
+    spec!(
+        "append",
+        3,
+        W,
+        K1,
+        "string",
+        "Appends to a value.",
+        strings::append
+    ),
+    spec!(
+        "strlen",
+        2,
+        R,
+        K1,
+        "string",
+        "Returns the length of a value.",
+        strings::strlen
+    ),
+    spec!(
+        "getrange",
+        4,
+        RS,
+        K1,
+        "string",
+        "Returns a substring of a value.",
+        strings::getrange
+    ),
+    spec!(
+        "substr",
+        4,
+        RS,
+        K1,
+        "string",
+        "Returns a substring of a value.",
+        strings::getrange
+    ),
+    spec!(
+        "setrange",
+        4,
+        WS,
+        K1,
+        "string",
+        "Overwrites part of a value.",
+        strings::setrange
+    ),
+    spec!(
+        "incr",
+        2,
+        W,
+        K1,
+        "string",
+        "Increments an integer value by one.",
+        strings::incr
+    ),
+    spec!(
+        "decr",
+        2,
+        W,
+        K1,
+        "string",
+        "Decrements an integer value by one.",
+        strings::decr
+    ),
+    spec!(
+        "incrby",
+        3,
+        W,
+        K1,
+        "string",
+        "Increments an integer value.",
+        strings::incrby
+    ),
+    spec!(
+        "decrby",
+        3,
+        W,
+        K1,
+        "string",
+        "Decrements an integer value.",
+        strings::decrby
+    ),
+    spec!(
+        "incrbyfloat",
+        3,
+        W,
+        K1,
+        "string",
+        "Increments a floating point value.",
+        strings::incrbyfloat
+    ),
+    // Keys.
+    spec!("del", -2, WD, KALL, "generic", "Deletes keys.", keys::del),
+    spec!(
+        "unlink",
+        -2,
+        WD,
+        KALL,
+        "generic",
+        "Deletes keys.",
+        keys::del
+    ),
+    spec!(
+        "exists",
+        -2,
+        R,
+        KALL,
+        "generic",
+        "Counts the keys that exist.",
+        keys::exists
+    ),
+    spec!(
+        "expire",
+        -3,
+        WD,
+        K1,
+        "generic",
+        "Sets a key's expiry in seconds.",
+        keys::expire
+    ),
+    spec!(
+        "pexpire",
+        -3,
+        WD,
+        K1,
+        "generic",
+        "Sets a key's expiry in milliseconds.",
+        keys::pexpire
+    ),
+    spec!(
+        "expireat",
+        -3,
+        WD,
+        K1,
+        "generic",
+        "Sets a key's expiry as a Unix time in seconds.",
+        keys::expireat
+    ),
+    spec!(
+        "pexpireat",
+        -3,
+        WD,
+        K1,
+        "generic",
+        "Sets a key's expiry as a Unix time in milliseconds.",
+        keys::pexpireat
+    ),
+    spec!(
+        "ttl",
+        2,
+        R,
+        K1,
+        "generic",
+        "Returns a key's time to live in seconds.",
+        keys::ttl
+    ),
+    spec!(
+        "pttl",
+        2,
+        R,
+        K1,
+        "generic",
+        "Returns a key's time to live in milliseconds.",
+        keys::pttl
+    ),
+    spec!(
+        "expiretime",
+        2,
+        R,
+        K1,
+        "generic",
+        "Returns a key's expiry as a Unix time in seconds.",
+        keys::expiretime
+    ),
+    spec!(
+        "pexpiretime",
+        2,
+        R,
+        K1,
+        "generic",
+        "Returns a key's expiry as a Unix time in milliseconds.",
+        keys::pexpiretime
+    ),
+    spec!(
+        "persist",
+        2,
+        WD,
+        K1,
+        "generic",
+        "Removes a key's expiry.",
+        keys::persist
+    ),
+    spec!(
+        "type",
+        2,
+        R,
+        K1,
+        "generic",
+        "Returns the type of a key.",
+        keys::type_
+    ),
+    spec!(
+        "rename",
+        3,
+        WD,
+        (1, 2, 1),
+        "generic",
+        "Renames a key.",
+        keys::rename
+    ),
+    spec!(
+        "renamenx",
+        3,
+        WD,
+        (1, 2, 1),
+        "generic",
+        "Renames a key if the new name is free.",
+        keys::renamenx
+    ),
+    spec!(
+        "keys",
+        2,
+        RS,
+        K0,
+        "generic",
+        "Returns the keys matching a pattern.",
+        keys::keys
+    ),
+    spec!(
+        "scan",
+        -2,
+        RS,
+        K0,
+        "generic",
+        "Iterates over the keys.",
+        keys::scan
+    ),
+    spec!(
+        "randomkey",
+        1,
+        RS,
+        K0,
+        "generic",
+        "Returns a key (not uniformly random).",
+        keys::randomkey
+    ),
+    // Hashes.
+    spec!("hset", -4, W, K1, "hash", "Sets hash fields.", hash::hset),
+    spec!("hmset", -4, W, K1, "hash", "Sets hash fields.", hash::hmset),
+    spec!(
+        "hsetnx",
+        4,
+        W,
+        K1,
+        "hash",
+        "Sets a hash field if absent.",
+        hash::hsetnx
+    ),
+    spec!(
+        "hget",
+        3,
+        R,
+        K1,
+        "hash",
+        "Returns a hash field.",
+        hash::hget
+    ),
+    spec!(
+        "hmget",
+        -3,
+        R,
+        K1,
+        "hash",
+        "Returns hash fields.",
+        hash::hmget
+    ),
+    spec!(
+        "hgetall",
+        2,
+        RS,
+        K1,
+        "hash",
+        "Returns all fields and values.",
+        hash::hgetall
+    ),
+    spec!(
+        "hdel",
+        -3,
+        WD,
+        K1,
+        "hash",
+        "Deletes hash fields.",
+        hash::hdel
+    ),
+    spec!(
+        "hexists",
+        3,
+        R,
+        K1,
+        "hash",
+        "Tells whether a field exists.",
+        hash::hexists
+    ),
+    spec!(
+        "hlen",
+        2,
+        R,
+        K1,
+        "hash",
+        "Returns the number of fields.",
+        hash::hlen
+    ),
+    spec!(
+        "hkeys",
+        2,
+        RS,
+        K1,
+        "hash",
+        "Returns the fields.",
+        hash::hkeys
+    ),
+    spec!(
+        "hvals",
+        2,
+        RS,
+        K1,
+        "hash",
+        "Returns the values.",
+        hash::hvals
+    ),
+    spec!(
+        "hstrlen",
+        3,
+        R,
+        K1,
+        "hash",
+        "Returns the length of a field's value.",
+        hash::hstrlen
+    ),
+    spec!(
+        "hincrby",
+        4,
+        W,
+        K1,
+        "hash",
+        "Increments an integer field.",
+        hash::hincrby
+    ),
+    spec!(
+        "hincrbyfloat",
+        4,
+        W,
+        K1,
+        "hash",
+        "Increments a floating point field.",
+        hash::hincrbyfloat
+    ),
+];
