@@ -26,7 +26,7 @@
 //! hash of the id, so nothing but the store grows with the data.
 //!
 //! Nibble variants get a capacity of 1.5 × T. Capacity is a limit, not a
-//! footprint: the index, block metadata and a 1.5 % compaction reserve come
+//! footprint: the index, block metadata and a 1 % compaction reserve come
 //! out of it, and only what is touched counts in RSS. When an insert fails
 //! with out-of-memory, the store is compacted (`compact_now`) and the
 //! insert retried once; if it fails again the phase stops and the row says

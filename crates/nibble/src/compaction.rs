@@ -3,8 +3,10 @@
 //! Each node has its own workers; a head that rolls hands its segment to one
 //! of them round-robin, so each worker keeps a private candidate set and
 //! sorts it alone. A worker sleeps until free space falls below the trigger
-//! (default 20 % of the client budget, as in the paper) or someone asks it to
-//! run; it wakes every `IDLE_TICK_MS` only to free retired segments.
+//! (default 2 % of the client budget, `DEFAULT_COMPACTION_TRIGGER_PERMILLE`;
+//! the paper's 20 % is selectable as `PAPER_COMPACTION_TRIGGER_PERMILLE`) or
+//! someone asks it to run; it wakes every `IDLE_TICK_MS` only to free
+//! retired segments.
 //!
 //! Idle defragmentation: once no segment has closed for `Config::decay_ms`
 //! (writes are quiet) and no operation at all was seen running for as long

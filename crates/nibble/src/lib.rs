@@ -27,7 +27,7 @@
 //!
 //! Capacity: a store is created with a capacity in bytes. The index gets a
 //! budget (6.2 % by default), per-block metadata is set aside, and the rest
-//! is the block pool, of which a share (1.5 %, at least a segment per
+//! is the block pool, of which a share (1 %, at least a segment per
 //! compaction worker) is reserved for compaction.
 //! RSS stays within the capacity plus the threads' stacks and a few
 //! fixed-size tables.
