@@ -74,6 +74,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 
 use crate::conn::{serve, Protocol};
@@ -353,6 +354,20 @@ async fn accept_unix(
     }
 }
 
+/// Run `accept(l)` as a task of this worker if the listener could join
+/// its runtime; log why not otherwise.
+fn spawn_accept<L, F>(worker: usize, what: &str, l: std::io::Result<L>, accept: impl FnOnce(L) -> F)
+where
+    F: std::future::Future<Output = ()> + 'static,
+{
+    match l {
+        Ok(l) => {
+            tokio::task::spawn_local(accept(l));
+        }
+        Err(e) => log::error!("worker {worker}: {what} listener: {e}"),
+    }
+}
+
 /// Body of worker thread `worker`: pin, build the runtime, accept and serve
 /// until shutdown.
 pub fn run(worker: usize, cpu: Option<usize>, shared: Arc<Shared>, listeners: WorkerListeners) {
@@ -377,47 +392,27 @@ pub fn run(worker: usize, cpu: Option<usize>, shared: Arc<Shared>, listeners: Wo
     let mut shutdown = shared.shutdown_tx.subscribe();
     local.block_on(&rt, async {
         for (l, p) in listeners.tcp {
-            match tokio::net::TcpListener::from_std(l) {
-                Ok(l) => {
-                    tokio::task::spawn_local(accept_tcp(
-                        l,
-                        p,
-                        shared.clone(),
-                        worker,
-                        shutdown.clone(),
-                    ));
-                }
-                Err(e) => log::error!("worker {worker}: listener: {e}"),
-            }
+            spawn_accept(worker, "TCP", TcpListener::from_std(l), |l| {
+                accept_tcp(l, p, shared.clone(), worker, shutdown.clone())
+            });
         }
         if let Some(t) = listeners.tls {
             for l in t.listeners {
-                match tokio::net::TcpListener::from_std(l) {
-                    Ok(l) => {
-                        tokio::task::spawn_local(accept_tls(
-                            l,
-                            t.accept.clone(),
-                            shared.clone(),
-                            worker,
-                            shutdown.clone(),
-                        ));
-                    }
-                    Err(e) => log::error!("worker {worker}: TLS listener: {e}"),
-                }
-            }
-        }
-        if let Some(u) = listeners.unix {
-            match tokio::net::UnixListener::from_std(u) {
-                Ok(l) => {
-                    tokio::task::spawn_local(accept_unix(
+                spawn_accept(worker, "TLS", TcpListener::from_std(l), |l| {
+                    accept_tls(
                         l,
+                        t.accept.clone(),
                         shared.clone(),
                         worker,
                         shutdown.clone(),
-                    ));
-                }
-                Err(e) => log::error!("worker {worker}: unix listener: {e}"),
+                    )
+                });
             }
+        }
+        if let Some(u) = listeners.unix {
+            spawn_accept(worker, "unix", UnixListener::from_std(u), |l| {
+                accept_unix(l, shared.clone(), worker, shutdown.clone())
+            });
         }
         let _ = shutdown.wait_for(|v| *v).await;
         // Let connections see the signal and finish their current batch.
