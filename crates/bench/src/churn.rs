@@ -36,7 +36,6 @@ use std::sync::Barrier;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use indicatif::ProgressBar;
 use serde::{Deserialize, Serialize};
 
 use crate::child::{self, Job};
@@ -298,8 +297,7 @@ pub fn run(o: &ChurnOpts, rep: &mut Reporter) -> std::io::Result<()> {
         ),
     );
     let total = (o.repeat * o.threads.len() * systems.len()) as u64;
-    let pb = util::progress_bar(total, "memlab churn");
-    rep.set_progress(pb.clone());
+    let pb = rep.start_progress(total, "memlab churn");
     // [threads index][system index] -> runs
     let mut cells: Vec<Vec<Vec<ChurnCell>>> =
         vec![vec![Vec::new(); systems.len()]; o.threads.len()];
@@ -370,10 +368,7 @@ pub fn run(o: &ChurnOpts, rep: &mut Reporter) -> std::io::Result<()> {
             rep.emit(row)?;
         }
     }
-    rep.flush()?;
-    pb.finish_and_clear();
-    rep.set_progress(ProgressBar::hidden());
-    Ok(())
+    rep.finish()
 }
 
 #[cfg(test)]

@@ -33,7 +33,6 @@
 
 use std::time::Duration;
 
-use indicatif::ProgressBar;
 use serde::{Deserialize, Serialize};
 
 use crate::child::{self, Job};
@@ -271,8 +270,7 @@ pub fn run(o: &FillOpts, rep: &mut Reporter) -> std::io::Result<()> {
         ),
     );
     let total = (o.repeat * o.threads.len() * systems.len() * points.len()) as u64;
-    let pb = util::progress_bar(total, "memlab fill");
-    rep.set_progress(pb.clone());
+    let pb = rep.start_progress(total, "memlab fill");
     // [run][threads][system] -> cells
     let mut cells: Vec<Vec<Vec<Vec<FillCell>>>> =
         vec![vec![vec![Vec::new(); systems.len()]; o.threads.len()]; o.repeat];
@@ -405,10 +403,7 @@ pub fn run(o: &FillOpts, rep: &mut Reporter) -> std::io::Result<()> {
             }
         }
     }
-    rep.flush()?;
-    pb.finish_and_clear();
-    rep.set_progress(ProgressBar::hidden());
-    Ok(())
+    rep.finish()
 }
 
 #[cfg(test)]

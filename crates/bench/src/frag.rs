@@ -53,7 +53,6 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use indicatif::ProgressBar;
 use serde::{Deserialize, Serialize};
 
 use crate::child::{self, Job};
@@ -369,8 +368,7 @@ pub fn run(o: &FragOpts, rep: &mut Reporter) -> std::io::Result<()> {
     );
     let total = (o.repeat * o.pairs.len() * systems.len()) as u64;
     util::prime_memory((2 * o.target_bytes as usize).min(4 << 30));
-    let pb = util::progress_bar(total, "memlab frag");
-    rep.set_progress(pb.clone());
+    let pb = rep.start_progress(total, "memlab frag");
     // (pair index, system index) -> cells of the runs
     let mut cells: Vec<Vec<Vec<FragCell>>> = vec![vec![Vec::new(); systems.len()]; o.pairs.len()];
     let mut todo = Vec::new();
@@ -511,10 +509,7 @@ pub fn run(o: &FragOpts, rep: &mut Reporter) -> std::io::Result<()> {
     for (msg, who) in stops {
         rep.note(BENCH, &format!("stopped early: {}: {msg}", who.join(", ")));
     }
-    rep.flush()?;
-    pb.finish_and_clear();
-    rep.set_progress(ProgressBar::hidden());
-    Ok(())
+    rep.finish()
 }
 
 #[cfg(test)]

@@ -120,9 +120,25 @@ impl Reporter {
         })
     }
 
-    /// Output is printed "around" this bar so the two do not garble.
-    pub fn set_progress(&mut self, pb: ProgressBar) {
-        self.progress = pb;
+    /// A progress bar on stderr for a workload of `total` steps; output is
+    /// printed "around" it so the two do not garble. The caller advances it.
+    pub fn start_progress(&mut self, total: u64, prefix: &str) -> ProgressBar {
+        self.progress = crate::util::progress_bar(total, prefix);
+        self.progress.clone()
+    }
+
+    /// Take the progress bar down.
+    pub fn end_progress(&mut self) {
+        self.progress.finish_and_clear();
+        self.progress = ProgressBar::hidden();
+    }
+
+    /// The workload is done: print the tables, flush the file, and take
+    /// the progress bar down.
+    pub fn finish(&mut self) -> io::Result<()> {
+        self.flush()?;
+        self.end_progress();
+        Ok(())
     }
 
     fn table(&mut self, bench: &str) -> &mut Table {

@@ -24,7 +24,6 @@ use radixvm::bench::{self as vmbench, FaultRow, MapRow, Options, System, Workloa
 use radixvm::Backend;
 
 use crate::report::{Reporter, Row};
-use crate::util;
 
 /// What `memlab mapbench` runs.
 pub struct MapOpts {
@@ -88,8 +87,7 @@ pub fn run_mapbench(o: &MapOpts, rep: &mut Reporter) -> io::Result<()> {
     );
     rep.note(BENCH, &tlb_note());
     let cells = o.region_pages.len() * o.workloads.len() * o.threads.len() * systems.len();
-    let pb = util::progress_bar(cells as u64, "memlab mapbench");
-    rep.set_progress(pb.clone());
+    let pb = rep.start_progress(cells as u64, "memlab mapbench");
     let mut result = Ok(());
     for &pages in &o.region_pages {
         let opts = Options {
@@ -114,8 +112,7 @@ pub fn run_mapbench(o: &MapOpts, rep: &mut Reporter) -> io::Result<()> {
             }
         });
     }
-    pb.finish_and_clear();
-    rep.set_progress(indicatif::ProgressBar::hidden());
+    rep.end_progress();
     result?;
     rep.flush()
 }
@@ -179,8 +176,7 @@ pub fn run_faultbench(o: &FaultOpts, rep: &mut Reporter) -> io::Result<()> {
     let mut thread_counts: Vec<usize> = o.threads.iter().map(|&t| t.max(2)).collect();
     thread_counts.dedup();
     let cells = thread_counts.len() * o.fractions.len() * designs;
-    let pb = util::progress_bar(cells as u64, "memlab faultbench");
-    rep.set_progress(pb.clone());
+    let pb = rep.start_progress(cells as u64, "memlab faultbench");
     let opts = Options {
         threads: thread_counts,
         secs: o.secs,
@@ -197,8 +193,7 @@ pub fn run_faultbench(o: &FaultOpts, rep: &mut Reporter) -> io::Result<()> {
             result = rep.emit(fault_row(r));
         }
     });
-    pb.finish_and_clear();
-    rep.set_progress(indicatif::ProgressBar::hidden());
+    rep.end_progress();
     result?;
     rep.flush()
 }

@@ -155,8 +155,7 @@ pub fn run(opts: &BuddyOpts, rep: &mut Reporter) -> std::io::Result<()> {
             Workload::Exhaustion => 2 * opts.threads.len() as u64 * n_alloc * r,
         };
     }
-    let pb = util::progress_bar(total, "memlab buddy");
-    rep.set_progress(pb.clone());
+    let pb = rep.start_progress(total, "memlab buddy");
     for w in &opts.workloads {
         match w {
             Workload::Local => local(opts, &cpus, rep, &pb)?,
@@ -165,8 +164,7 @@ pub fn run(opts: &BuddyOpts, rep: &mut Reporter) -> std::io::Result<()> {
         }
         rep.flush()?;
     }
-    pb.finish_and_clear();
-    rep.set_progress(ProgressBar::hidden());
+    rep.end_progress();
     Ok(())
 }
 

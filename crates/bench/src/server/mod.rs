@@ -461,9 +461,8 @@ fn run(o: &Opts, rep: &mut Reporter) -> std::io::Result<()> {
     };
     notes(o, rep, rb_bin.is_some());
     let total = (o.repeat * targets.len()) as u64 * steps_per_system(o);
-    let pb = util::progress_bar(total, "memlab server");
+    let pb = rep.start_progress(total, "memlab server");
     pb.enable_steady_tick(Duration::from_millis(250));
-    rep.set_progress(pb.clone());
     let mut samples: Vec<Sample> = Vec::new();
     for r in 0..o.repeat {
         for t in &targets {
@@ -481,8 +480,7 @@ fn run(o: &Opts, rep: &mut Reporter) -> std::io::Result<()> {
             pb.set_position(start + steps_per_system(o));
         }
     }
-    pb.finish_and_clear();
-    rep.set_progress(ProgressBar::hidden());
+    rep.end_progress();
     emit(o, &targets, &samples, rep)?;
     rep.flush()
 }

@@ -436,9 +436,8 @@ fn run(o: &Opts, rep: &mut Reporter) -> std::io::Result<()> {
     };
     let restart_steps = if restart { systems.len() as u64 } else { 0 };
     let total = o.repeat as u64 * (cells_steps + restart_steps);
-    let pb = util::progress_bar(total, "memlab shared");
+    let pb = rep.start_progress(total, "memlab shared");
     pb.enable_steady_tick(Duration::from_millis(250));
-    rep.set_progress(pb.clone());
     let mut samples = Vec::new();
     let mut restarts = Vec::new();
     let cell_secs = (o.warmup + o.measure).as_secs_f64() + 1.0;
@@ -481,8 +480,7 @@ fn run(o: &Opts, rep: &mut Reporter) -> std::io::Result<()> {
             }
         }
     }
-    pb.finish_and_clear();
-    rep.set_progress(ProgressBar::hidden());
+    rep.end_progress();
     let load = format!(
         "Machine load (/proc/loadavg 1-min) at start {load_start}, at end {}; {} online CPUs.",
         loadavg(),

@@ -62,7 +62,6 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use indicatif::ProgressBar;
 use serde::{Deserialize, Serialize};
 use topology::{rdtsc, tsc_to_ns};
 
@@ -218,8 +217,7 @@ pub fn run(o: &YcsbOpts, rep: &mut Reporter) -> std::io::Result<()> {
     // Each child is primed with its footprint: a Nibble store's capacity (its
     // log cycles through all of it), the loaded data for a baseline.
     let data = (o.records as usize) * (o.value_size + 128);
-    let pb = util::progress_bar(total, "memlab ycsb");
-    rep.set_progress(pb.clone());
+    let pb = rep.start_progress(total, "memlab ycsb");
     // (system index, repeat, cell)
     let mut cells: Vec<(usize, usize, YcsbCell)> = Vec::new();
     for r in 0..o.repeat {
@@ -360,10 +358,7 @@ pub fn run(o: &YcsbOpts, rep: &mut Reporter) -> std::io::Result<()> {
     for row in ratio_rows {
         rep.emit(row)?;
     }
-    rep.flush()?;
-    pb.finish_and_clear();
-    rep.set_progress(ProgressBar::hidden());
-    Ok(())
+    rep.finish()
 }
 
 #[cfg(test)]
