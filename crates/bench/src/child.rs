@@ -34,6 +34,8 @@ use indicatif::ProgressBar;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::error::{Context, Result};
+
 /// The hidden subcommand a child runs.
 pub const CELL_SUBCOMMAND: &str = "__cell";
 
@@ -109,9 +111,8 @@ pub fn self_alloc() -> Alloc {
 }
 
 /// The binary with allocator `a`, next to the running executable.
-pub fn binary_for(a: Alloc) -> Result<PathBuf, String> {
-    let exe =
-        std::env::current_exe().map_err(|e| format!("cannot find the running executable: {e}"))?;
+pub fn binary_for(a: Alloc) -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("cannot find the running executable")?;
     let dir = exe
         .parent()
         .ok_or_else(|| format!("{} has no parent directory", exe.display()))?;
@@ -123,7 +124,8 @@ pub fn binary_for(a: Alloc) -> Result<PathBuf, String> {
             "{} not found next to {} (build it with `cargo build --release -p bench`)",
             a.binary(),
             exe.display()
-        ))
+        )
+        .into())
     }
 }
 
@@ -206,11 +208,11 @@ pub fn run_child<R: DeserializeOwned>(
     prime_bytes: usize,
     pb: &ProgressBar,
     mut on_result: impl FnMut(R),
-) -> Result<(), String> {
+) -> Result<()> {
     let alloc = job.system().alloc();
     let bin = binary_for(alloc)?;
     crate::util::prime_memory(prime_bytes);
-    let spec = serde_json::to_string(job).map_err(|e| format!("serializing the job: {e}"))?;
+    let spec = serde_json::to_string(job).context("serializing the job")?;
     let mut child = Command::new(&bin)
         .arg(CELL_SUBCOMMAND)
         .arg(&spec)
@@ -218,7 +220,7 @@ pub fn run_child<R: DeserializeOwned>(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
+        .with_context(|| format!("cannot run {}", bin.display()))?;
     let mut stderr = child.stderr.take().expect("piped");
     let err_reader = std::thread::spawn(move || {
         let mut s = String::new();
@@ -247,7 +249,7 @@ pub fn run_child<R: DeserializeOwned>(
     }
     let status = child
         .wait()
-        .map_err(|e| format!("waiting for {}: {e}", bin.display()))?;
+        .with_context(|| format!("waiting for {}", bin.display()))?;
     let err_text = err_reader.join().unwrap_or_default();
     let err_text = err_text.trim();
     if !status.success() {
@@ -261,7 +263,8 @@ pub fn run_child<R: DeserializeOwned>(
             alloc.binary(),
             if err_text.is_empty() { "" } else { ": " },
             tail(err_text, 2000)
-        ));
+        )
+        .into());
     }
     if !err_text.is_empty() {
         pb.suspend(|| {
@@ -271,7 +274,7 @@ pub fn run_child<R: DeserializeOwned>(
         });
     }
     match parse_err {
-        Some(e) => Err(e),
+        Some(e) => Err(e.into()),
         None => Ok(()),
     }
 }
@@ -297,7 +300,7 @@ pub fn available(systems: &[crate::kv::System]) -> (Vec<crate::kv::System>, Vec<
             Ok(_) => ok.push(s),
             Err(e) => match missing.iter_mut().find(|m| m.0 == s.alloc()) {
                 Some(m) => m.2.push(s.name()),
-                None => missing.push((s.alloc(), e, vec![s.name()])),
+                None => missing.push((s.alloc(), e.to_string(), vec![s.name()])),
             },
         }
     }

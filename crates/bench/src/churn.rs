@@ -39,6 +39,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::child::{self, Job};
+use crate::error::{Context, Result};
 use crate::kv::{Kv, System};
 use crate::report::{Reporter, Row};
 use crate::util::{self, join_all, Rng, Spread, Watchdog};
@@ -111,7 +112,7 @@ fn worker(
     t: usize,
     cpu: usize,
     barrier: &Barrier,
-) -> Result<ThreadOut, String> {
+) -> Result<ThreadOut> {
     let pinned = util::pin_to(cpu);
     barrier.wait();
     pinned?;
@@ -160,13 +161,11 @@ fn worker(
             match kv.delete(key) {
                 Ok(true) => {}
                 Ok(false) => c.misses += 1,
-                Err(e) => return Err(format!("delete: {e}")),
+                Err(e) => return Err(e).context("delete"),
             }
             continue;
         }
-        let found = kv
-            .get_into(key, &mut buf)
-            .map_err(|e| format!("get: {e}"))?;
+        let found = kv.get_into(key, &mut buf).context("get")?;
         if !found {
             c.misses += 1;
             continue;
@@ -198,7 +197,7 @@ fn worker(
         match kv.delete(key_of(t, id, &mut kbuf)) {
             Ok(true) => {}
             Ok(false) => c.misses += 1,
-            Err(e) => return Err(format!("cleanup delete: {e}")),
+            Err(e) => return Err(e).context("cleanup delete"),
         }
     }
     Ok(ThreadOut {
@@ -209,7 +208,7 @@ fn worker(
 }
 
 /// Run one job (in the child).
-pub fn run_job(job: &ChurnJob, emit: &mut dyn FnMut(ChurnCell)) -> Result<(), String> {
+pub fn run_job(job: &ChurnJob, emit: &mut dyn FnMut(ChurnCell)) -> Result<()> {
     let what = format!("churn {} threads={}", job.system, job.threads);
     let _wd = Watchdog::arm(
         Duration::from_secs(300)
@@ -229,7 +228,7 @@ pub fn run_job(job: &ChurnJob, emit: &mut dyn FnMut(ChurnCell)) -> Result<(), St
             .collect();
         join_all(handles)
     })
-    .map_err(|e| format!("{what}: {e}"))?;
+    .context(&what)?;
     let start = outs.iter().map(|o| o.start).min();
     let end = outs.iter().map(|o| o.end).max();
     let mut total = ChurnCell {

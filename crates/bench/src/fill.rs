@@ -36,6 +36,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::child::{self, Job};
+use crate::error::{Context, Result};
 use crate::kv::{Kv, System};
 use crate::report::{Reporter, Row};
 use crate::util::{self, Spread, Watchdog};
@@ -106,14 +107,14 @@ pub fn records_for(target: u64, value_size: usize) -> u64 {
 }
 
 /// The block pool of a store of `capacity` bytes (a throwaway store tells).
-pub fn pool_bytes(capacity: usize) -> Result<u64, String> {
+pub fn pool_bytes(capacity: usize) -> Result<u64> {
     let s = nibble::Store::new(nibble::Config::new(capacity))
-        .map_err(|e| format!("cannot create a store of {capacity} bytes: {e}"))?;
+        .with_context(|| format!("cannot create a store of {capacity} bytes"))?;
     Ok(s.stats().pool_bytes)
 }
 
 /// Run one job (in the child).
-pub fn run_job(job: &FillJob, emit: &mut dyn FnMut(FillCell)) -> Result<(), String> {
+pub fn run_job(job: &FillJob, emit: &mut dyn FnMut(FillCell)) -> Result<()> {
     let cpus = util::online_cpus();
     let n = job.points.len() as u32;
     let _wd = Watchdog::arm(
@@ -125,10 +126,9 @@ pub fn run_job(job: &FillJob, emit: &mut dyn FnMut(FillCell)) -> Result<(), Stri
         let what = format!("fill {} utilization={}%", job.system, p.utilization_pct);
         let kv = job.system.build(p.capacity)?;
         let kv: &dyn Kv = &*kv;
-        ycsb::load(kv, p.records, job.value_size, job.threads, &cpus, job.seed)
-            .map_err(|e| format!("{what}: {e}"))?;
+        ycsb::load(kv, p.records, job.value_size, job.threads, &cpus, job.seed).context(&what)?;
         let c = ycsb::condition(kv, p.records, job.value_size, job.threads, &cpus, job.seed)
-            .map_err(|e| format!("{what}: overwrite pass: {e}"))?;
+            .with_context(|| format!("{what}: overwrite pass"))?;
         let before = kv.nibble().map(|s| s.stats());
         let spec = RunSpec {
             workload: Workload::A,
@@ -140,7 +140,7 @@ pub fn run_job(job: &FillJob, emit: &mut dyn FnMut(FillCell)) -> Result<(), Stri
             duration: Duration::from_millis(job.measure_ms),
             seed: job.seed,
         };
-        let r = ycsb::run_workload(kv, &spec, &cpus).map_err(|e| format!("{what}: {e}"))?;
+        let r = ycsb::run_workload(kv, &spec, &cpus).context(&what)?;
         let after = kv.nibble().map(|s| s.stats());
         let delta = |f: fn(&nibble::Stats) -> u64| match (&before, &after) {
             (Some(b), Some(a)) => Some(f(a).saturating_sub(f(b))),

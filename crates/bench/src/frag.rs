@@ -56,6 +56,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::child::{self, Job};
+use crate::error::{Context, Result};
 use crate::kv::{Kv, KvError, System};
 use crate::report::{Reporter, Row};
 use crate::util::{self, Spread, Watchdog};
@@ -171,33 +172,33 @@ struct Inserter<'a> {
 
 impl Inserter<'_> {
     /// Insert; on out-of-memory in a Nibble store, compact once and retry once.
-    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), String> {
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), KvError> {
         match self.kv.put(key, value) {
-            Ok(()) => Ok(()),
             Err(KvError::OutOfMemory(m)) => {
                 let Some(store) = self.kv.nibble() else {
-                    return Err(m);
+                    return Err(KvError::OutOfMemory(m));
                 };
                 self.forced += 1;
                 store.compact_now(self.timeout);
-                self.kv
-                    .put(key, value)
-                    .map_err(|e| format!("{e} (again after compact_now; first: {m})"))
+                self.kv.put(key, value).map_err(|e| {
+                    KvError::Other(format!("{e} (again after compact_now; first: {m})"))
+                })
             }
-            Err(e) => Err(e.to_string()),
+            r => r,
         }
     }
 }
 
 /// Run one cell (in the child).
-pub fn run_job(job: &FragJob, emit: &mut dyn FnMut(FragCell)) -> Result<(), String> {
+pub fn run_job(job: &FragJob, emit: &mut dyn FnMut(FragCell)) -> Result<()> {
     let what = format!("frag {} {}->{}", job.system, job.size_a, job.size_b);
     for s in [job.size_a, job.size_b] {
         if s <= KEY_BYTES + 8 {
             return Err(format!(
                 "{what}: object size {s} must exceed {} bytes",
                 KEY_BYTES + 8
-            ));
+            )
+            .into());
         }
     }
     let _wd = Watchdog::arm(
@@ -235,7 +236,7 @@ pub fn run_job(job: &FragJob, emit: &mut dyn FnMut(FragCell)) -> Result<(), Stri
     while live < target {
         val[..8].copy_from_slice(&id.to_le_bytes());
         if let Err(e) = ins.put(key_of(id, &mut kbuf), &val[..va]) {
-            short.push(shorten("A", live, &e));
+            short.push(shorten("A", live, &e.to_string()));
             stop = Some(format!(
                 "size-A insert {} failed at {:.1}% of the target: {e}",
                 id + 1,
@@ -262,11 +263,11 @@ pub fn run_job(job: &FragJob, emit: &mut dyn FnMut(FragCell)) -> Result<(), Stri
                 deleted += 1;
             }
             Ok(false) => {
-                return Err(format!(
-                    "{what}: object {id} of size A was not found for delete"
-                ))
+                return Err(
+                    format!("{what}: object {id} of size A was not found for delete").into(),
+                )
             }
-            Err(e) => return Err(format!("{what}: delete of object {id}: {e}")),
+            Err(e) => return Err(e).with_context(|| format!("{what}: delete of object {id}")),
         }
     }
     // Phase B.
@@ -274,7 +275,7 @@ pub fn run_job(job: &FragJob, emit: &mut dyn FnMut(FragCell)) -> Result<(), Stri
     while live < target {
         val[..8].copy_from_slice(&id.to_le_bytes());
         if let Err(e) = ins.put(key_of(id, &mut kbuf), &val[..vb]) {
-            short.push(shorten("B", live, &e));
+            short.push(shorten("B", live, &e.to_string()));
             let msg = format!(
                 "size-B insert {} failed at {:.1}% of the target: {e}",
                 id - objects_a + 1,

@@ -150,7 +150,7 @@ pub fn run(a: JmpArgs) -> Result<i32> {
     if let Err(e) = res {
         rep.error(format!("jmp: {e}"));
     }
-    rep.flush().map_err(|e| format!("output error: {e}"))?;
+    rep.flush().map_err(BenchError::Output)?;
     Ok(rep.exit_code())
 }
 
@@ -159,6 +159,9 @@ pub const CHILD_SUBCOMMAND: &str = "__jmp";
 
 /// `memlab __jmp ROLE ARG N`: exits the process when it succeeds.
 pub fn child(args: &[String]) -> Result<i32> {
-    bench::child_main(args).map_err(|e| format!("jmp child: {e}"))?;
+    bench::child_main(args).map_err(|source| BenchError::Context {
+        what: "jmp child".into(),
+        source,
+    })?;
     Ok(0)
 }

@@ -32,6 +32,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::child::Alloc;
+use crate::error::{BenchError, Result};
 
 /// Why an operation failed.
 #[derive(Debug, Clone)]
@@ -49,6 +50,8 @@ impl std::fmt::Display for KvError {
         }
     }
 }
+
+impl std::error::Error for KvError {}
 
 /// What the workloads need of a store. Shared by reference across threads.
 pub trait Kv: Sync {
@@ -151,7 +154,7 @@ impl System {
 
     /// Build an empty store. `capacity` is used by the Nibble variants only
     /// (the maps grow as they need).
-    pub fn build(self, capacity: usize) -> Result<Box<dyn Kv>, String> {
+    pub fn build(self, capacity: usize) -> Result<Box<dyn Kv>> {
         match self {
             System::Nibble(_) => {
                 let cfg = self.nibble_config(capacity).expect("a nibble variant");
@@ -176,8 +179,8 @@ impl std::fmt::Display for System {
 }
 
 impl FromStr for System {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
+    type Err = BenchError;
+    fn from_str(s: &str) -> Result<Self> {
         let s = s.trim();
         ALL_SYSTEMS
             .iter()
@@ -185,7 +188,10 @@ impl FromStr for System {
             .find(|x| x.name() == s)
             .ok_or_else(|| {
                 let names: Vec<&str> = ALL_SYSTEMS.iter().map(|x| x.name()).collect();
-                format!("unknown system {s:?} (one of: {})", names.join(", "))
+                crate::usage(format!(
+                    "unknown system {s:?} (one of: {})",
+                    names.join(", ")
+                ))
             })
     }
 }

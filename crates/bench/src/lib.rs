@@ -260,7 +260,7 @@ struct BuddyArgs {
 }
 
 fn parse_pow2(s: &str) -> Result<u64> {
-    let v: u64 = s.trim().parse().map_err(|e| usage(format!("{s:?}: {e}")))?;
+    let v: u64 = parse_number(s)?;
     // Larger blocks would need pools (and metadata) of many GiB per thread.
     if v == 0 || !v.is_power_of_two() || v > 1 << 10 {
         return Err(usage(format!(
@@ -301,7 +301,7 @@ fn parse_system(s: &str) -> Result<System> {
 }
 
 fn parse_value_size(s: &str) -> Result<usize> {
-    let v: usize = s.trim().parse().map_err(|e| usage(format!("{s:?}: {e}")))?;
+    let v: usize = parse_number(s)?;
     if !(16..=1 << 20).contains(&v) {
         return Err(usage(format!(
             "{v}: values must be 16 B to 1 MiB (they carry a 16-byte stamp)"
@@ -311,7 +311,7 @@ fn parse_value_size(s: &str) -> Result<usize> {
 }
 
 fn parse_seconds(s: &str) -> Result<f64> {
-    let v: f64 = s.trim().parse().map_err(|e| usage(format!("{s:?}: {e}")))?;
+    let v: f64 = parse_number(s)?;
     if !(0.01..=3600.0).contains(&v) {
         return Err(usage(format!("{v}: seconds must be between 0.01 and 3600")));
     }
@@ -323,7 +323,7 @@ fn parse_pair(s: &str) -> Result<(usize, usize)> {
         .split_once(':')
         .ok_or_else(|| usage(format!("{s:?}: a pair is A:B (bytes), e.g. 1024:4096")))?;
     let p = |x: &str| -> Result<usize> {
-        let v: usize = x.trim().parse().map_err(|e| usage(format!("{x:?}: {e}")))?;
+        let v: usize = parse_number(x)?;
         if !(32..=16 << 20).contains(&v) {
             return Err(usage(format!("{v}: object sizes must be 32 B to 16 MiB")));
         }
@@ -674,9 +674,8 @@ fn run_mapbench(a: MapbenchArgs) -> Result<i32> {
     let workloads = a
         .workloads
         .iter()
-        .map(|w| w.parse())
-        .collect::<Result<Vec<radixvm::bench::Workload>, String>>()
-        .map_err(BenchError::Usage)?;
+        .map(|w| w.parse().map_err(BenchError::Usage))
+        .collect::<Result<Vec<radixvm::bench::Workload>>>()?;
     let systems = match &a.systems {
         Some(list) => vm::parse_systems(list)?,
         None => radixvm::bench::System::ALL.to_vec(),
@@ -772,6 +771,14 @@ pub fn main_entry(alloc: Alloc) -> ExitCode {
 }
 
 /// A command-line value that is out of range or unknown.
-fn usage(msg: String) -> BenchError {
+pub(crate) fn usage(msg: String) -> BenchError {
     BenchError::Usage(msg)
+}
+
+/// A command-line number (surrounding white space allowed).
+pub(crate) fn parse_number<T: std::str::FromStr>(s: &str) -> Result<T>
+where
+    T::Err: std::fmt::Display,
+{
+    s.trim().parse().map_err(|e| usage(format!("{s:?}: {e}")))
 }

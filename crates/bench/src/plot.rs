@@ -28,6 +28,8 @@ use plotters::prelude::*;
 use plotters::style::{FontFamily, FontStyle};
 use serde_json::{Map, Value};
 
+use crate::error::{BenchError, Context, Result};
+
 /// Fields that split one bench into several panels, when present.
 pub const DEFAULT_SUBKEYS: [&str; 11] = [
     "size_frames",
@@ -144,11 +146,11 @@ fn label(v: &Value) -> String {
     }
 }
 
-fn load(paths: &[PathBuf]) -> Result<Vec<Map<String, Value>>, String> {
+fn load(paths: &[PathBuf]) -> Result<Vec<Map<String, Value>>> {
     let mut rows = Vec::new();
     for p in paths {
         let text =
-            std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+            std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?;
         for (i, line) in text.lines().enumerate() {
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
@@ -156,8 +158,8 @@ fn load(paths: &[PathBuf]) -> Result<Vec<Map<String, Value>>, String> {
             }
             match serde_json::from_str::<Value>(line) {
                 Ok(Value::Object(m)) => rows.push(m),
-                Ok(_) => return Err(format!("{}:{}: not a JSON object", p.display(), i + 1)),
-                Err(e) => return Err(format!("{}:{}: {e}", p.display(), i + 1)),
+                Ok(_) => return Err(format!("{}:{}: not a JSON object", p.display(), i + 1).into()),
+                Err(e) => return Err(e).with_context(|| format!("{}:{}", p.display(), i + 1)),
             }
         }
     }
@@ -330,7 +332,7 @@ fn panels(rows: &[Map<String, Value>], o: &PlotOpts) -> (Vec<Panel>, Vec<String>
 }
 
 /// Draw `o.inputs` into `o.output`.
-pub fn plot(o: &PlotOpts) -> Result<(), String> {
+pub fn plot(o: &PlotOpts) -> Result<()> {
     let ext = o
         .output
         .extension()
@@ -340,7 +342,8 @@ pub fn plot(o: &PlotOpts) -> Result<(), String> {
         return Err(format!(
             "unsupported output format {ext:?} for {}: use .png or .svg",
             o.output.display()
-        ));
+        )
+        .into());
     }
     let rows = load(&o.inputs)?;
     let (panels, notes) = panels(&rows, o);
@@ -352,7 +355,8 @@ pub fn plot(o: &PlotOpts) -> Result<(), String> {
             "nothing to plot: no row has a numeric {} and x field ({} rows read)",
             o.y.clone().unwrap_or_else(|| DEFAULT_Y.join(" or ")),
             rows.len()
-        ));
+        )
+        .into());
     }
     check_font()?;
     let cols = match panels.len() {
@@ -410,38 +414,36 @@ pub fn plot(o: &PlotOpts) -> Result<(), String> {
             let root = BitMapBackend::new(path, size).into_drawing_area();
             render(&root, &fig)?;
             root.present()
-                .map_err(|e| format!("cannot write {}: {e}", path.display()))
+                .with_context(|| format!("cannot write {}", path.display()))
         }
         "svg" => {
             let root = SVGBackend::new(path, size).into_drawing_area();
             render(&root, &fig)?;
             root.present()
-                .map_err(|e| format!("cannot write {}: {e}", path.display()))
+                .with_context(|| format!("cannot write {}", path.display()))
         }
         other => Err(format!(
             "unsupported output format {other:?} for {}: use .png or .svg",
             path.display()
-        )),
+        )
+        .into()),
     }));
     match drawn {
         Ok(r) => r,
-        Err(p) => Err(format!(
-            "plotting failed: {}",
-            crate::util::panic_message(&*p)
-        )),
+        Err(p) => Err(format!("plotting failed: {}", crate::util::panic_message(&*p)).into()),
     }
 }
 
 /// Fail early and clearly when no font can be loaded.
-fn check_font() -> Result<(), String> {
+fn check_font() -> Result<()> {
     FontDesc::new(FontFamily::SansSerif, 14.0, FontStyle::Normal)
         .box_size("memlab 0123456789")
         .map(|_| ())
         .map_err(|e| {
-            format!(
+            BenchError::Run(format!(
                 "cannot load a sans-serif font for the plot text ({e:?}); \
                  install one that fontconfig finds (e.g. the Debian package fonts-dejavu-core)"
-            )
+            ))
         })
 }
 
@@ -486,7 +488,7 @@ fn color_of(systems: &[String], s: &str) -> RGBColor {
     PALETTE[i % PALETTE.len()]
 }
 
-fn render<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, fig: &Figure) -> Result<(), String> {
+fn render<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, fig: &Figure) -> Result<()> {
     let err = |e: DrawingAreaErrorKind<DB::ErrorType>| format!("drawing failed: {e}");
     root.fill(&WHITE).map_err(err)?;
     let (header, body) = root.split_vertically(fig.header_h);

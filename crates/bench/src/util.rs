@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+use crate::error::{Context, Result};
+
 /// Exit status when the watchdog fires (a workload hung).
 pub const EXIT_HANG: i32 = 3;
 
@@ -38,8 +40,8 @@ pub fn default_threads(ncpu: usize) -> Vec<usize> {
 }
 
 /// Pin the calling thread to `cpu`, with a message that says which.
-pub fn pin_to(cpu: usize) -> Result<(), String> {
-    topology::pin_current_thread(cpu).map_err(|e| format!("cannot pin thread to CPU {cpu}: {e}"))
+pub fn pin_to(cpu: usize) -> Result<()> {
+    topology::pin_current_thread(cpu).with_context(|| format!("cannot pin thread to CPU {cpu}"))
 }
 
 /// Resident set size of this process (VmRSS of `/proc/self/status`), bytes.
@@ -214,14 +216,12 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// A histogram of TSC ticks (1 tick .. 2^40 ticks, 2 significant digits).
-pub fn new_hist() -> Result<Histogram<u64>, String> {
-    Histogram::new_with_bounds(1, 1 << 40, 2).map_err(|e| format!("histogram: {e}"))
+pub fn new_hist() -> Result<Histogram<u64>> {
+    Histogram::new_with_bounds(1, 1 << 40, 2).context("histogram")
 }
 
 /// Join every worker, turning panics into errors; all errors joined in one message.
-pub fn join_all<T>(
-    handles: Vec<std::thread::ScopedJoinHandle<'_, Result<T, String>>>,
-) -> Result<Vec<T>, String> {
+pub fn join_all<T>(handles: Vec<std::thread::ScopedJoinHandle<'_, Result<T>>>) -> Result<Vec<T>> {
     let mut ok = Vec::new();
     let mut errs = Vec::new();
     for (i, h) in handles.into_iter().enumerate() {
@@ -234,7 +234,7 @@ pub fn join_all<T>(
     if errs.is_empty() {
         Ok(ok)
     } else {
-        Err(errs.join("; "))
+        Err(errs.join("; ").into())
     }
 }
 

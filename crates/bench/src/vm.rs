@@ -23,6 +23,7 @@ use std::io;
 use radixvm::bench::{self as vmbench, FaultRow, MapRow, Options, System, Workload};
 use radixvm::Backend;
 
+use crate::error::{BenchError, Result};
 use crate::report::{Reporter, Row};
 
 /// What `memlab mapbench` runs.
@@ -46,8 +47,10 @@ pub struct FaultOpts {
 
 /// Parses a comma-separated system list (`radixvm-sw`, `bonsai-uffd`,
 /// `native-linux`, or a design alone for its software-MMU row).
-pub fn parse_systems(list: &[String]) -> Result<Vec<System>, String> {
-    list.iter().map(|s| s.parse()).collect()
+pub fn parse_systems(list: &[String]) -> Result<Vec<System>> {
+    list.iter()
+        .map(|s| s.parse().map_err(BenchError::Usage))
+        .collect()
 }
 
 fn tlb_note() -> String {

@@ -26,7 +26,7 @@ pub(super) struct ExhShared<'a> {
 /// Thread `i`: allocate until OOM, deposit the blocks, wait, then free the
 /// blocks thread `i + 1` got, on this thread's heap. Returns the duration of
 /// the failing call.
-pub(super) fn exh_worker(sh: &ExhShared, i: usize, cpu: usize, heap: usize) -> Result<u64, String> {
+pub(super) fn exh_worker(sh: &ExhShared, i: usize, cpu: usize, heap: usize) -> Result<u64> {
     let (a, order) = (sh.a, sh.order);
     let cap = (a.total_frames() >> order) as usize;
     let pinned = util::pin_to(cpu);
@@ -41,14 +41,16 @@ pub(super) fn exh_worker(sh: &ExhShared, i: usize, cpu: usize, heap: usize) -> R
             Ok(_) => {
                 break Err(format!(
                     "more than {cap} blocks of order {order} handed out to one thread"
-                ))
+                )
+                .into())
             }
             Err(AllocError::OutOfMemory { .. }) => break Ok(tsc_to_ns(t1.wrapping_sub(t0))),
             Err(e) => {
                 break Err(format!(
                     "alloc_on(heap {heap}, order {order}) after {} blocks: {e}",
                     got.len()
-                ))
+                )
+                .into())
             }
         }
     });
@@ -74,7 +76,7 @@ pub(super) fn exh_worker(sh: &ExhShared, i: usize, cpu: usize, heap: usize) -> R
     let oom_ns = result?;
     match first {
         None => Ok(oom_ns),
-        Some(e) => Err(format!("{free_errs} frees failed, first: {e}")),
+        Some(e) => Err(format!("{free_errs} frees failed, first: {e}").into()),
     }
 }
 
@@ -83,7 +85,7 @@ pub(super) fn exhaustion_run(
     threads: usize,
     order: u32,
     cpus: &[usize],
-) -> Result<ExhRun, String> {
+) -> Result<ExhRun> {
     let ncpu = cpus.len();
     let heaps = threads.min(ncpu);
     let alloc = build(kind, EXHAUSTION_POOL_FRAMES, heaps)?;

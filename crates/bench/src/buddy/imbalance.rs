@@ -57,7 +57,7 @@ pub(super) fn producer(
     heap: usize,
     cpu: usize,
     tx: SyncSender<Vec<FrameNo>>,
-) -> Result<(), String> {
+) -> Result<()> {
     let (a, order, ops) = (cx.a, cx.order, &cx.ops);
     let pinned = util::pin_to(cpu);
     cx.barrier.wait();
@@ -71,7 +71,7 @@ pub(super) fn producer(
                     let held = batch.len();
                     // Hand what we have to the consumer so it is freed.
                     let _ = tx.send(batch);
-                    return Err(format!("producer alloc_on(heap {heap}, order {order}) after {held} blocks of a batch: {e}"));
+                    return Err(e).with_context(|| format!("producer alloc_on(heap {heap}, order {order}) after {held} blocks of a batch"));
                 }
             }
         }
@@ -89,7 +89,7 @@ pub(super) fn consumer(
     cpu: usize,
     keep_frames: u64,
     rx: Receiver<Vec<FrameNo>>,
-) -> Result<(), String> {
+) -> Result<()> {
     let (a, order, ops) = (cx.a, cx.order, &cx.ops);
     let pinned = util::pin_to(cpu);
     cx.barrier.wait();
@@ -98,7 +98,7 @@ pub(super) fn consumer(
     let mut q: VecDeque<FrameNo> = VecDeque::with_capacity(keep + IMBALANCE_BATCH);
     let free = |f: FrameNo| {
         a.free_on(heap, f, order)
-            .map_err(|e| format!("consumer free_on(heap {heap}, frame {f}, order {order}): {e}"))
+            .with_context(|| format!("consumer free_on(heap {heap}, frame {f}, order {order})"))
     };
     // Runs until the producer hangs up and the channel is empty.
     for batch in rx.iter() {
@@ -123,7 +123,7 @@ pub(super) fn imbalance_run(
     queue_frames: u64,
     duration: Duration,
     cpus: &[usize],
-) -> Result<ImbRun, String> {
+) -> Result<ImbRun> {
     let ncpu = cpus.len();
     let pairs = (threads / 2).max(1);
     let heaps = (2 * pairs).min(ncpu);
@@ -202,7 +202,7 @@ pub(super) fn imbalance_run(
 
 /// Whether a quiesced, idle allocator has its whole pool back, coalesced.
 /// `Err` says what is wrong.
-pub(super) fn check_whole(s: &Stats) -> Result<(), String> {
+pub(super) fn check_whole(s: &Stats) -> Result<()> {
     let expected = s.total_frames >> s.max_order;
     let at_max = max_order_blocks(s);
     let mut wrong = Vec::new();
@@ -236,7 +236,7 @@ pub(super) fn check_whole(s: &Stats) -> Result<(), String> {
     if wrong.is_empty() {
         Ok(())
     } else {
-        Err(wrong.join("; "))
+        Err(wrong.join("; ").into())
     }
 }
 

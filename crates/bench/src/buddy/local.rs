@@ -17,7 +17,7 @@ pub(super) fn local_worker(
     phase: &AtomicU8,
     barrier: &Barrier,
     seed: u64,
-) -> Result<LocalThread, String> {
+) -> Result<LocalThread> {
     let pinned = util::pin_to(cpu);
     barrier.wait();
     pinned?;
@@ -42,13 +42,14 @@ pub(super) fn local_worker(
                     return Err(format!(
                         "alloc_on(heap {heap}, order {order}) with {} blocks held: {e}",
                         blocks.len()
-                    ))
+                    )
+                    .into())
                 }
             }
         }
         while let Some(f) = blocks.pop() {
             s.call(|| a.free_on(heap, f, order))
-                .map_err(|e| format!("free_on(heap {heap}, frame {f}, order {order}): {e}"))?;
+                .with_context(|| format!("free_on(heap {heap}, frame {f}, order {order})"))?;
         }
         ops += 2 * LOCAL_BATCH as u64;
     }
@@ -86,7 +87,7 @@ pub(super) fn local_run(
     warmup: Duration,
     duration: Duration,
     cpus: &[usize],
-) -> Result<LocalRun, String> {
+) -> Result<LocalRun> {
     let ncpu = cpus.len();
     let heaps = threads.min(ncpu);
     let alloc = build(kind, local_pool_frames(order, threads), heaps)?;
@@ -115,7 +116,7 @@ pub(super) fn local_run(
     let mut ops_per_sec = 0.0;
     for t in &per_thread {
         ops_per_sec += t.ops as f64 / t.secs;
-        hist.add(&t.hist).map_err(|e| format!("histogram: {e:?}"))?;
+        hist.add(&t.hist).context("histogram")?;
     }
     Ok(LocalRun {
         ops_per_sec,

@@ -40,6 +40,7 @@ use hdrhistogram::Histogram;
 use indicatif::ProgressBar;
 use topology::{rdtsc, tsc_to_ns};
 
+use crate::error::{Context, Result};
 use crate::report::{Reporter, Row};
 use crate::util::{self, join_all, new_hist, Rng, Spread, Watchdog};
 
@@ -168,18 +169,14 @@ pub fn run(opts: &BuddyOpts, rep: &mut Reporter) -> std::io::Result<()> {
     Ok(())
 }
 
-fn build(
-    kind: AllocatorKind,
-    frames: u64,
-    heaps: usize,
-) -> Result<Box<dyn FrameAllocator>, String> {
+fn build(kind: AllocatorKind, frames: u64, heaps: usize) -> Result<Box<dyn FrameAllocator>> {
     let cfg = BuddyConfig {
         check_frees: false,
         heaps: Some(heaps),
         ..Default::default()
     };
     buddy::new_allocator(kind, frames, &cfg)
-        .map_err(|e| format!("cannot build {kind} over {frames} frames with {heaps} heaps: {e}"))
+        .with_context(|| format!("cannot build {kind} over {frames} frames with {heaps} heaps"))
 }
 
 fn order_of(frames: u64) -> u32 {
@@ -198,7 +195,7 @@ struct Sampler {
 }
 
 impl Sampler {
-    fn new(seed: u64) -> Result<Sampler, String> {
+    fn new(seed: u64) -> Result<Sampler> {
         let mut rng = Rng::new(seed);
         Ok(Sampler {
             countdown: rng.range(1, 2 * SAMPLE_EVERY),
@@ -244,12 +241,12 @@ mod tests {
         };
         assert!(check_whole(&s).is_ok());
         s.free_frames = 15;
-        let e = check_whole(&s).unwrap_err();
+        let e = check_whole(&s).unwrap_err().to_string();
         assert!(e.contains("1 frames lost"), "{e}");
         s.free_frames = 16;
         s.distributed_fragmentation_frames = 8;
         s.free_blocks_by_order = vec![0, 0, 2, 1];
-        let e = check_whole(&s).unwrap_err();
+        let e = check_whole(&s).unwrap_err().to_string();
         assert!(
             e.contains("not fully coalesced") && e.contains("expected 2"),
             "{e}"

@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 
 use super::proto::{self, Expect, Proto, Reply};
+use crate::error::{BenchError, Context, Result};
 use crate::util::{join_all, Rng};
 use crate::ycsb::KeyChooser;
 
@@ -126,23 +127,23 @@ pub struct Conn {
 }
 
 impl Conn {
-    pub fn connect(addr: SocketAddr, proto: Proto) -> Result<Conn, String> {
+    pub fn connect(addr: SocketAddr, proto: Proto) -> Result<Conn> {
         let s = TcpStream::connect_timeout(&addr, IO_TIMEOUT)
-            .map_err(|e| format!("connect to {addr}: {e}"))?;
+            .with_context(|| format!("connect to {addr}"))?;
         s.set_nodelay(true)
             .and_then(|_| s.set_read_timeout(Some(IO_TIMEOUT)))
             .and_then(|_| s.set_write_timeout(Some(IO_TIMEOUT)))
-            .map_err(|e| format!("socket options: {e}"))?;
+            .context("socket options")?;
         Ok(Conn::with(Stream::Tcp(s), proto))
     }
 
     /// Connect to a Unix socket (RESP or memcached over `path`).
-    pub fn connect_unix(path: &Path, proto: Proto) -> Result<Conn, String> {
+    pub fn connect_unix(path: &Path, proto: Proto) -> Result<Conn> {
         let s =
-            UnixStream::connect(path).map_err(|e| format!("connect to {}: {e}", path.display()))?;
+            UnixStream::connect(path).with_context(|| format!("connect to {}", path.display()))?;
         s.set_read_timeout(Some(IO_TIMEOUT))
             .and_then(|_| s.set_write_timeout(Some(IO_TIMEOUT)))
-            .map_err(|e| format!("socket options: {e}"))?;
+            .context("socket options")?;
         Ok(Conn::with(Stream::Unix(s), proto))
     }
 
@@ -163,14 +164,14 @@ impl Conn {
         self.proto
     }
 
-    fn flush(&mut self) -> Result<(), String> {
+    fn flush(&mut self) -> Result<()> {
         let r = self.s.write_all(&self.wbuf);
         self.wbuf.clear();
-        r.map_err(|e| format!("send: {e}"))
+        r.context("send")
     }
 
     /// Read more bytes into the receive buffer.
-    fn fill(&mut self) -> Result<(), String> {
+    fn fill(&mut self) -> Result<()> {
         if self.rpos == self.rlen {
             self.rpos = 0;
             self.rlen = 0;
@@ -195,14 +196,14 @@ impl Conn {
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                 ) =>
             {
-                Err(format!("no reply within {} s", IO_TIMEOUT.as_secs()))
+                Err(format!("no reply within {} s", IO_TIMEOUT.as_secs()).into())
             }
-            Err(e) => Err(format!("receive: {e}")),
+            Err(e) => Err(BenchError::io("receive", e)),
         }
     }
 
     /// Parse the next reply (reading as needed) and hand it to `f`.
-    fn reply<R>(&mut self, expect: Expect, f: impl FnOnce(Reply<'_>) -> R) -> Result<R, String> {
+    fn reply<R>(&mut self, expect: Expect, f: impl FnOnce(Reply<'_>) -> R) -> Result<R> {
         loop {
             match proto::parse(self.proto, expect, &self.rbuf[self.rpos..self.rlen])? {
                 Some((r, used)) => {
@@ -222,7 +223,7 @@ impl Conn {
         expect: Expect,
         args: &[&[u8]],
         f: impl FnOnce(Reply<'_>) -> R,
-    ) -> Result<R, String> {
+    ) -> Result<R> {
         debug_assert!(self.inflight.is_empty());
         proto::enc_cmd(self.proto, &mut self.wbuf, args);
         self.flush()?;
@@ -245,7 +246,7 @@ impl Conn {
         n: usize,
         expect: Expect,
         mut f: impl FnMut(Reply<'_>),
-    ) -> Result<(), String> {
+    ) -> Result<()> {
         self.flush()?;
         for _ in 0..n {
             self.reply(expect, &mut f)?;
@@ -263,7 +264,7 @@ impl Conn {
     }
 
     /// Ask `next` for the next batch, send it; false when there is none.
-    fn refill(&mut self, next: &mut impl FnMut(&mut Vec<(usize, Op)>)) -> Result<bool, String> {
+    fn refill(&mut self, next: &mut impl FnMut(&mut Vec<(usize, Op)>)) -> Result<bool> {
         self.inflight.clear();
         next(&mut self.inflight);
         if self.inflight.is_empty() {
@@ -286,7 +287,7 @@ fn drive(
     conns: &mut [Conn],
     mut next: impl FnMut(&mut Vec<(usize, Op)>),
     mut on_reply: impl FnMut(usize, Op, &Reply<'_>, Duration, Instant),
-) -> Result<(), String> {
+) -> Result<()> {
     let mut active = 0;
     for c in conns.iter_mut() {
         if c.refill(&mut next)? {
@@ -355,7 +356,7 @@ pub struct PhaseOut {
 }
 
 impl PhaseOut {
-    fn new(secs: f64) -> Result<PhaseOut, String> {
+    fn new(secs: f64) -> Result<PhaseOut> {
         Ok(PhaseOut {
             ops: 0,
             gets: 0,
@@ -369,7 +370,7 @@ impl PhaseOut {
         })
     }
 
-    fn add(&mut self, o: PhaseOut) -> Result<(), String> {
+    fn add(&mut self, o: PhaseOut) -> Result<()> {
         self.ops += o.ops;
         self.gets += o.gets;
         self.sets += o.sets;
@@ -379,9 +380,7 @@ impl PhaseOut {
         if self.first_error.is_none() {
             self.first_error = o.first_error;
         }
-        self.hist
-            .add(&o.hist)
-            .map_err(|e| format!("histogram: {e}"))
+        self.hist.add(&o.hist).context("histogram")
     }
 
     pub fn ops_per_sec(&self) -> f64 {
@@ -399,8 +398,8 @@ impl PhaseOut {
 }
 
 /// Latencies of 1 ns to 100 s, 3 significant digits.
-pub fn latency_hist() -> Result<Histogram<u64>, String> {
-    Histogram::new_with_bounds(1, 100_000_000_000, 3).map_err(|e| format!("histogram: {e}"))
+pub fn latency_hist() -> Result<Histogram<u64>> {
+    Histogram::new_with_bounds(1, 100_000_000_000, 3).context("histogram")
 }
 
 /// Run `mix` on `conns` with `threads` client threads: `warmup`
@@ -412,7 +411,7 @@ pub fn run_phase(
     warmup: Duration,
     measure: Duration,
     seed: u64,
-) -> Result<PhaseOut, String> {
+) -> Result<PhaseOut> {
     let start = Instant::now() + warmup;
     let end = start + measure;
     let secs = measure.as_secs_f64();
@@ -440,7 +439,7 @@ fn phase_worker(
     end: Instant,
     secs: f64,
     seed: u64,
-) -> Result<PhaseOut, String> {
+) -> Result<PhaseOut> {
     let mut out = PhaseOut::new(secs)?;
     let mut rng = Rng::new(seed);
     let size = mix.value_size as u32;
@@ -515,7 +514,7 @@ pub fn run_bulk(
     threads: usize,
     ops: &[Op],
     pipeline: usize,
-) -> Result<BulkOut, String> {
+) -> Result<BulkOut> {
     let t0 = Instant::now();
     let gs = groups(conns, threads);
     let per = ops.len().div_ceil(gs.len()).max(1);
@@ -546,12 +545,7 @@ pub fn run_bulk(
     Ok(total)
 }
 
-fn bulk_worker(
-    conns: &mut [Conn],
-    ops: &[Op],
-    base: usize,
-    pipeline: usize,
-) -> Result<BulkOut, String> {
+fn bulk_worker(conns: &mut [Conn], ops: &[Op], base: usize, pipeline: usize) -> Result<BulkOut> {
     let mut out = BulkOut::default();
     let mut at = 0;
     let next = |batch: &mut Vec<(usize, Op)>| {
@@ -612,7 +606,7 @@ pub struct ChurnOut {
     pub secs: f64,
 }
 
-pub fn churn(conns: &mut [Conn], threads: usize, spec: &ChurnSpec) -> Result<ChurnOut, String> {
+pub fn churn(conns: &mut [Conn], threads: usize, spec: &ChurnSpec) -> Result<ChurnOut> {
     let t0 = Instant::now();
     let mut rng = Rng::new(spec.seed);
     let mut next_key = CHURN_BASE;

@@ -94,7 +94,7 @@ mod rows;
 pub(crate) mod sut;
 mod target;
 
-use crate::error::BenchError;
+use crate::error::{BenchError, Context, Result};
 use crate::report::{Reporter, Row};
 use crate::util::{self, Spread, Watchdog};
 use crate::ycsb::{Dist, KeyChooser};
@@ -225,18 +225,20 @@ pub struct ServerArgs {
     nibble_arg: Vec<String>,
 }
 
-fn parse_value_size(s: &str) -> Result<usize, String> {
-    let v: usize = s.trim().parse().map_err(|e| format!("{s:?}: {e}"))?;
+fn parse_value_size(s: &str) -> Result<usize> {
+    let v: usize = crate::parse_number(s)?;
     if !(1..=load::MAX_VALUE).contains(&v) {
-        return Err(format!("{v}: values must be 1 B to 1 MiB"));
+        return Err(crate::usage(format!("{v}: values must be 1 B to 1 MiB")));
     }
     Ok(v)
 }
 
-fn parse_ratio(s: &str) -> Result<f64, String> {
-    let v: f64 = s.trim().parse().map_err(|e| format!("{s:?}: {e}"))?;
+fn parse_ratio(s: &str) -> Result<f64> {
+    let v: f64 = crate::parse_number(s)?;
     if !(0.0..=1.0).contains(&v) {
-        return Err(format!("{v}: the read ratio is between 0 and 1"));
+        return Err(crate::usage(format!(
+            "{v}: the read ratio is between 0 and 1"
+        )));
     }
     Ok(v)
 }
@@ -332,7 +334,7 @@ pub fn run_cli(a: ServerArgs) -> crate::error::Result<i32> {
         Some(ep) => {
             let addr = ep
                 .to_socket_addrs()
-                .map_err(|e| format!("--endpoint {ep}: {e}"))?
+                .with_context(|| format!("--endpoint {ep}"))?
                 .next()
                 .ok_or_else(|| format!("--endpoint {ep}: no address"))?;
             vec![Target::External {
@@ -410,7 +412,7 @@ pub fn run_cli(a: ServerArgs) -> crate::error::Result<i32> {
         );
     }
     let mut rep = a.run.reporter()?;
-    run(&o, &mut rep).map_err(|e| format!("output error: {e}"))?;
+    run(&o, &mut rep).map_err(BenchError::Output)?;
     Ok(rep.exit_code())
 }
 

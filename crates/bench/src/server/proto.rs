@@ -16,6 +16,8 @@
 
 use std::fmt;
 
+use crate::error::{BenchError, Result};
+
 /// Which protocol a connection speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -233,24 +235,24 @@ fn line_end(buf: &[u8], from: usize) -> Option<usize> {
     None
 }
 
-fn parse_int(b: &[u8]) -> Result<i64, String> {
+fn parse_int(b: &[u8]) -> Result<i64> {
     std::str::from_utf8(b)
         .ok()
         .and_then(|s| s.parse::<i64>().ok())
-        .ok_or_else(|| format!("bad integer {:?}", String::from_utf8_lossy(b)))
+        .ok_or_else(|| format!("bad integer {:?}", String::from_utf8_lossy(b)).into())
 }
 
-fn bad(what: &str, line: &[u8]) -> String {
+fn bad(what: &str, line: &[u8]) -> BenchError {
     let n = line.len().min(80);
-    format!(
+    BenchError::Run(format!(
         "unexpected {what} reply {:?}",
         String::from_utf8_lossy(&line[..n])
-    )
+    ))
 }
 
 /// One reply from the start of `buf`: `Ok(Some((reply, bytes used)))`,
 /// `Ok(None)` if `buf` holds only part of it, `Err` if it is not a reply.
-pub fn parse(p: Proto, expect: Expect, buf: &[u8]) -> Result<Option<(Reply<'_>, usize)>, String> {
+pub fn parse(p: Proto, expect: Expect, buf: &[u8]) -> Result<Option<(Reply<'_>, usize)>> {
     match p {
         Proto::Resp => parse_resp(buf),
         Proto::Memcached => parse_mc(expect, buf),
@@ -258,7 +260,7 @@ pub fn parse(p: Proto, expect: Expect, buf: &[u8]) -> Result<Option<(Reply<'_>, 
 }
 
 /// One RESP2 value (plus RESP3's `_` null, which a RESP2 server never sends).
-pub fn parse_resp(buf: &[u8]) -> Result<Option<(Reply<'_>, usize)>, String> {
+pub fn parse_resp(buf: &[u8]) -> Result<Option<(Reply<'_>, usize)>> {
     let Some(e) = line_end(buf, 0) else {
         return Ok(None);
     };
@@ -279,7 +281,7 @@ pub fn parse_resp(buf: &[u8]) -> Result<Option<(Reply<'_>, usize)>, String> {
             }
             let n = n as usize;
             if n > MAX_VALUE {
-                return Err(format!("bulk string of {n} bytes"));
+                return Err(format!("bulk string of {n} bytes").into());
             }
             if buf.len() < next + n + 2 {
                 return Ok(None);
@@ -309,7 +311,7 @@ pub fn parse_resp(buf: &[u8]) -> Result<Option<(Reply<'_>, usize)>, String> {
 }
 
 /// One memcached text-protocol reply to a request of kind `expect`.
-pub fn parse_mc(expect: Expect, buf: &[u8]) -> Result<Option<(Reply<'_>, usize)>, String> {
+pub fn parse_mc(expect: Expect, buf: &[u8]) -> Result<Option<(Reply<'_>, usize)>> {
     let Some(e) = line_end(buf, 0) else {
         return Ok(None);
     };

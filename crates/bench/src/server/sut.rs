@@ -13,6 +13,7 @@
 //! `redis-benchmark` is run here as well ([`redis_benchmark`]): the issue
 //! asks for its numbers against nibble and redis-server in the same run.
 
+use std::fmt;
 use std::fs::File;
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -25,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use super::load::Conn;
 use super::proto::{Expect, Proto, Reply};
+use crate::error::{BenchError, Context, Result};
 
 /// The Debian packages that provide the peers.
 pub const APT_HINT: &str = "apt-get install redis-server redis-tools memcached";
@@ -70,13 +72,32 @@ impl Sys {
     }
 }
 
+/// Why a binary is not at hand: a note when its rows are skipped, the
+/// error of a run that needs it.
+#[derive(Clone, Debug)]
+pub struct Missing(pub String);
+
+impl fmt::Display for Missing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Missing {}
+
+impl From<Missing> for BenchError {
+    fn from(m: Missing) -> BenchError {
+        BenchError::Run(m.0)
+    }
+}
+
 /// Where the binaries are and what extra flags nibble gets.
 #[derive(Clone, Debug)]
 pub struct Bins {
-    pub nibble: Result<PathBuf, String>,
-    pub redis: Result<PathBuf, String>,
-    pub memcached: Result<PathBuf, String>,
-    pub redis_benchmark: Result<PathBuf, String>,
+    pub nibble: Result<PathBuf, Missing>,
+    pub redis: Result<PathBuf, Missing>,
+    pub memcached: Result<PathBuf, Missing>,
+    pub redis_benchmark: Result<PathBuf, Missing>,
     pub nibble_args: Vec<String>,
 }
 
@@ -86,16 +107,22 @@ impl Bins {
     pub fn find(nibble_bin: Option<&Path>, nibble_args: Vec<String>) -> Bins {
         let nibble = match nibble_bin {
             Some(p) if p.is_file() => Ok(p.to_path_buf()),
-            Some(p) => Err(format!("--nibble-bin {}: no such file", p.display())),
+            Some(p) => Err(Missing(format!(
+                "--nibble-bin {}: no such file",
+                p.display()
+            ))),
             None => next_to_exe("nibble").map_err(|e| {
-                format!(
+                Missing(format!(
                     "{e} (build it with `cargo build --release -p server`, or pass --nibble-bin PATH)"
-                )
+                ))
             }),
         };
         let pkg = |bin: &str, pkg: &str| {
-            find_in_path(bin)
-                .ok_or_else(|| format!("{bin} not found in PATH (Debian: apt-get install {pkg})"))
+            find_in_path(bin).ok_or_else(|| {
+                Missing(format!(
+                    "{bin} not found in PATH (Debian: apt-get install {pkg})"
+                ))
+            })
         };
         Bins {
             nibble,
@@ -106,7 +133,7 @@ impl Bins {
         }
     }
 
-    pub fn for_sys(&self, s: Sys) -> &Result<PathBuf, String> {
+    pub fn for_sys(&self, s: Sys) -> &Result<PathBuf, Missing> {
         match s {
             Sys::Nibble | Sys::Nibble2 => &self.nibble,
             Sys::Redis => &self.redis,
@@ -115,9 +142,8 @@ impl Bins {
     }
 }
 
-fn next_to_exe(name: &str) -> Result<PathBuf, String> {
-    let exe =
-        std::env::current_exe().map_err(|e| format!("cannot find the running executable: {e}"))?;
+fn next_to_exe(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("cannot find the running executable")?;
     let dir = exe
         .parent()
         .ok_or_else(|| format!("{} has no parent directory", exe.display()))?;
@@ -128,7 +154,7 @@ fn next_to_exe(name: &str) -> Result<PathBuf, String> {
             return Ok(p);
         }
     }
-    Err(format!("{name} not found next to {}", exe.display()))
+    Err(format!("{name} not found next to {}", exe.display()).into())
 }
 
 /// Installs the peers from Debian's packages when one is missing, memlab
@@ -192,11 +218,9 @@ fn running_as_root() -> bool {
 /// A free TCP port on 127.0.0.1 (the kernel's pick; released again at
 /// once, so another process could take it first: a start that fails is
 /// retried on a new port).
-pub fn free_port() -> Result<u16, String> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no free port: {e}"))?;
-    l.local_addr()
-        .map(|a| a.port())
-        .map_err(|e| format!("no free port: {e}"))
+pub fn free_port() -> Result<u16> {
+    let l = TcpListener::bind("127.0.0.1:0").context("no free port")?;
+    l.local_addr().map(|a| a.port()).context("no free port")
 }
 
 /// CPU time of process `pid` (user + system, every thread), seconds, from
@@ -319,21 +343,16 @@ pub(crate) fn unregister_child(pid: u32) {
 impl ServerProc {
     /// Start `sys` with `memory` bytes as its limit, speaking `nibble_proto`
     /// if it is nibble. Tries three ports before giving up.
-    pub fn start(
-        sys: Sys,
-        bins: &Bins,
-        memory: u64,
-        nibble_proto: Proto,
-    ) -> Result<ServerProc, String> {
+    pub fn start(sys: Sys, bins: &Bins, memory: u64, nibble_proto: Proto) -> Result<ServerProc> {
         let bin = bins.for_sys(sys).clone()?;
-        let mut last = String::new();
+        let mut last = None;
         for _ in 0..3 {
             match Self::start_once(sys, &bin, bins, memory, nibble_proto) {
                 Ok(p) => return Ok(p),
-                Err(e) => last = e,
+                Err(e) => last = Some(e),
             }
         }
-        Err(last)
+        Err(last.expect("three tries"))
     }
 
     fn start_once(
@@ -342,7 +361,7 @@ impl ServerProc {
         bins: &Bins,
         memory: u64,
         nibble_proto: Proto,
-    ) -> Result<ServerProc, String> {
+    ) -> Result<ServerProc> {
         let port = free_port()?;
         let proto = sys.proto(nibble_proto);
         let mut cmd = Command::new(bin);
@@ -424,7 +443,7 @@ impl ServerProc {
         s[i..].trim().to_string()
     }
 
-    fn wait_ready(&mut self) -> Result<(), String> {
+    fn wait_ready(&mut self) -> Result<()> {
         let t0 = Instant::now();
         let mut delay = Duration::from_millis(5);
         loop {
@@ -433,7 +452,8 @@ impl ServerProc {
                     "{} exited at startup ({status}): {}",
                     self.sys.name(),
                     self.log_tail(1500)
-                ));
+                )
+                .into());
             }
             if TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)).is_ok() {
                 let mut c = Conn::connect(self.addr, self.proto)?;
@@ -452,7 +472,8 @@ impl ServerProc {
                         "{} does not answer PING/version on {}",
                         self.sys.name(),
                         self.addr
-                    ));
+                    )
+                    .into());
                 }
                 return Ok(());
             }
@@ -463,7 +484,8 @@ impl ServerProc {
                     self.addr,
                     START_TIMEOUT.as_secs(),
                     self.log_tail(1500)
-                ));
+                )
+                .into());
             }
             std::thread::sleep(delay);
             delay = (delay * 2).min(Duration::from_millis(100));
@@ -482,16 +504,10 @@ impl Drop for ServerProc {
 /// there; it gets SIGKILL if memlab dies (`PR_SET_PDEATHSIG`), and it is
 /// registered so memlab's signal handler kills it. `what` names it in
 /// errors.
-pub(crate) fn spawn_tied(
-    cmd: &mut Command,
-    log: Option<&Path>,
-    what: &str,
-) -> Result<Child, String> {
+pub(crate) fn spawn_tied(cmd: &mut Command, log: Option<&Path>, what: &str) -> Result<Child> {
     if let Some(l) = log {
-        let out = File::create(l).map_err(|e| format!("{}: {e}", l.display()))?;
-        let err = out
-            .try_clone()
-            .map_err(|e| format!("{}: {e}", l.display()))?;
+        let out = File::create(l).with_context(|| l.display())?;
+        let err = out.try_clone().with_context(|| l.display())?;
         cmd.stdin(Stdio::null()).stdout(out).stderr(err);
     }
     let parent = std::process::id() as libc::pid_t;
@@ -507,7 +523,7 @@ pub(crate) fn spawn_tied(
             Ok(())
         });
     }
-    let child = cmd.spawn().map_err(|e| format!("cannot run {what}: {e}"))?;
+    let child = cmd.spawn().with_context(|| format!("cannot run {what}"))?;
     register_child(child.id());
     Ok(child)
 }
@@ -618,7 +634,7 @@ pub fn redis_benchmark(
     port: u16,
     requests: u64,
     timeout: Duration,
-) -> Result<Vec<RbResult>, String> {
+) -> Result<Vec<RbResult>> {
     let mut child = Command::new(bin)
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(["-t", "set,get", "-P", "16", "-c", "50"])
@@ -627,7 +643,7 @@ pub fn redis_benchmark(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
+        .with_context(|| format!("cannot run {}", bin.display()))?;
     let mut so = child.stdout.take().expect("piped");
     let mut se = child.stderr.take().expect("piped");
     let r_out = std::thread::spawn(move || {
@@ -650,7 +666,7 @@ pub fn redis_benchmark(
                 break None;
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(format!("waiting for redis-benchmark: {e}")),
+            Err(e) => return Err(BenchError::io("waiting for redis-benchmark", e)),
         }
     };
     let out = r_out.join().unwrap_or_default();
@@ -664,15 +680,12 @@ pub fn redis_benchmark(
         return Err(format!(
             "redis-benchmark did not finish within {} s",
             timeout.as_secs()
-        ));
+        )
+        .into());
     };
     let res = parse_redis_benchmark(&out);
     if !status.success() || res.is_empty() {
-        return Err(format!(
-            "redis-benchmark {status}: {} {}",
-            tail(&out),
-            tail(&err)
-        ));
+        return Err(format!("redis-benchmark {status}: {} {}", tail(&out), tail(&err)).into());
     }
     Ok(res)
 }
@@ -701,7 +714,7 @@ mod tests {
     #[test]
     fn missing_binaries_say_how_to_install() {
         let b = Bins::find(Some(Path::new("/nonexistent/nibble")), Vec::new());
-        assert!(b.nibble.unwrap_err().contains("--nibble-bin"));
+        assert!(b.nibble.unwrap_err().0.contains("--nibble-bin"));
         assert!(free_port().unwrap() > 0);
         assert!(proc_rss(std::process::id()).unwrap().0 > 0);
     }

@@ -12,7 +12,7 @@ pub(super) fn run_target(
     pb: &ProgressBar,
     rep: &mut Reporter,
     samples: &mut Vec<Sample>,
-) -> Result<(), String> {
+) -> Result<()> {
     let name = t.name();
     let seed = 1 + run as u64;
     let max_threads = o.threads.iter().copied().max().unwrap_or(1);
@@ -34,7 +34,8 @@ pub(super) fn run_target(
                     r.failed.len(),
                     o.keys,
                     r.first_error.as_deref().unwrap_or("?")
-                ));
+                )
+                .into());
             }
             let live = o.keys * (KEY_LEN + o.value_size) as u64;
             let (keys, used) = sut::server_counts(&mut ctl);
@@ -237,7 +238,7 @@ pub(super) enum Server {
 }
 
 impl Server {
-    pub(super) fn start(o: &Opts, t: &Target) -> Result<Server, String> {
+    pub(super) fn start(o: &Opts, t: &Target) -> Result<Server> {
         match t {
             Target::Start(s) => {
                 util::prime_memory(o.memory as usize);
@@ -251,7 +252,7 @@ impl Server {
         }
     }
 
-    pub(super) fn connect(&self, n: usize) -> Result<Vec<Conn>, String> {
+    pub(super) fn connect(&self, n: usize) -> Result<Vec<Conn>> {
         let (addr, proto) = match self {
             Server::Proc(p) => (p.addr, p.proto),
             Server::External { addr, proto, .. } => (*addr, *proto),
@@ -281,14 +282,12 @@ impl Server {
     }
 
     /// Stop the server; an error if it had died on its own.
-    pub(super) fn stop(self) -> Result<(), String> {
+    pub(super) fn stop(self) -> Result<()> {
         if let Server::Proc(p) = self {
             if p.rss().is_none() {
-                return Err(format!(
-                    "{} died during the run: {}",
-                    p.sys.name(),
-                    p.log_tail(1500)
-                ));
+                return Err(
+                    format!("{} died during the run: {}", p.sys.name(), p.log_tail(1500)).into(),
+                );
             }
         }
         Ok(())

@@ -55,7 +55,7 @@ pub(super) enum Client {
 }
 
 impl Client {
-    pub(super) fn open(system: System, path: &Path, compaction: bool) -> Result<Client, String> {
+    pub(super) fn open(system: System, path: &Path, compaction: bool) -> Result<Client> {
         Ok(match system {
             System::Direct => Client::Direct(
                 SharedStore::attach(
@@ -65,14 +65,14 @@ impl Client {
                         ..StoreOptions::default()
                     },
                 )
-                .map_err(|e| format!("attach {}: {e}", path.display()))?,
+                .with_context(|| format!("attach {}", path.display()))?,
             ),
             _ => Client::Socket(Conn::connect_unix(path, Proto::Resp)?),
         })
     }
 
     /// GET key `k`; `Ok(None)` if it came back right, else what was wrong.
-    pub(super) fn get_check(&mut self, k: u64, len: usize) -> Result<Option<String>, String> {
+    pub(super) fn get_check(&mut self, k: u64, len: usize) -> Result<Option<String>> {
         let kb = key(k);
         let wrong = |v: Option<&[u8]>| match v {
             Some(v) if value_ok(k, v, len) => None,
@@ -84,7 +84,7 @@ impl Client {
         };
         match self {
             Client::Direct(s) => {
-                let v = s.get(&kb).map_err(|e| format!("get: {e}"))?;
+                let v = s.get(&kb).context("get")?;
                 Ok(wrong(v.as_deref()))
             }
             Client::Socket(c) => c.call(Expect::Get, &[b"GET", &kb], |r| match r {
@@ -96,7 +96,7 @@ impl Client {
     }
 
     /// SET key `k` to `val`; `Ok(None)` if stored.
-    pub(super) fn set(&mut self, k: u64, val: &[u8]) -> Result<Option<String>, String> {
+    pub(super) fn set(&mut self, k: u64, val: &[u8]) -> Result<Option<String>> {
         let kb = key(k);
         match self {
             Client::Direct(s) => Ok(s.put(&kb, val).err().map(|e| format!("put key {k}: {e}"))),
@@ -106,18 +106,18 @@ impl Client {
         }
     }
 
-    pub(super) fn close(self) -> Result<(), String> {
+    pub(super) fn close(self) -> Result<()> {
         match self {
-            Client::Direct(s) => s.close().map_err(|e| format!("close: {e}")),
+            Client::Direct(s) => s.close().context("close"),
             Client::Socket(_) => Ok(()),
         }
     }
 }
 
 /// `memlab shared --child SPEC`: one client process.
-pub(super) fn child_main(spec: &str) -> Result<i32, String> {
+pub(super) fn child_main(spec: &str) -> Result<i32> {
     let main_ns = mono_ns();
-    let spec: ChildSpec = serde_json::from_str(spec).map_err(|e| format!("child spec: {e}"))?;
+    let spec: ChildSpec = serde_json::from_str(spec).context("child spec")?;
     let mut so = std::io::stdout().lock();
     let out = match spec.role {
         Role::Attach { key: k, value_size } => {
@@ -138,7 +138,7 @@ pub(super) fn child_main(spec: &str) -> Result<i32, String> {
             let _c = Client::open(spec.system, &spec.path, true)?;
             writeln!(so, "ready")
                 .and_then(|_| so.flush())
-                .map_err(|e| e.to_string())?;
+                .context("writing to stdout")?;
             loop {
                 std::thread::sleep(Duration::from_secs(3600));
             }
@@ -147,11 +147,11 @@ pub(super) fn child_main(spec: &str) -> Result<i32, String> {
             let mut c = Client::open(spec.system, &spec.path, false)?;
             writeln!(so, "ready")
                 .and_then(|_| so.flush())
-                .map_err(|e| e.to_string())?;
+                .context("writing to stdout")?;
             let mut line = String::new();
             std::io::stdin()
                 .read_line(&mut line)
-                .map_err(|e| format!("reading the start time: {e}"))?;
+                .context("reading the start time")?;
             let t0: u64 = line
                 .trim()
                 .strip_prefix("go ")
@@ -162,16 +162,16 @@ pub(super) fn child_main(spec: &str) -> Result<i32, String> {
             out
         }
     };
-    let line = serde_json::to_string(&out).map_err(|e| e.to_string())?;
+    let line = serde_json::to_string(&out).context("child output")?;
     writeln!(so, "{line}")
         .and_then(|_| so.flush())
-        .map_err(|e| e.to_string())?;
+        .context("writing to stdout")?;
     Ok(0)
 }
 
 /// One request at a time from CLOCK_MONOTONIC `t0` for the warm-up and
 /// the measured window.
-pub(super) fn closed_loop(c: &mut Client, role: &Role, t0: u64) -> Result<ChildOut, String> {
+pub(super) fn closed_loop(c: &mut Client, role: &Role, t0: u64) -> Result<ChildOut> {
     let Role::Load {
         keys,
         value_size,
@@ -244,12 +244,12 @@ pub(super) struct ClientProc {
 }
 
 impl ClientProc {
-    pub(super) fn spawn(spec: &ChildSpec) -> Result<ClientProc, String> {
+    pub(super) fn spawn(spec: &ChildSpec) -> Result<ClientProc> {
         // /proc/self/exe, not current_exe(): it still runs this binary if
         // a build replaced the file since memlab started.
         let mut cmd = Command::new("/proc/self/exe");
         cmd.args(["shared", "--child"])
-            .arg(serde_json::to_string(spec).map_err(|e| e.to_string())?)
+            .arg(serde_json::to_string(spec).context("child spec")?)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -263,7 +263,7 @@ impl ClientProc {
         })
     }
 
-    pub(super) fn read_line(&mut self) -> Result<String, String> {
+    pub(super) fn read_line(&mut self) -> Result<String> {
         let mut l = String::new();
         match self.stdout.read_line(&mut l) {
             Ok(0) => {
@@ -273,20 +273,24 @@ impl ClientProc {
                     .wait()
                     .map(|s| s.to_string())
                     .unwrap_or_default();
-                Err(format!("client process ended without output ({why})"))
+                Err(format!("client process ended without output ({why})").into())
             }
             Ok(_) => Ok(l),
-            Err(e) => Err(format!("reading a client process: {e}")),
+            Err(e) => Err(BenchError::io("reading a client process", e)),
         }
     }
 
-    pub(super) fn result(&mut self) -> Result<ChildOut, String> {
+    pub(super) fn result(&mut self) -> Result<ChildOut> {
         let l = self.read_line()?;
-        let out = serde_json::from_str(&l).map_err(|e| format!("client output {l:?}: {e}"))?;
-        let st = self.proc.child.wait().map_err(|e| e.to_string())?;
+        let out = serde_json::from_str(&l).with_context(|| format!("client output {l:?}"))?;
+        let st = self
+            .proc
+            .child
+            .wait()
+            .context("waiting for a client process")?;
         sut::unregister_child(self.proc.child.id());
         if !st.success() {
-            return Err(format!("client process {st}"));
+            return Err(format!("client process {st}").into());
         }
         Ok(out)
     }
@@ -308,7 +312,7 @@ pub(super) fn run_cell(
     path: &Path,
     cell: &Cell,
     seed: u64,
-) -> Result<CellOut, String> {
+) -> Result<CellOut> {
     let mut kids = Vec::new();
     for p in 0..cell.processes {
         let spec = ChildSpec {
@@ -328,13 +332,13 @@ pub(super) fn run_cell(
     for k in &mut kids {
         let l = k.read_line()?;
         if l.trim() != "ready" {
-            return Err(format!("client process said {l:?}, not ready"));
+            return Err(format!("client process said {l:?}, not ready").into());
         }
     }
     let t0 = mono_ns() + START_SLACK.as_nanos() as u64;
     for k in &mut kids {
         let mut w = k.stdin.take().ok_or("no child stdin")?;
-        writeln!(w, "go {t0}").map_err(|e| format!("starting a client: {e}"))?;
+        writeln!(w, "go {t0}").context("starting a client")?;
     }
     let mut hist: Histogram<u64> = load::latency_hist()?;
     let (mut ops_per_sec, mut gets, mut sets) = (0.0, 0, 0);
@@ -359,7 +363,7 @@ pub(super) fn run_cell(
         }
     }
     if !bad.is_empty() {
-        return Err(format!("check failed: {}", bad.join("; ")));
+        return Err(format!("check failed: {}", bad.join("; ")).into());
     }
     let q = |x: f64| {
         if hist.is_empty() {

@@ -79,6 +79,7 @@ use nibblejmp::layout::{BUCKET_BYTES, ENTRIES_PER_BUCKET, OBJ_PREFIX_BYTES};
 use nibblejmp::{Options as StoreOptions, SharedStore};
 use serde::{Deserialize, Serialize};
 
+use crate::error::{BenchError, Context, Result};
 use crate::report::{Reporter, Row};
 use crate::server::load::{self, Conn, KEY_LEN};
 use crate::server::proto::{Expect, Proto, Reply};
@@ -292,7 +293,7 @@ impl Cell {
 
 pub fn run_cli(a: SharedArgs) -> crate::error::Result<i32> {
     if let Some(spec) = &a.child {
-        return Ok(child_main(spec)?);
+        return child_main(spec);
     }
     let q = a.run.quick;
     if a.run.threads.is_some() {
@@ -373,7 +374,7 @@ pub fn run_cli(a: SharedArgs) -> crate::error::Result<i32> {
     };
     let mut rep = a.run.reporter()?;
     let _scratch = Scratch::create(&o.dir)?;
-    run(&o, &mut rep).map_err(|e| format!("output error: {e}"))?;
+    run(&o, &mut rep).map_err(BenchError::Output)?;
     Ok(rep.exit_code())
 }
 // The driver
@@ -401,9 +402,9 @@ fn run(o: &Opts, rep: &mut Reporter) -> std::io::Result<()> {
     for &s in &o.systems {
         let avail = match s {
             System::Direct => Ok(()),
-            System::Nibble => o.bins.nibble.clone().map(|_| ()),
+            System::Nibble => o.bins.nibble.clone().map(|_| ()).map_err(Into::into),
             System::NibbleDataDir => nibble_has_data_dir(&o.bins),
-            System::Redis => o.bins.redis.clone().map(|_| ()),
+            System::Redis => o.bins.redis.clone().map(|_| ()).map_err(Into::into),
         };
         match avail {
             Ok(()) => systems.push(s),
@@ -514,19 +515,20 @@ fn report_err(rep: &mut Reporter, e: String) {
 }
 
 /// Whether the nibble binary takes `--data-dir` (issue 8's server restart).
-fn nibble_has_data_dir(bins: &Bins) -> Result<(), String> {
+fn nibble_has_data_dir(bins: &Bins) -> Result<()> {
     let bin = bins.nibble.clone()?;
     let out = Command::new(&bin)
         .arg("--help")
         .output()
-        .map_err(|e| format!("{}: {e}", bin.display()))?;
+        .with_context(|| bin.display())?;
     if String::from_utf8_lossy(&out.stdout).contains("--data-dir") {
         Ok(())
     } else {
         Err(format!(
             "{} has no --data-dir option (not landed in this build)",
             bin.display()
-        ))
+        )
+        .into())
     }
 }
 
@@ -560,7 +562,7 @@ fn run_system(
     r: usize,
     pb: &ProgressBar,
     samples: &mut Vec<Sample>,
-) -> Result<(), String> {
+) -> Result<()> {
     pb.set_message(format!("{} run {}: preload", sys.name(), r + 1));
     let cap = ops_capacity(o);
     // Keep the store (direct) or the server alive for the whole run.
@@ -570,7 +572,7 @@ fn run_system(
         System::Direct => {
             let d = o.dir.join(format!("ops-store-{r}"));
             let s = SharedStore::create(&d, cap, &store_options(cap, o.keys))
-                .map_err(|e| format!("create {}: {e}", d.display()))?;
+                .with_context(|| format!("create {}", d.display()))?;
             load_direct(&s, o.keys, o.value_size, 1)?;
             store = Some(s);
             d
@@ -608,8 +610,8 @@ fn run_system(
         pb.inc(1);
     }
     if let Some(s) = store {
-        s.close().map_err(|e| format!("close: {e}"))?;
-        SharedStore::remove(&path).map_err(|e| format!("remove: {e}"))?;
+        s.close().context("close")?;
+        SharedStore::remove(&path).context("remove")?;
     }
     if let Some((mut p, store_dir)) = server {
         p.stop()?;

@@ -36,14 +36,13 @@ pub(super) fn remove_stale_scratch() {
 pub(super) struct Scratch(PathBuf);
 
 impl Scratch {
-    pub(super) fn create(dir: &Path) -> Result<Scratch, String> {
+    pub(super) fn create(dir: &Path) -> Result<Scratch> {
         if dir.exists() {
-            return Err(format!(
-                "{} exists; remove it or pass another --dir",
-                dir.display()
-            ));
+            return Err(
+                format!("{} exists; remove it or pass another --dir", dir.display()).into(),
+            );
         }
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).with_context(|| dir.display())?;
         Ok(Scratch(dir.to_path_buf()))
     }
 }
@@ -66,7 +65,7 @@ pub(super) struct Proc {
 impl Proc {
     /// Spawn `cmd`; `log`: its stdout and stderr go there (else as set on
     /// `cmd`).
-    pub(super) fn spawn(mut cmd: Command, what: &str, log: Option<&Path>) -> Result<Proc, String> {
+    pub(super) fn spawn(mut cmd: Command, what: &str, log: Option<&Path>) -> Result<Proc> {
         let child = sut::spawn_tied(&mut cmd, log, what)?;
         Ok(Proc {
             child,
@@ -76,9 +75,13 @@ impl Proc {
     }
 
     /// Exited already? Then why, with the log's tail.
-    pub(super) fn exited(&mut self) -> Option<String> {
+    pub(super) fn exited(&mut self) -> Option<BenchError> {
         match self.child.try_wait() {
-            Ok(Some(st)) => Some(format!("{} exited ({st}): {}", self.what, self.log_tail())),
+            Ok(Some(st)) => Some(BenchError::Run(format!(
+                "{} exited ({st}): {}",
+                self.what,
+                self.log_tail()
+            ))),
             _ => None,
         }
     }
@@ -93,13 +96,13 @@ impl Proc {
     }
 
     /// SIGTERM, wait (up to STOP_GRACE), SIGKILL if needed.
-    pub(super) fn stop(&mut self) -> Result<ExitStatus, String> {
+    pub(super) fn stop(&mut self) -> Result<ExitStatus> {
         sut::terminate(&mut self.child, STOP_GRACE).ok_or_else(|| {
-            format!(
+            BenchError::Run(format!(
                 "{} did not stop within {} s of SIGTERM (killed)",
                 self.what,
                 STOP_GRACE.as_secs()
-            )
+            ))
         })
     }
 
@@ -137,7 +140,7 @@ impl ServerSpec {
         tag: &str,
         capacity: u64,
         data_dir: Option<&Path>,
-    ) -> Result<ServerSpec, String> {
+    ) -> Result<ServerSpec> {
         let sock = o.dir.join(format!("{}-{tag}.sock", sys.name()));
         let log = o.dir.join(format!("{}-{tag}.log", sys.name()));
         let s = |x: &str| x.to_string();
@@ -198,7 +201,7 @@ impl ServerSpec {
         })
     }
 
-    pub(super) fn spawn(&self) -> Result<Proc, String> {
+    pub(super) fn spawn(&self) -> Result<Proc> {
         let _ = std::fs::remove_file(&self.sock);
         let mut cmd = Command::new(&self.bin);
         cmd.args(&self.args);
@@ -206,7 +209,7 @@ impl ServerSpec {
     }
 
     /// Spawn and wait until it answers PING.
-    pub(super) fn start(&self) -> Result<(Proc, Conn), String> {
+    pub(super) fn start(&self) -> Result<(Proc, Conn)> {
         let mut p = self.spawn()?;
         let t0 = Instant::now();
         loop {
@@ -228,7 +231,8 @@ impl ServerSpec {
                     self.sock.display(),
                     START_TIMEOUT.as_secs(),
                     p.log_tail()
-                ));
+                )
+                .into());
             }
             std::thread::sleep(Duration::from_millis(2));
         }
@@ -236,7 +240,7 @@ impl ServerSpec {
 }
 
 /// SET keys `lo..hi` to their values over `c`, pipelined.
-pub(super) fn load_socket(c: &mut Conn, lo: u64, hi: u64, value_size: usize) -> Result<(), String> {
+pub(super) fn load_socket(c: &mut Conn, lo: u64, hi: u64, value_size: usize) -> Result<()> {
     let mut val = vec![0u8; value_size];
     let mut k = lo;
     let mut bad: Option<String> = None;
@@ -252,7 +256,7 @@ pub(super) fn load_socket(c: &mut Conn, lo: u64, hi: u64, value_size: usize) -> 
             }
         })?;
         if let Some(b) = bad {
-            return Err(format!("preload SET refused: {b}"));
+            return Err(format!("preload SET refused: {b}").into());
         }
         k += n;
     }
@@ -265,9 +269,9 @@ pub(super) fn load_direct(
     keys: u64,
     value_size: usize,
     threads: u64,
-) -> Result<(), String> {
+) -> Result<()> {
     let per = keys.div_ceil(threads.max(1));
-    let res: Vec<Result<(), String>> = std::thread::scope(|sc| {
+    let res: Vec<Result<()>> = std::thread::scope(|sc| {
         let hs: Vec<_> = (0..threads)
             .map(|t| {
                 sc.spawn(move || {
@@ -275,7 +279,7 @@ pub(super) fn load_direct(
                     for k in (t * per).min(keys)..((t + 1) * per).min(keys) {
                         fill_value(k, &mut val);
                         s.put(&key(k), &val)
-                            .map_err(|e| format!("preload put of key {k}: {e}"))?;
+                            .with_context(|| format!("preload put of key {k}"))?;
                     }
                     Ok(())
                 })

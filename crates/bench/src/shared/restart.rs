@@ -20,19 +20,15 @@ pub(super) fn probe_key(o: &Opts, r: usize) -> u64 {
     mix64(0xabcd ^ r as u64) % restart_keys(o)
 }
 
-pub(super) fn restart_direct(
-    o: &Opts,
-    r: usize,
-    out: &mut Vec<RestartSample>,
-) -> Result<(), String> {
+pub(super) fn restart_direct(o: &Opts, r: usize, out: &mut Vec<RestartSample>) -> Result<()> {
     let keys = restart_keys(o);
     let d = o.dir.join(format!("restart-store-{r}"));
     let cap = restart_capacity(o);
     let s = SharedStore::create(&d, cap, &store_options(cap, keys))
-        .map_err(|e| format!("create {}: {e}", d.display()))?;
+        .with_context(|| format!("create {}", d.display()))?;
     load_direct(&s, keys, o.restart_value_size, 2)?;
-    s.close().map_err(|e| format!("close: {e}"))?;
-    let attach = |out: &mut Vec<RestartSample>, name: &str| -> Result<(), String> {
+    s.close().context("close")?;
+    let attach = |out: &mut Vec<RestartSample>, name: &str| -> Result<()> {
         let spec = ChildSpec {
             system: System::Direct,
             path: d.clone(),
@@ -45,10 +41,7 @@ pub(super) fn restart_direct(
         let mut c = ClientProc::spawn(&spec)?;
         let res = c.result()?;
         if res.bad > 0 {
-            return Err(format!(
-                "check failed: {}",
-                res.first_bad.unwrap_or_default()
-            ));
+            return Err(format!("check failed: {}", res.first_bad.unwrap_or_default()).into());
         }
         out.push(RestartSample {
             repeat: r,
@@ -69,11 +62,11 @@ pub(super) fn restart_direct(
     })?;
     let l = h.read_line()?;
     if l.trim() != "ready" {
-        return Err(format!("holder said {l:?}"));
+        return Err(format!("holder said {l:?}").into());
     }
     h.proc.kill();
     attach(out, "direct-attach-after-kill")?;
-    SharedStore::remove(&d).map_err(|e| format!("remove: {e}"))?;
+    SharedStore::remove(&d).context("remove")?;
     Ok(())
 }
 
@@ -83,7 +76,7 @@ pub(super) fn time_to_first_get(
     spec: &ServerSpec,
     k: u64,
     value_size: usize,
-) -> Result<(Proc, f64, u64), String> {
+) -> Result<(Proc, f64, u64)> {
     let t0 = Instant::now();
     let mut p = spec.spawn()?;
     let mut loading = 0u64;
@@ -109,7 +102,8 @@ pub(super) fn time_to_first_get(
                         return Err(format!(
                             "check failed: {} restarted answered GET key {k} with {e}",
                             spec.sys.name()
-                        ))
+                        )
+                        .into())
                     }
                 }
                 if t0.elapsed() > START_TIMEOUT {
@@ -124,17 +118,14 @@ pub(super) fn time_to_first_get(
                 spec.sys.name(),
                 START_TIMEOUT.as_secs(),
                 p.log_tail()
-            ));
+            )
+            .into());
         }
         std::thread::sleep(PROBE_INTERVAL);
     }
 }
 
-pub(super) fn restart_redis(
-    o: &Opts,
-    r: usize,
-    out: &mut Vec<RestartSample>,
-) -> Result<(), String> {
+pub(super) fn restart_redis(o: &Opts, r: usize, out: &mut Vec<RestartSample>) -> Result<()> {
     // The RDB goes to a disk directory: just written, it is in the page
     // cache (so the load reads memory), but the kernel may drop it under
     // memory pressure, where a tmpfs copy beside Redis's own heap would
@@ -152,7 +143,7 @@ pub(super) fn restart_redis_at(
     r: usize,
     spec: &ServerSpec,
     out: &mut Vec<RestartSample>,
-) -> Result<(), String> {
+) -> Result<()> {
     let keys = restart_keys(o);
     let (mut p, mut c) = spec.start()?;
     load_socket(&mut c, 0, keys, o.restart_value_size)?;
@@ -173,7 +164,7 @@ pub(super) fn restart_redis_at(
 }
 
 /// BGSAVE and wait for it to finish successfully.
-pub(super) fn bgsave(c: &mut Conn) -> Result<(), String> {
+pub(super) fn bgsave(c: &mut Conn) -> Result<()> {
     let ok = c.call(
         Expect::Line,
         &[b"BGSAVE"],
@@ -196,7 +187,7 @@ pub(super) fn bgsave(c: &mut Conn) -> Result<(), String> {
         if field("rdb_bgsave_in_progress").as_deref() == Some("0") {
             return match field("rdb_last_bgsave_status").as_deref() {
                 Some("ok") => Ok(()),
-                s => Err(format!("BGSAVE failed: rdb_last_bgsave_status {s:?}")),
+                s => Err(format!("BGSAVE failed: rdb_last_bgsave_status {s:?}").into()),
             };
         }
         if t0.elapsed() > START_TIMEOUT {
@@ -206,11 +197,7 @@ pub(super) fn bgsave(c: &mut Conn) -> Result<(), String> {
     }
 }
 
-pub(super) fn restart_nibble(
-    o: &Opts,
-    r: usize,
-    out: &mut Vec<RestartSample>,
-) -> Result<(), String> {
+pub(super) fn restart_nibble(o: &Opts, r: usize, out: &mut Vec<RestartSample>) -> Result<()> {
     let keys = restart_keys(o);
     let d = o.dir.join(format!("nibble-data-{r}"));
     let spec = ServerSpec::new(

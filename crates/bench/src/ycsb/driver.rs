@@ -38,10 +38,7 @@ pub(super) struct ThreadResult {
     pub(super) first_error: Option<String>,
 }
 
-pub(super) fn merge(
-    threads: Vec<ThreadResult>,
-    wall_secs: Option<f64>,
-) -> Result<PhaseResult, String> {
+pub(super) fn merge(threads: Vec<ThreadResult>, wall_secs: Option<f64>) -> Result<PhaseResult> {
     let mut r = PhaseResult {
         ops: 0,
         ops_per_sec: 0.0,
@@ -56,9 +53,7 @@ pub(super) fn merge(
         if wall_secs.is_none() && t.secs > 0.0 {
             r.ops_per_sec += t.ops as f64 / t.secs;
         }
-        r.hist
-            .add(&t.hist)
-            .map_err(|e| format!("histogram: {e:?}"))?;
+        r.hist.add(&t.hist).context("histogram")?;
         r.misses += t.misses;
         r.bad_values += t.bad_values;
         r.put_errors += t.put_errors;
@@ -81,7 +76,7 @@ pub fn load(
     threads: usize,
     cpus: &[usize],
     seed: u64,
-) -> Result<PhaseResult, String> {
+) -> Result<PhaseResult> {
     write_all(
         kv, records, records, value_size, threads, cpus, seed, 0, true,
     )
@@ -107,7 +102,7 @@ pub fn condition(
     threads: usize,
     cpus: &[usize],
     seed: u64,
-) -> Result<PhaseResult, String> {
+) -> Result<PhaseResult> {
     write_all(
         kv,
         records,
@@ -135,14 +130,14 @@ pub(super) fn write_all(
     seed: u64,
     version: u64,
     strict: bool,
-) -> Result<PhaseResult, String> {
+) -> Result<PhaseResult> {
     let ncpu = cpus.len().max(1);
     let barrier = &Barrier::new(threads);
     let per = thread::scope(|s| {
         let handles = (0..threads)
             .map(|t| {
                 let cpu = cpus[t % ncpu];
-                s.spawn(move || -> Result<(ThreadResult, Instant, Instant), String> {
+                s.spawn(move || -> Result<(ThreadResult, Instant, Instant)> {
                     let pinned = util::pin_to(cpu);
                     barrier.wait();
                     pinned?;
@@ -155,7 +150,11 @@ pub(super) fn write_all(
                     let mut rng = Rng::new(seed.wrapping_mul(31).wrapping_add(t as u64 + 7));
                     let mut j = t as u64;
                     while j < writes {
-                        let i = if strict { j } else { rng.range(0, records.max(1)) };
+                        let i = if strict {
+                            j
+                        } else {
+                            rng.range(0, records.max(1))
+                        };
                         j += threads as u64;
                         stamp(&mut val, i, version);
                         let k = key.ycsb(i);
@@ -171,12 +170,14 @@ pub(super) fn write_all(
                             Ok(()) => n += 1,
                             Err(e) if strict => {
                                 return Err(format!(
-                                    "load: insert of record {i} after {n} inserts by this thread: {e}"
-                                ))
+                                "load: insert of record {i} after {n} inserts by this thread: {e}"
+                            )
+                                .into())
                             }
                             Err(e) => {
                                 put_errors += 1;
-                                first_error.get_or_insert_with(|| format!("overwrite of record {i}: {e}"));
+                                first_error
+                                    .get_or_insert_with(|| format!("overwrite of record {i}: {e}"));
                             }
                         }
                     }
@@ -235,7 +236,7 @@ pub(super) fn worker(
     barrier: &Barrier,
     cpu: usize,
     seed: u64,
-) -> Result<ThreadResult, String> {
+) -> Result<ThreadResult> {
     let pinned = util::pin_to(cpu);
     barrier.wait();
     pinned?;
@@ -281,7 +282,7 @@ pub(super) fn worker(
             Op::Read => match kv.get_into(k, &mut buf) {
                 Ok(true) => bad += u64::from(!value_ok(&buf, keynum, s.value_size)),
                 Ok(false) => misses += 1,
-                Err(e) => return Err(format!("get: {e}")),
+                Err(e) => return Err(e).context("get"),
             },
             Op::Update => {
                 version += 1;
@@ -300,7 +301,7 @@ pub(super) fn worker(
                     }
                     Ok(true) => bad += 1,
                     Ok(false) => misses += 1,
-                    Err(e) => return Err(format!("get: {e}")),
+                    Err(e) => return Err(e).context("get"),
                 }
             }
         }
@@ -332,7 +333,7 @@ pub(super) fn worker(
 }
 
 /// Run one workload on a loaded store.
-pub fn run_workload(kv: &dyn Kv, s: &RunSpec, cpus: &[usize]) -> Result<PhaseResult, String> {
+pub fn run_workload(kv: &dyn Kv, s: &RunSpec, cpus: &[usize]) -> Result<PhaseResult> {
     let ncpu = cpus.len().max(1);
     let phase = &AtomicU8::new(PHASE_WARMUP);
     let barrier = &Barrier::new(s.threads + 1);

@@ -59,7 +59,7 @@ pub(super) fn cell_of(
 }
 
 /// Run a job (in the child).
-pub fn run_job(job: &YcsbJob, emit: &mut dyn FnMut(YcsbCell)) -> Result<(), String> {
+pub fn run_job(job: &YcsbJob, emit: &mut dyn FnMut(YcsbCell)) -> Result<()> {
     let cpus = util::online_cpus();
     let cells = (job.workloads.len() * job.distributions.len()) as u32;
     let _wd = Watchdog::arm(
@@ -78,7 +78,7 @@ pub fn run_job(job: &YcsbJob, emit: &mut dyn FnMut(YcsbCell)) -> Result<(), Stri
         &cpus,
         job.seed,
     )
-    .map_err(|e| format!("ycsb {} threads={}: {e}", job.system, job.threads))?;
+    .with_context(|| format!("ycsb {} threads={}", job.system, job.threads))?;
     emit(cell_of("load", None, job.threads, &r));
     let c = condition(
         kv,

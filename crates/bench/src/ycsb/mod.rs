@@ -66,6 +66,7 @@ use serde::{Deserialize, Serialize};
 use topology::{rdtsc, tsc_to_ns};
 
 use crate::child::{self, Job};
+use crate::error::{Context, Result};
 use crate::kv::{Kv, KvError, System};
 use crate::report::{Reporter, Row};
 use crate::util::{self, join_all, new_hist, Rng, Spread, Watchdog};
