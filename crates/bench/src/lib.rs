@@ -233,6 +233,23 @@ impl RunOpts {
     fn reporter(&self) -> Result<Reporter> {
         Reporter::new(self.json, self.out.as_deref()).map_err(BenchError::Output)
     }
+
+    /// Run a workload with this run's reporter: the exit status it earned.
+    fn report(&self, run: impl FnOnce(&mut Reporter) -> std::io::Result<()>) -> Result<i32> {
+        let mut rep = self.reporter()?;
+        run(&mut rep).map_err(BenchError::Output)?;
+        Ok(rep.exit_code())
+    }
+
+    /// Warm-up before a measured run of `secs`: 50 ms with --quick, else
+    /// [`warmup_for`].
+    fn warmup(&self, secs: f64) -> Duration {
+        if self.quick {
+            Duration::from_millis(50)
+        } else {
+            warmup_for(secs)
+        }
+    }
 }
 
 #[derive(Args)]
@@ -459,9 +476,7 @@ fn run_buddy(a: BuddyArgs) -> Result<i32> {
         quick: a.run.quick,
         duration: a.duration_ms.map(Duration::from_millis),
     };
-    let mut rep = a.run.reporter()?;
-    buddy::run(&opts, &mut rep).map_err(BenchError::Output)?;
-    Ok(rep.exit_code())
+    a.run.report(|rep| buddy::run(&opts, rep))
 }
 
 /// Warm-up before a measured run of `secs`: a tenth, at most 0.25 s.
@@ -490,17 +505,11 @@ fn run_ycsb(a: YcsbArgs) -> Result<i32> {
             }
         }),
         distributions: a.distributions.clone(),
-        warmup: if q {
-            Duration::from_millis(50)
-        } else {
-            warmup_for(secs)
-        },
+        warmup: a.run.warmup(secs),
         duration: Duration::from_secs_f64(secs),
         repeat: a.run.repeat(1),
     };
-    let mut rep = a.run.reporter()?;
-    ycsb::run(&opts, &mut rep).map_err(BenchError::Output)?;
-    Ok(rep.exit_code())
+    a.run.report(|rep| ycsb::run(&opts, rep))
 }
 
 fn run_frag(a: FragArgs) -> Result<i32> {
@@ -521,9 +530,7 @@ fn run_frag(a: FragArgs) -> Result<i32> {
             .jobs
             .map_or_else(|| util::online_cpus().len().min(4), |j| j as usize),
     };
-    let mut rep = a.run.reporter()?;
-    frag::run(&opts, &mut rep).map_err(BenchError::Output)?;
-    Ok(rep.exit_code())
+    a.run.report(|rep| frag::run(&opts, rep))
 }
 
 fn run_churn(a: ChurnArgs) -> Result<i32> {
@@ -535,9 +542,7 @@ fn run_churn(a: ChurnArgs) -> Result<i32> {
         ops_per_thread: a.ops.unwrap_or(if q { 400_000 } else { 2_000_000 }),
         repeat: a.run.repeat(1),
     };
-    let mut rep = a.run.reporter()?;
-    churn::run(&opts, &mut rep).map_err(BenchError::Output)?;
-    Ok(rep.exit_code())
+    a.run.report(|rep| churn::run(&opts, rep))
 }
 
 fn run_fill(a: FillArgs) -> Result<i32> {
@@ -562,17 +567,11 @@ fn run_fill(a: FillArgs) -> Result<i32> {
         fixed_data: a.hold == fill::Hold::Data,
         value_size: a.value_size,
         utilizations,
-        warmup: if q {
-            Duration::from_millis(50)
-        } else {
-            warmup_for(secs)
-        },
+        warmup: a.run.warmup(secs),
         duration: Duration::from_secs_f64(secs),
         repeat: a.run.repeat(1),
     };
-    let mut rep = a.run.reporter()?;
-    fill::run(&opts, &mut rep).map_err(BenchError::Output)?;
-    Ok(rep.exit_code())
+    a.run.report(|rep| fill::run(&opts, rep))
 }
 
 fn run_plot(a: PlotArgs) -> Result<i32> {
@@ -605,9 +604,7 @@ fn run_refcache(a: RefcacheArgs) -> Result<i32> {
         secs: a.seconds.unwrap_or(if a.run.quick { 0.3 } else { 1.0 }),
         runs: a.run.repeat(3),
     };
-    let mut rep = a.run.reporter()?;
-    prims::run_refcache(&opts, &mut rep).map_err(BenchError::Output)?;
-    Ok(rep.exit_code())
+    a.run.report(|rep| prims::run_refcache(&opts, rep))
 }
 
 #[derive(Args)]
@@ -646,9 +643,7 @@ fn run_tree(a: TreeArgs) -> Result<i32> {
         runs: a.run.repeat(3),
         systems: a.systems.clone(),
     };
-    let mut rep = a.run.reporter()?;
-    prims::run_tree(&opts, &mut rep).map_err(BenchError::Output)?;
-    Ok(rep.exit_code())
+    a.run.report(|rep| prims::run_tree(&opts, rep))
 }
 
 #[derive(Args)]
@@ -688,9 +683,7 @@ fn run_mapbench(a: MapbenchArgs) -> Result<i32> {
         workloads,
         systems,
     };
-    let mut rep = a.run.reporter()?;
-    vm::run_mapbench(&opts, &mut rep).map_err(BenchError::Output)?;
-    Ok(rep.exit_code())
+    a.run.report(|rep| vm::run_mapbench(&opts, rep))
 }
 
 #[derive(Args)]
@@ -735,9 +728,7 @@ fn run_faultbench(a: FaultbenchArgs) -> Result<i32> {
         fractions,
         systems,
     };
-    let mut rep = a.run.reporter()?;
-    vm::run_faultbench(&opts, &mut rep).map_err(BenchError::Output)?;
-    Ok(rep.exit_code())
+    a.run.report(|rep| vm::run_faultbench(&opts, rep))
 }
 
 /// The whole program; `alloc` is the global allocator of the calling binary.

@@ -411,9 +411,7 @@ pub fn run_cli(a: ServerArgs) -> crate::error::Result<i32> {
             o.memory >> 20
         );
     }
-    let mut rep = a.run.reporter()?;
-    run(&o, &mut rep).map_err(BenchError::Output)?;
-    Ok(rep.exit_code())
+    a.run.report(|rep| run(&o, rep))
 }
 
 fn measured(o: &Opts) -> Vec<Phase> {

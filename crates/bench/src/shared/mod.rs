@@ -372,10 +372,8 @@ pub fn run_cli(a: SharedArgs) -> crate::error::Result<i32> {
         bins: Bins::find(a.nibble_bin.as_deref(), Vec::new()),
         quick: q,
     };
-    let mut rep = a.run.reporter()?;
     let _scratch = Scratch::create(&o.dir)?;
-    run(&o, &mut rep).map_err(BenchError::Output)?;
-    Ok(rep.exit_code())
+    a.run.report(|rep| run(&o, rep))
 }
 // The driver
 
