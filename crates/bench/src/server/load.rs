@@ -608,75 +608,88 @@ pub struct ChurnOut {
 
 pub fn churn(conns: &mut [Conn], threads: usize, spec: &ChurnSpec) -> Result<ChurnOut> {
     let t0 = Instant::now();
-    let mut rng = Rng::new(spec.seed);
-    let mut next_key = CHURN_BASE;
-    let mut out = ChurnOut::default();
+    let mut c = Churner {
+        conns,
+        threads,
+        spec,
+        rng: Rng::new(spec.seed),
+        next_key: CHURN_BASE,
+        live: Vec::new(),
+        out: ChurnOut::default(),
+    };
     // Step 1: fill with sizes A.
-    let mut live: Vec<(u64, u32)> = Vec::new();
-    let mut bytes = 0u64;
-    let mut ops = Vec::new();
-    while bytes < spec.target {
-        let n = rng.range(spec.sizes_a.0 as u64, spec.sizes_a.1 as u64 + 1) as u32;
-        ops.push(Op::Set(next_key, n));
-        next_key += 1;
-        bytes += KEY_LEN as u64 + n as u64;
-    }
-    let r = run_bulk(conns, threads, &ops, spec.pipeline)?;
-    note_failures(&mut out, &r);
-    let mut failed = r.failed.iter().peekable();
-    for (i, op) in ops.iter().enumerate() {
-        if failed.next_if_eq(&&i).is_some() {
-            continue;
-        }
-        if let Op::Set(k, n) = *op {
-            live.push((k, n));
-        }
-    }
-    out.ops += ops.len() as u64;
+    c.insert_to_target(spec.sizes_a)?;
     // Step 2: delete most of them, at random.
-    for i in (1..live.len()).rev() {
-        let j = rng.range(0, i as u64 + 1) as usize;
-        live.swap(i, j);
+    for i in (1..c.live.len()).rev() {
+        let j = c.rng.range(0, i as u64 + 1) as usize;
+        c.live.swap(i, j);
     }
-    let ndel = (live.len() as u64 * spec.delete_permille / 1000) as usize;
-    let ops: Vec<Op> = live[..ndel].iter().map(|&(k, n)| Op::Del(k, n)).collect();
-    let r = run_bulk(conns, threads, &ops, spec.pipeline)?;
-    note_failures(&mut out, &r);
-    out.ops += ops.len() as u64;
+    let ndel = (c.live.len() as u64 * spec.delete_permille / 1000) as usize;
+    let ops: Vec<Op> = c.live[..ndel].iter().map(|&(k, n)| Op::Del(k, n)).collect();
+    c.bulk(&ops)?;
     // A failed DEL found no key: it is not live either way.
-    live.drain(..ndel);
-    let mut bytes: u64 = live.iter().map(|&(_, n)| KEY_LEN as u64 + n as u64).sum();
+    c.live.drain(..ndel);
     // Step 3: back to the target with sizes B.
-    let mut ops = Vec::new();
-    while bytes < spec.target {
-        let n = rng.range(spec.sizes_b.0 as u64, spec.sizes_b.1 as u64 + 1) as u32;
-        ops.push(Op::Set(next_key, n));
-        next_key += 1;
-        bytes += KEY_LEN as u64 + n as u64;
-    }
-    let r = run_bulk(conns, threads, &ops, spec.pipeline)?;
-    note_failures(&mut out, &r);
-    let mut failed = r.failed.iter().peekable();
-    for (i, op) in ops.iter().enumerate() {
-        if failed.next_if_eq(&&i).is_some() {
-            continue;
-        }
-        if let Op::Set(k, n) = *op {
-            live.push((k, n));
-        }
-    }
-    out.ops += ops.len() as u64;
-    out.live_keys = live.len() as u64;
-    out.live_bytes = live.iter().map(|&(_, n)| KEY_LEN as u64 + n as u64).sum();
+    c.insert_to_target(spec.sizes_b)?;
+    let mut out = c.out;
+    out.live_keys = c.live.len() as u64;
+    out.live_bytes = live_bytes(&c.live);
     out.secs = t0.elapsed().as_secs_f64();
     Ok(out)
 }
 
-fn note_failures(out: &mut ChurnOut, r: &BulkOut) {
-    out.failed += r.failed.len() as u64;
-    if out.first_error.is_none() {
-        out.first_error.clone_from(&r.first_error);
+/// The churn between its steps.
+struct Churner<'a> {
+    conns: &'a mut [Conn],
+    threads: usize,
+    spec: &'a ChurnSpec,
+    rng: Rng,
+    next_key: u64,
+    /// (key, value bytes) of the keys the server holds.
+    live: Vec<(u64, u32)>,
+    out: ChurnOut,
+}
+
+impl Churner<'_> {
+    /// Send `ops`; count them and their failures.
+    fn bulk(&mut self, ops: &[Op]) -> Result<BulkOut> {
+        let r = run_bulk(self.conns, self.threads, ops, self.spec.pipeline)?;
+        self.out.ops += ops.len() as u64;
+        self.out.failed += r.failed.len() as u64;
+        if self.out.first_error.is_none() {
+            self.out.first_error.clone_from(&r.first_error);
+        }
+        Ok(r)
     }
+
+    /// SET new keys with values of `sizes` bytes until live data reaches
+    /// the target; the stored ones are live.
+    fn insert_to_target(&mut self, sizes: (u32, u32)) -> Result<()> {
+        let mut bytes = live_bytes(&self.live);
+        let mut ops = Vec::new();
+        while bytes < self.spec.target {
+            let n = self.rng.range(sizes.0 as u64, sizes.1 as u64 + 1) as u32;
+            ops.push(Op::Set(self.next_key, n));
+            self.next_key += 1;
+            bytes += KEY_LEN as u64 + n as u64;
+        }
+        let r = self.bulk(&ops)?;
+        let mut failed = r.failed.iter().peekable();
+        for (i, op) in ops.iter().enumerate() {
+            if failed.next_if_eq(&&i).is_some() {
+                continue;
+            }
+            if let Op::Set(k, n) = *op {
+                self.live.push((k, n));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Key + value bytes of `live`.
+fn live_bytes(live: &[(u64, u32)]) -> u64 {
+    live.iter().map(|&(_, n)| KEY_LEN as u64 + n as u64).sum()
 }
 
 #[cfg(test)]
