@@ -132,29 +132,43 @@ pub fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
     out.extend_from_slice(&d[i..]);
 }
 
+/// `<length>\r\n<data>\r\n`: the tail of a RESP bulk string and of a
+/// memcached `set`.
 #[inline]
-fn push_bulk(out: &mut Vec<u8>, b: &[u8]) {
-    out.push(b'$');
+fn push_sized(out: &mut Vec<u8>, b: &[u8]) {
     push_decimal(out, b.len() as u64);
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(b);
     out.extend_from_slice(b"\r\n");
 }
 
-/// `GET key`.
 #[inline]
-pub fn enc_get(p: Proto, out: &mut Vec<u8>, key: &[u8]) {
+fn push_bulk(out: &mut Vec<u8>, b: &[u8]) {
+    out.push(b'$');
+    push_sized(out, b);
+}
+
+/// A command of one key: `resp` (the RESP array header and the command's
+/// bulk string) or the memcached `word` (with its space), then the key.
+#[inline]
+fn enc_key_cmd(p: Proto, out: &mut Vec<u8>, resp: &[u8], word: &[u8], key: &[u8]) {
     match p {
         Proto::Resp => {
-            out.extend_from_slice(b"*2\r\n$3\r\nGET\r\n");
+            out.extend_from_slice(resp);
             push_bulk(out, key);
         }
         Proto::Memcached => {
-            out.extend_from_slice(b"get ");
+            out.extend_from_slice(word);
             out.extend_from_slice(key);
             out.extend_from_slice(b"\r\n");
         }
     }
+}
+
+/// `GET key`.
+#[inline]
+pub fn enc_get(p: Proto, out: &mut Vec<u8>, key: &[u8]) {
+    enc_key_cmd(p, out, b"*2\r\n$3\r\nGET\r\n", b"get ", key);
 }
 
 /// `SET key value` (no expiry, flags 0).
@@ -170,10 +184,7 @@ pub fn enc_set(p: Proto, out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
             out.extend_from_slice(b"set ");
             out.extend_from_slice(key);
             out.extend_from_slice(b" 0 0 ");
-            push_decimal(out, value.len() as u64);
-            out.extend_from_slice(b"\r\n");
-            out.extend_from_slice(value);
-            out.extend_from_slice(b"\r\n");
+            push_sized(out, value);
         }
     }
 }
@@ -181,17 +192,7 @@ pub fn enc_set(p: Proto, out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
 /// `DEL key` / `delete key`.
 #[inline]
 pub fn enc_del(p: Proto, out: &mut Vec<u8>, key: &[u8]) {
-    match p {
-        Proto::Resp => {
-            out.extend_from_slice(b"*2\r\n$3\r\nDEL\r\n");
-            push_bulk(out, key);
-        }
-        Proto::Memcached => {
-            out.extend_from_slice(b"delete ");
-            out.extend_from_slice(key);
-            out.extend_from_slice(b"\r\n");
-        }
-    }
+    enc_key_cmd(p, out, b"*2\r\n$3\r\nDEL\r\n", b"delete ", key);
 }
 
 /// Any command: a RESP array of bulk strings, or the words joined by
