@@ -205,24 +205,13 @@ pub(super) fn exhaustion(
                 }
                 let w = worst.unwrap_or(runs.last().expect("non-empty"));
                 let oom = Spread::of(&runs.iter().map(|r| r.oom_ns as f64).collect::<Vec<_>>());
-                rep.emit(
-                    Row::new(BENCH, kind.name(), threads)
-                        .set("order", order)
-                        .set("allocated_frames", w.allocated_frames)
-                        .set("total_frames", w.fin.total_frames)
-                        .set_spread("oom_detect_ns", &oom, 0)
-                        .set("fully_coalesced", w.fin.fully_coalesced())
-                        .set("free_blocks_at_max_order", max_order_blocks(&w.fin))
-                        .set(
-                            "expected_max_order_blocks",
-                            w.fin.total_frames >> w.fin.max_order,
-                        )
-                        .set(
-                            "distributed_fragmentation_frames",
-                            w.fin.distributed_fragmentation_frames,
-                        )
-                        .set("reps_ok", reps_ok),
-                )?;
+                let row = Row::new(BENCH, kind.name(), threads)
+                    .set("order", order)
+                    .set("allocated_frames", w.allocated_frames)
+                    .set("total_frames", w.fin.total_frames)
+                    .set_spread("oom_detect_ns", &oom, 0)
+                    .set("fully_coalesced", w.fin.fully_coalesced());
+                rep.emit(set_coalescing(row, &w.fin).set("reps_ok", reps_ok))?;
             }
         }
     }

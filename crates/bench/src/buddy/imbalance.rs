@@ -247,6 +247,21 @@ pub(super) fn max_order_blocks(s: &Stats) -> u64 {
         .unwrap_or(0)
 }
 
+/// The pool's coalescing after a run, in row order: blocks of the
+/// largest order free, how many a whole pool has, and the frames
+/// fragmented across heaps.
+pub(super) fn set_coalescing(row: Row, fin: &Stats) -> Row {
+    row.set("free_blocks_at_max_order", max_order_blocks(fin))
+        .set(
+            "expected_max_order_blocks",
+            fin.total_frames >> fin.max_order,
+        )
+        .set(
+            "distributed_fragmentation_frames",
+            fin.distributed_fragmentation_frames,
+        )
+}
+
 pub(super) fn imbalance(
     opts: &BuddyOpts,
     cpus: &[usize],
@@ -351,23 +366,15 @@ pub(super) fn imbalance(
                 }
                 let w = worst.unwrap_or(runs.last().expect("non-empty"));
                 let mean = Spread::of(&runs.iter().map(|r| r.mean_ops_per_sec).collect::<Vec<_>>());
+                let row = Row::new(FINAL, kind.name(), threads)
+                    .set("order", order)
+                    .set("queue_frames", queue)
+                    .set("fully_coalesced", w.fin.fully_coalesced())
+                    .set("free_frames", w.fin.free_frames)
+                    .set("total_frames", w.fin.total_frames)
+                    .set("in_flight_frames", w.fin.in_flight_frames);
                 rep.emit(
-                    Row::new(FINAL, kind.name(), threads)
-                        .set("order", order)
-                        .set("queue_frames", queue)
-                        .set("fully_coalesced", w.fin.fully_coalesced())
-                        .set("free_frames", w.fin.free_frames)
-                        .set("total_frames", w.fin.total_frames)
-                        .set("in_flight_frames", w.fin.in_flight_frames)
-                        .set("free_blocks_at_max_order", max_order_blocks(&w.fin))
-                        .set(
-                            "expected_max_order_blocks",
-                            w.fin.total_frames >> w.fin.max_order,
-                        )
-                        .set(
-                            "distributed_fragmentation_frames",
-                            w.fin.distributed_fragmentation_frames,
-                        )
+                    set_coalescing(row, &w.fin)
                         .set("borrows", w.last.sum(|h| h.borrows))
                         .set("forwarded_frees", w.last.sum(|h| h.forwarded_frees))
                         .set_f("mean_ops_per_sec", mean.median, 0)
