@@ -41,7 +41,7 @@ use serde::{Deserialize, Serialize};
 use crate::child::{self, Job};
 use crate::error::{Context, Result};
 use crate::kv::{Kv, System};
-use crate::report::{Reporter, Row};
+use crate::report::{Checks, Reporter, Row};
 use crate::util::{self, join_all, Rng, Spread, Watchdog};
 
 /// File sizes at creation, bytes (inclusive).
@@ -79,10 +79,8 @@ pub struct ChurnCell {
     pub deletes: u64,
     pub reads: u64,
     pub appends: u64,
-    pub misses: u64,
-    pub bad_values: u64,
-    pub put_errors: u64,
-    pub first_error: Option<String>,
+    #[serde(flatten)]
+    pub checks: Checks,
     pub segments_compacted: Option<u64>,
     pub bytes_relocated: Option<u64>,
 }
@@ -133,8 +131,7 @@ fn worker(
         match kv.put(key_of(t, next_id, &mut kbuf), &val) {
             Ok(()) => files.push((next_id, size as u32)),
             Err(e) => {
-                c.put_errors += 1;
-                c.first_error.get_or_insert_with(|| format!("insert: {e}"));
+                c.checks.put_failed(|| format!("insert: {e}"));
             }
         }
         next_id += 1;
@@ -160,18 +157,18 @@ fn worker(
             c.deletes += 1;
             match kv.delete(key) {
                 Ok(true) => {}
-                Ok(false) => c.misses += 1,
+                Ok(false) => c.checks.misses += 1,
                 Err(e) => return Err(e).context("delete"),
             }
             continue;
         }
         let found = kv.get_into(key, &mut buf).context("get")?;
         if !found {
-            c.misses += 1;
+            c.checks.misses += 1;
             continue;
         }
         if buf.len() != size as usize || buf[..8] != id.to_le_bytes() {
-            c.bad_values += 1;
+            c.checks.bad_values += 1;
             continue;
         }
         if r < 60 {
@@ -186,8 +183,7 @@ fn worker(
         match kv.put(key, &buf) {
             Ok(()) => files[i].1 = buf.len() as u32,
             Err(e) => {
-                c.put_errors += 1;
-                c.first_error.get_or_insert_with(|| format!("append: {e}"));
+                c.checks.put_failed(|| format!("append: {e}"));
             }
         }
     }
@@ -196,7 +192,7 @@ fn worker(
         c.deletes += 1;
         match kv.delete(key_of(t, id, &mut kbuf)) {
             Ok(true) => {}
-            Ok(false) => c.misses += 1,
+            Ok(false) => c.checks.misses += 1,
             Err(e) => return Err(e).context("cleanup delete"),
         }
     }
@@ -246,12 +242,7 @@ pub fn run_job(job: &ChurnJob, emit: &mut dyn FnMut(ChurnCell)) -> Result<()> {
         total.deletes += c.deletes;
         total.reads += c.reads;
         total.appends += c.appends;
-        total.misses += c.misses;
-        total.bad_values += c.bad_values;
-        total.put_errors += c.put_errors;
-        if total.first_error.is_none() {
-            total.first_error = c.first_error;
-        }
+        total.checks.add(c.checks);
     }
     if let Some(s) = kv.nibble() {
         let st = s.stats();
@@ -333,15 +324,7 @@ pub fn run(o: &ChurnOpts, rep: &mut Reporter) -> std::io::Result<()> {
             }
             for (r, c) in runs.iter().enumerate() {
                 let what = format!("{BENCH} {system} threads={threads} run {}", r + 1);
-                crate::report::check_run(
-                    rep,
-                    &what,
-                    "operations on live files",
-                    c.misses,
-                    c.bad_values,
-                    c.put_errors,
-                    c.first_error.as_deref(),
-                );
+                c.checks.report(rep, &what, "operations on live files");
             }
             let time = Spread::of(&runs.iter().map(|c| c.secs).collect::<Vec<_>>());
             let ops = Spread::of(
@@ -394,7 +377,8 @@ mod tests {
             let mut got = Vec::new();
             run_job(&job, &mut |c| got.push(c)).unwrap();
             let c = &got[0];
-            assert_eq!((c.misses, c.bad_values, c.put_errors), (0, 0, 0), "{sys}");
+            let k = &c.checks;
+            assert_eq!((k.misses, k.bad_values, k.put_errors), (0, 0, 0), "{sys}");
             assert!(c.ops >= 2 * 5500);
             assert!(c.appends > 0 && c.reads > 0 && c.deletes > 0);
         }

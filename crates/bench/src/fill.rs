@@ -40,7 +40,7 @@ use crate::error::{Context, Result};
 use crate::kv::{Kv, System};
 use crate::report::{Reporter, Row};
 use crate::util::{self, Spread, Watchdog};
-use crate::ycsb::{self, Dist, KeyBuf, RunSpec, Workload};
+use crate::ycsb::{self, Dist, KeyBuf, RunSpec, Workload, YcsbCell};
 
 /// What `memlab fill` holds fixed as utilization rises.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -77,15 +77,10 @@ pub struct FillJob {
 #[derive(Serialize, Deserialize, Debug, Clone)]
 pub struct FillCell {
     pub utilization_pct: u32,
-    pub threads: usize,
     pub records: u64,
-    pub ops_per_sec: f64,
-    pub p50_ns: u64,
-    pub p99_ns: u64,
-    pub misses: u64,
-    pub bad_values: u64,
-    pub put_errors: u64,
-    pub first_error: Option<String>,
+    /// The YCSB-A run (its checks with the overwrite pass's failed writes).
+    #[serde(flatten)]
+    pub ycsb: YcsbCell,
     /// Nibble: live bytes / pool bytes after the load.
     pub live_fraction: Option<f64>,
     pub segments_compacted: Option<u64>,
@@ -126,9 +121,8 @@ pub fn run_job(job: &FillJob, emit: &mut dyn FnMut(FillCell)) -> Result<()> {
         let what = format!("fill {} utilization={}%", job.system, p.utilization_pct);
         let kv = job.system.build(p.capacity)?;
         let kv: &dyn Kv = &*kv;
-        ycsb::load(kv, p.records, job.value_size, job.threads, &cpus, job.seed).context(&what)?;
-        let c = ycsb::condition(kv, p.records, job.value_size, job.threads, &cpus, job.seed)
-            .with_context(|| format!("{what}: overwrite pass"))?;
+        let (_, pass) = ycsb::load(kv, p.records, job.value_size, job.threads, &cpus, job.seed)
+            .context(&what)?;
         let before = kv.nibble().map(|s| s.stats());
         let spec = RunSpec {
             workload: Workload::A,
@@ -146,20 +140,12 @@ pub fn run_job(job: &FillJob, emit: &mut dyn FnMut(FillCell)) -> Result<()> {
             (Some(b), Some(a)) => Some(f(a).saturating_sub(f(b))),
             _ => None,
         };
+        let mut ycsb = ycsb::cell_of(Workload::A.name(), Some(Dist::Uniform), job.threads, &r);
+        ycsb.checks.add(pass.checks);
         emit(FillCell {
             utilization_pct: p.utilization_pct,
-            threads: job.threads,
             records: p.records,
-            ops_per_sec: r.ops_per_sec,
-            p50_ns: r.p_ns(0.5),
-            p99_ns: r.p_ns(0.99),
-            misses: r.misses,
-            bad_values: r.bad_values,
-            put_errors: r.put_errors + c.put_errors,
-            first_error: r
-                .first_error
-                .clone()
-                .or(c.first_error.map(|e| format!("{e} (overwrite pass)"))),
+            ycsb,
             live_fraction: before
                 .as_ref()
                 .map(|b| b.live_bytes as f64 / b.pool_bytes.max(1) as f64),
@@ -324,23 +310,15 @@ pub fn run(o: &FillOpts, rep: &mut Reporter) -> std::io::Result<()> {
                         p.utilization_pct,
                         r + 1
                     );
-                    crate::report::check_run(
-                        rep,
-                        &what,
-                        "reads of loaded keys",
-                        c.misses,
-                        c.bad_values,
-                        c.put_errors,
-                        c.first_error.as_deref(),
-                    );
+                    c.ycsb.checks.report(rep, &what, "reads of loaded keys");
                 }
-                let ops = Spread::of(&runs.iter().map(|c| c.ops_per_sec).collect::<Vec<_>>());
+                let ops = Spread::of(&runs.iter().map(|c| c.ycsb.ops_per_sec).collect::<Vec<_>>());
                 let med = |f: &dyn Fn(&FillCell) -> Option<f64>| -> Option<f64> {
                     let v: Vec<f64> = runs.iter().filter_map(|c| f(c)).collect();
                     (!v.is_empty()).then(|| Spread::of(&v).median)
                 };
-                let p50 = med(&|c| Some(c.p50_ns as f64)).unwrap_or(f64::NAN);
-                let p99 = med(&|c| Some(c.p99_ns as f64)).unwrap_or(f64::NAN);
+                let p50 = med(&|c| Some(c.ycsb.p50_ns as f64)).unwrap_or(f64::NAN);
+                let p99 = med(&|c| Some(c.ycsb.p99_ns as f64)).unwrap_or(f64::NAN);
                 let mut row = Row::new(BENCH, system.name(), threads)
                     .set("utilization", p.utilization_pct)
                     .set_spread("ops_per_sec", &ops, 0)
@@ -371,7 +349,10 @@ pub fn run(o: &FillOpts, rep: &mut Reporter) -> std::io::Result<()> {
                     med(&|c| c.compaction_passes.map(|x| x as f64)),
                     0,
                 );
-                row = row.set("put_errors", runs.iter().map(|c| c.put_errors).sum::<u64>());
+                row = row.set(
+                    "put_errors",
+                    runs.iter().map(|c| c.ycsb.checks.put_errors).sum::<u64>(),
+                );
                 rep.emit(row)?;
             }
             // Ratio to the first utilization, paired run by run.
@@ -387,7 +368,7 @@ pub fn run(o: &FillOpts, rep: &mut Reporter) -> std::io::Result<()> {
                         let b = cells[r][ti][si]
                             .iter()
                             .find(|c| c.utilization_pct == first.utilization_pct)?;
-                        Some(c.ops_per_sec / b.ops_per_sec)
+                        Some(c.ycsb.ops_per_sec / b.ycsb.ops_per_sec)
                     })
                     .filter(|x| x.is_finite())
                     .collect();
@@ -451,8 +432,8 @@ mod tests {
         run_job(&job, &mut |c| got.push(c)).unwrap();
         assert_eq!(got.len(), 2);
         for c in &got {
-            assert_eq!((c.misses, c.bad_values), (0, 0));
-            assert!(c.ops_per_sec > 0.0);
+            assert_eq!((c.ycsb.checks.misses, c.ycsb.checks.bad_values), (0, 0));
+            assert!(c.ycsb.ops_per_sec > 0.0);
         }
         let f = got[1].live_fraction.unwrap();
         assert!((0.75..0.85).contains(&f), "{f}");

@@ -32,7 +32,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::child::Alloc;
-use crate::error::{BenchError, Result};
+use crate::error::{BenchError, Context, Result};
 
 /// Why an operation failed.
 #[derive(Debug, Clone)]
@@ -158,11 +158,8 @@ impl System {
         match self {
             System::Nibble(_) => {
                 let cfg = self.nibble_config(capacity).expect("a nibble variant");
-                let store = nibble::Store::new(cfg).map_err(|e| {
-                    format!(
-                        "{}: cannot create a store of {capacity} bytes: {e}",
-                        self.name()
-                    )
+                let store = nibble::Store::new(cfg).with_context(|| {
+                    format!("{}: cannot create a store of {capacity} bytes", self.name())
                 })?;
                 Ok(Box::new(NibbleKv(store)))
             }

@@ -451,28 +451,58 @@ fn render_table(t: &Table) -> String {
     s
 }
 
-/// Report one run's correctness counters: a read that missed or returned a
-/// wrong value fails the run (exit status 1); failed writes are errors.
-/// `missed` names what was read ("reads of loaded keys").
-pub fn check_run(
-    rep: &mut Reporter,
-    what: &str,
-    missed: &str,
-    misses: u64,
-    bad_values: u64,
-    put_errors: u64,
-    first_error: Option<&str>,
-) {
-    if misses > 0 || bad_values > 0 {
-        rep.fail(format!(
-            "{what}: {misses} {missed} missed, {bad_values} returned a wrong value"
-        ));
+/// The correctness counters of a run on a key-value store, summed over
+/// its threads.
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Checks {
+    /// Reads that found no value (must be 0).
+    pub misses: u64,
+    /// Reads that returned a wrong value (must be 0).
+    pub bad_values: u64,
+    /// Writes that failed (out of memory).
+    pub put_errors: u64,
+    pub first_error: Option<String>,
+}
+
+impl Checks {
+    /// A write failed: count it, and keep the first one's message.
+    pub fn put_failed(&mut self, msg: impl FnOnce() -> String) {
+        self.put_errors += 1;
+        self.first_error.get_or_insert_with(msg);
     }
-    if put_errors > 0 {
-        rep.error(format!(
-            "{what}: {put_errors} writes failed, first: {}",
-            first_error.unwrap_or("?")
-        ));
+
+    /// Add another thread's (or phase's) counters; the first error stays
+    /// the first.
+    pub fn add(&mut self, o: Checks) {
+        self.misses += o.misses;
+        self.bad_values += o.bad_values;
+        self.put_errors += o.put_errors;
+        if self.first_error.is_none() {
+            self.first_error = o.first_error;
+        }
+    }
+
+    /// Report them: a read that missed or returned a wrong value fails the
+    /// run (exit status 1); failed writes are errors. `missed` names what
+    /// was read ("reads of loaded keys").
+    pub fn report(&self, rep: &mut Reporter, what: &str, missed: &str) {
+        let Checks {
+            misses,
+            bad_values,
+            put_errors,
+            first_error,
+        } = self;
+        if *misses > 0 || *bad_values > 0 {
+            rep.fail(format!(
+                "{what}: {misses} {missed} missed, {bad_values} returned a wrong value"
+            ));
+        }
+        if *put_errors > 0 {
+            rep.error(format!(
+                "{what}: {put_errors} writes failed, first: {}",
+                first_error.as_deref().unwrap_or("?")
+            ));
+        }
     }
 }
 

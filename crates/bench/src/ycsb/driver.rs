@@ -1,4 +1,4 @@
-//! The driver (also used by `fill`): load, condition, and the timed
+//! The driver (also used by `fill`): load (with its overwrite pass), and the timed
 //! workload threads with a shared warm-up / measure / stop phase.
 
 use super::*;
@@ -13,13 +13,7 @@ pub struct PhaseResult {
     pub ops_per_sec: f64,
     /// Sampled op durations, TSC ticks.
     pub hist: Histogram<u64>,
-    /// Reads that found no value (must be 0).
-    pub misses: u64,
-    /// Reads that returned a wrong value (must be 0).
-    pub bad_values: u64,
-    /// Writes that failed (out of memory).
-    pub put_errors: u64,
-    pub first_error: Option<String>,
+    pub checks: Checks,
 }
 
 impl PhaseResult {
@@ -32,10 +26,7 @@ pub(super) struct ThreadResult {
     pub(super) ops: u64,
     pub(super) secs: f64,
     pub(super) hist: Histogram<u64>,
-    pub(super) misses: u64,
-    pub(super) bad_values: u64,
-    pub(super) put_errors: u64,
-    pub(super) first_error: Option<String>,
+    pub(super) checks: Checks,
 }
 
 pub(super) fn merge(threads: Vec<ThreadResult>, wall_secs: Option<f64>) -> Result<PhaseResult> {
@@ -43,10 +34,7 @@ pub(super) fn merge(threads: Vec<ThreadResult>, wall_secs: Option<f64>) -> Resul
         ops: 0,
         ops_per_sec: 0.0,
         hist: new_hist()?,
-        misses: 0,
-        bad_values: 0,
-        put_errors: 0,
-        first_error: None,
+        checks: Checks::default(),
     };
     for t in threads {
         r.ops += t.ops;
@@ -54,12 +42,7 @@ pub(super) fn merge(threads: Vec<ThreadResult>, wall_secs: Option<f64>) -> Resul
             r.ops_per_sec += t.ops as f64 / t.secs;
         }
         r.hist.add(&t.hist).context("histogram")?;
-        r.misses += t.misses;
-        r.bad_values += t.bad_values;
-        r.put_errors += t.put_errors;
-        if r.first_error.is_none() {
-            r.first_error = t.first_error;
-        }
+        r.checks.add(t.checks);
     }
     if let Some(w) = wall_secs {
         r.ops_per_sec = r.ops as f64 / w.max(1e-9);
@@ -67,26 +50,16 @@ pub(super) fn merge(threads: Vec<ThreadResult>, wall_secs: Option<f64>) -> Resul
     Ok(r)
 }
 
-/// Insert records `0..records` with `threads` pinned threads; fails on the
-/// first failed insert.
-pub fn load(
-    kv: &dyn Kv,
-    records: u64,
-    value_size: usize,
-    threads: usize,
-    cpus: &[usize],
-    seed: u64,
-) -> Result<PhaseResult> {
-    write_all(
-        kv, records, records, value_size, threads, cpus, seed, 0, true,
-    )
-}
-
-/// Make `2 × records` writes of records picked uniformly at random,
-/// unmeasured, so that the measured runs find the store near its steady
-/// state. Right after the load, Nibble's log still has never-used space
-/// (60 % of the pool at YCSB's capacity) and every loaded segment is fully
-/// live. Measured at 1 thread, 1 M records, YCSB-A uniform in 1 s cells:
+/// Insert records `0..records` with `threads` pinned threads (failing on
+/// the first failed insert), then make `2 × records` writes of records
+/// picked uniformly at random, unmeasured, so that the measured runs find
+/// the store near its steady state: the load's result and this overwrite
+/// pass's (its failed writes are counted, not fatal; its first error says
+/// "(overwrite pass)").
+///
+/// Right after the load, Nibble's log still has never-used space (60 % of
+/// the pool at YCSB's capacity) and every loaded segment is fully live.
+/// Measured at 1 thread, 1 M records, YCSB-A uniform in 1 s cells:
 /// straight after the load, 1.3 M/s (appending into free space), then
 /// ~0.45 M/s for several seconds (compaction copying the old, still mostly
 /// live load segments, which the cost-benefit score favours for their
@@ -94,16 +67,19 @@ pub fn load(
 /// ~1.5 M/s after ~2 × records updates. A sequential pass would leave the
 /// load segments entirely dead, which makes the next compactions
 /// unrealistically cheap. The baselines get the same pass (their
-/// allocators see the same frees). Failed writes are counted, not fatal.
-pub fn condition(
+/// allocators see the same frees).
+pub fn load(
     kv: &dyn Kv,
     records: u64,
     value_size: usize,
     threads: usize,
     cpus: &[usize],
     seed: u64,
-) -> Result<PhaseResult> {
-    write_all(
+) -> Result<(PhaseResult, PhaseResult)> {
+    let loaded = write_all(
+        kv, records, records, value_size, threads, cpus, seed, 0, true,
+    )?;
+    let mut pass = write_all(
         kv,
         records,
         2 * records,
@@ -114,6 +90,11 @@ pub fn condition(
         1,
         false,
     )
+    .context("overwrite pass")?;
+    if let Some(e) = &mut pass.checks.first_error {
+        e.push_str(" (overwrite pass)");
+    }
+    Ok((loaded, pass))
 }
 
 /// `strict` (the load): write records `0..records` once each (`writes ==
@@ -145,8 +126,8 @@ pub(super) fn write_all(
                     let mut key = KeyBuf::default();
                     let mut val = filler_value(value_size, seed + t as u64);
                     let start = Instant::now();
-                    let (mut n, mut put_errors) = (0u64, 0u64);
-                    let mut first_error = None;
+                    let mut n = 0u64;
+                    let mut checks = Checks::default();
                     let mut rng = Rng::new(seed.wrapping_mul(31).wrapping_add(t as u64 + 7));
                     let mut j = t as u64;
                     while j < writes {
@@ -168,17 +149,12 @@ pub(super) fn write_all(
                         };
                         match r {
                             Ok(()) => n += 1,
-                            Err(e) if strict => {
-                                return Err(format!(
-                                "load: insert of record {i} after {n} inserts by this thread: {e}"
-                            )
-                                .into())
-                            }
-                            Err(e) => {
-                                put_errors += 1;
-                                first_error
-                                    .get_or_insert_with(|| format!("overwrite of record {i}: {e}"));
-                            }
+                            Err(e) if strict => return Err(e).with_context(|| {
+                                format!(
+                                    "load: insert of record {i} after {n} inserts by this thread"
+                                )
+                            }),
+                            Err(e) => checks.put_failed(|| format!("overwrite of record {i}: {e}")),
                         }
                     }
                     let end = Instant::now();
@@ -187,10 +163,7 @@ pub(super) fn write_all(
                             ops: n,
                             secs: (end - start).as_secs_f64(),
                             hist,
-                            misses: 0,
-                            bad_values: 0,
-                            put_errors,
-                            first_error,
+                            checks,
                         },
                         start,
                         end,
@@ -252,9 +225,9 @@ pub(super) fn worker(
     } else {
         Op::Update
     };
-    let (mut n, mut ops, mut misses, mut bad, mut put_errors) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut n, mut ops) = (0u64, 0u64);
     let mut version = seed << 40;
-    let mut first_error: Option<String> = None;
+    let mut checks = Checks::default();
     let mut start: Option<Instant> = None;
     loop {
         if n.is_multiple_of(SAMPLE_EVERY) {
@@ -262,7 +235,12 @@ pub(super) fn worker(
                 PHASE_STOP => break,
                 PHASE_MEASURE if start.is_none() => {
                     start = Some(Instant::now());
-                    (ops, misses, bad, put_errors) = (0, 0, 0, 0);
+                    ops = 0;
+                    // The counts start over; a first error stays.
+                    checks = Checks {
+                        first_error: checks.first_error.take(),
+                        ..Checks::default()
+                    };
                     hist.reset();
                 }
                 _ => {}
@@ -280,8 +258,8 @@ pub(super) fn worker(
         let mut put_result: Result<(), KvError> = Ok(());
         match op {
             Op::Read => match kv.get_into(k, &mut buf) {
-                Ok(true) => bad += u64::from(!value_ok(&buf, keynum, s.value_size)),
-                Ok(false) => misses += 1,
+                Ok(true) => checks.bad_values += u64::from(!value_ok(&buf, keynum, s.value_size)),
+                Ok(false) => checks.misses += 1,
                 Err(e) => return Err(e).context("get"),
             },
             Op::Update => {
@@ -299,8 +277,8 @@ pub(super) fn worker(
                         buf[last] = buf[last].wrapping_add(1);
                         put_result = kv.put(k, &buf);
                     }
-                    Ok(true) => bad += 1,
-                    Ok(false) => misses += 1,
+                    Ok(true) => checks.bad_values += 1,
+                    Ok(false) => checks.misses += 1,
                     Err(e) => return Err(e).context("get"),
                 }
             }
@@ -312,10 +290,7 @@ pub(super) fn worker(
         // A failed write is not a completed op; it is counted apart.
         match put_result {
             Ok(()) => ops += 1,
-            Err(e) => {
-                put_errors += 1;
-                first_error.get_or_insert_with(|| format!("put: {e}"));
-            }
+            Err(e) => checks.put_failed(|| format!("put: {e}")),
         }
     }
     let Some(start) = start else {
@@ -325,10 +300,7 @@ pub(super) fn worker(
         ops,
         secs: start.elapsed().as_secs_f64(),
         hist,
-        misses,
-        bad_values: bad,
-        put_errors,
-        first_error,
+        checks,
     })
 }
 

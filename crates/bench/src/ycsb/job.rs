@@ -31,18 +31,11 @@ pub struct YcsbCell {
     pub ops_per_sec: f64,
     pub p50_ns: u64,
     pub p99_ns: u64,
-    pub misses: u64,
-    pub bad_values: u64,
-    pub put_errors: u64,
-    pub first_error: Option<String>,
+    #[serde(flatten)]
+    pub checks: Checks,
 }
 
-pub(super) fn cell_of(
-    workload: &str,
-    dist: Option<Dist>,
-    threads: usize,
-    r: &PhaseResult,
-) -> YcsbCell {
+pub fn cell_of(workload: &str, dist: Option<Dist>, threads: usize, r: &PhaseResult) -> YcsbCell {
     YcsbCell {
         workload: workload.to_string(),
         distribution: dist.map(|d| d.name().to_string()),
@@ -51,10 +44,7 @@ pub(super) fn cell_of(
         ops_per_sec: r.ops_per_sec,
         p50_ns: r.p_ns(0.5),
         p99_ns: r.p_ns(0.99),
-        misses: r.misses,
-        bad_values: r.bad_values,
-        put_errors: r.put_errors,
-        first_error: r.first_error.clone(),
+        checks: r.checks.clone(),
     }
 }
 
@@ -70,7 +60,7 @@ pub fn run_job(job: &YcsbJob, emit: &mut dyn FnMut(YcsbCell)) -> Result<()> {
     );
     let kv = job.system.build(job.capacity)?;
     let kv: &dyn Kv = &*kv;
-    let r = load(
+    let (r, pass) = load(
         kv,
         job.records,
         job.value_size,
@@ -80,22 +70,9 @@ pub fn run_job(job: &YcsbJob, emit: &mut dyn FnMut(YcsbCell)) -> Result<()> {
     )
     .with_context(|| format!("ycsb {} threads={}", job.system, job.threads))?;
     emit(cell_of("load", None, job.threads, &r));
-    let c = condition(
-        kv,
-        job.records,
-        job.value_size,
-        job.threads,
-        &cpus,
-        job.seed,
-    )
-    .map_err(|e| {
-        format!(
-            "ycsb {} threads={}: overwrite pass: {e}",
-            job.system, job.threads
-        )
-    })?;
-    // Its failed writes are reported with the first measured cell's.
-    let mut carry = Some((c.put_errors, c.first_error));
+    // The overwrite pass's failed writes are reported with the first
+    // measured cell's.
+    let mut carry = Some(pass.checks);
     for &dist in &job.distributions {
         for &workload in &job.workloads {
             let spec = RunSpec {
@@ -108,9 +85,9 @@ pub fn run_job(job: &YcsbJob, emit: &mut dyn FnMut(YcsbCell)) -> Result<()> {
                 duration: Duration::from_millis(job.measure_ms),
                 seed: job.seed ^ ((workload as u64) << 8 | dist as u64),
             };
-            let r = run_workload(kv, &spec, &cpus).map_err(|e| {
+            let r = run_workload(kv, &spec, &cpus).with_context(|| {
                 format!(
-                    "ycsb {} {} {} threads={}: {e}",
+                    "ycsb {} {} {} threads={}",
                     job.system,
                     workload.name(),
                     dist.name(),
@@ -118,11 +95,8 @@ pub fn run_job(job: &YcsbJob, emit: &mut dyn FnMut(YcsbCell)) -> Result<()> {
                 )
             })?;
             let mut cell = cell_of(workload.name(), Some(dist), job.threads, &r);
-            if let Some((n, e)) = carry.take() {
-                cell.put_errors += n;
-                if cell.first_error.is_none() {
-                    cell.first_error = e.map(|e| format!("{e} (overwrite pass)"));
-                }
+            if let Some(c) = carry.take() {
+                cell.checks.add(c);
             }
             emit(cell);
         }

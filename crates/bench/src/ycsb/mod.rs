@@ -5,7 +5,7 @@
 //!  per (repeat, threads, system): one fresh child process
 //!    load    records keys "user<fnv(i)>", i in 0..records, inserted by
 //!            `threads` threads (thread t: i = t, t+T, ...)      -> row workload=load
-//!    2 × records random overwrites, unmeasured (see [`condition`])
+//!    2 × records random overwrites, unmeasured (see [`load`])
 //!    for distribution in uniform, zipfian:
 //!      for workload in A, B, C, F:
 //!        warm-up, then `seconds` of closed-loop ops per thread -> one row each
@@ -68,7 +68,7 @@ use topology::{rdtsc, tsc_to_ns};
 use crate::child::{self, Job};
 use crate::error::{Context, Result};
 use crate::kv::{Kv, KvError, System};
-use crate::report::{Reporter, Row};
+use crate::report::{Checks, Reporter, Row};
 use crate::util::{self, join_all, new_hist, Rng, Spread, Watchdog};
 
 mod driver;
@@ -265,15 +265,7 @@ pub fn run(o: &YcsbOpts, rep: &mut Reporter) -> std::io::Result<()> {
             c.threads,
             r + 1
         );
-        crate::report::check_run(
-            rep,
-            &what,
-            "reads of loaded keys",
-            c.misses,
-            c.bad_values,
-            c.put_errors,
-            c.first_error.as_deref(),
-        );
+        c.checks.report(rep, &what, "reads of loaded keys");
     }
     // Rows, grouped by cell then threads then system; the ratios after them.
     let mut ratio_rows = Vec::new();
@@ -424,10 +416,9 @@ mod tests {
         for sys in ["hashmap-glibc", "nibble2"] {
             let sys: System = sys.parse().unwrap();
             let kv = sys.build(capacity_for(2000, 64)).unwrap();
-            let r = load(&*kv, 2000, 64, 2, &cpus, 1).unwrap();
+            let (r, c) = load(&*kv, 2000, 64, 2, &cpus, 1).unwrap();
             assert_eq!(r.ops, 2000);
-            let c = condition(&*kv, 2000, 64, 2, &cpus, 1).unwrap();
-            assert_eq!((c.ops, c.put_errors), (4000, 0));
+            assert_eq!((c.ops, c.checks.put_errors), (4000, 0));
             for w in [Workload::A, Workload::B, Workload::C, Workload::F] {
                 for d in [Dist::Uniform, Dist::Zipfian] {
                     let s = RunSpec {
@@ -442,8 +433,9 @@ mod tests {
                     };
                     let r = run_workload(&*kv, &s, &cpus).unwrap();
                     assert!(r.ops > 0);
+                    let k = &r.checks;
                     assert_eq!(
-                        (r.misses, r.bad_values, r.put_errors),
+                        (k.misses, k.bad_values, k.put_errors),
                         (0, 0, 0),
                         "{sys} {w:?} {d:?}"
                     );
