@@ -549,24 +549,15 @@ fn draw_panel<DB: DrawingBackend>(
             (lo - 1.0, hi + 1.0)
         }
     };
-    let ymax = p
+    // The y range covers every point and error bar, and 0.
+    let (ymin, ymax) = p
         .series
         .iter()
-        .flat_map(|s| {
-            s.points
-                .iter()
-                .map(|q| q.range.map_or(q.y, |r| r.1.max(q.y)))
-        })
-        .fold(0.0f64, f64::max);
-    let ymin = p
-        .series
-        .iter()
-        .flat_map(|s| {
-            s.points
-                .iter()
-                .map(|q| q.range.map_or(q.y, |r| r.0.min(q.y)))
-        })
-        .fold(0.0f64, f64::min);
+        .flat_map(|s| &s.points)
+        .fold((0.0f64, 0.0f64), |(lo, hi), q| {
+            let (a, b) = q.range.unwrap_or((q.y, q.y));
+            (lo.min(a.min(q.y)), hi.max(b.max(q.y)))
+        });
     let unit_line = matches!(p.yfield.as_str(), "ratio" | "bloat") || p.yfield.ends_with("ratio");
     let ymax = if unit_line { ymax.max(1.0) } else { ymax };
     let (y0, y1) = if ymax > ymin {
