@@ -550,14 +550,14 @@ fn draw_panel<DB: DrawingBackend>(
         }
     };
     // The y range covers every point and error bar, and 0.
-    let (ymin, ymax) = p
-        .series
-        .iter()
-        .flat_map(|s| &s.points)
-        .fold((0.0f64, 0.0f64), |(lo, hi), q| {
-            let (a, b) = q.range.unwrap_or((q.y, q.y));
-            (lo.min(a.min(q.y)), hi.max(b.max(q.y)))
-        });
+    let (ymin, ymax) =
+        p.series
+            .iter()
+            .flat_map(|s| &s.points)
+            .fold((0.0f64, 0.0f64), |(lo, hi), q| {
+                let (a, b) = q.range.unwrap_or((q.y, q.y));
+                (lo.min(a.min(q.y)), hi.max(b.max(q.y)))
+            });
     let unit_line = matches!(p.yfield.as_str(), "ratio" | "bloat") || p.yfield.ends_with("ratio");
     let ymax = if unit_line { ymax.max(1.0) } else { ymax };
     let (y0, y1) = if ymax > ymin {

@@ -3,49 +3,32 @@
 //! processes), in a few seconds. Figures are not checked, only that each
 //! workload produced its rows and the persisted index answered.
 
-use std::process::Command;
+mod common;
 
 #[test]
 fn jmp_every_workload_tiny() {
-    let out = Command::new(env!("CARGO_BIN_EXE_memlab"))
-        .args([
-            "jmp",
-            "--json",
-            "--repeat",
-            "1",
-            "--switch-iters",
-            "200",
-            "--attach-mib",
-            "4",
-            "--huge",
-            "off",
-            "--window-kib",
-            "256",
-            "--updates",
-            "16384",
-            "--windows",
-            "1,2",
-            "--records",
-            "2000",
-        ])
-        .output()
-        .expect("run memlab");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "memlab jmp failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
-    );
-    let rows: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("a JSON row"))
-        .collect();
-    let count = |bench: &str, system: &str| {
-        rows.iter()
-            .filter(|r| r["bench"] == bench && r["system"] == system)
-            .count()
-    };
+    let run = common::run_json(common::memlab().args([
+        "jmp",
+        "--json",
+        "--repeat",
+        "1",
+        "--switch-iters",
+        "200",
+        "--attach-mib",
+        "4",
+        "--huge",
+        "off",
+        "--window-kib",
+        "256",
+        "--updates",
+        "16384",
+        "--windows",
+        "1,2",
+        "--records",
+        "2000",
+    ]));
+    let (rows, stdout) = (&run.rows, &run.stdout);
+    let count = |bench: &str, system: &str| run.count(bench, system);
     for system in [
         "vas-disjoint+locks",
         "vas-disjoint",

@@ -9,6 +9,8 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+mod common;
+
 fn nibble_bin() -> Option<PathBuf> {
     let exe = PathBuf::from(env!("CARGO_BIN_EXE_memlab"));
     let dir = exe.parent()?;
@@ -27,7 +29,7 @@ fn in_path(name: &str) -> bool {
 fn shared_every_workload_tiny() {
     let dir = std::env::temp_dir().join(format!("memlab-shared-smoke-{}", std::process::id()));
     let mut systems = vec!["direct"];
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_memlab"));
+    let mut cmd = common::memlab();
     cmd.arg("shared");
     match nibble_bin() {
         Some(p) => {
@@ -50,39 +52,24 @@ fn shared_every_workload_tiny() {
     } else {
         eprintln!("shared_smoke: skipping redis rows: redis-server is not installed");
     }
-    let out = cmd
-        .env("MEMLAB_NO_INSTALL", "1")
-        .args(["--json", "--repeat", "1", "--keys", "500"])
-        .args([
-            "--seconds",
-            "0.05",
-            "--restart-mib",
-            "2",
-            "--processes",
-            "1,2",
-        ])
-        .args(["--set-pcts", "50", "--systems", &systems.join(",")])
-        .arg("--dir")
-        .arg(&dir)
-        .output()
-        .expect("run memlab");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "memlab shared failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
+    let run = common::run_json(
+        cmd.env("MEMLAB_NO_INSTALL", "1")
+            .args(["--json", "--repeat", "1", "--keys", "500"])
+            .args([
+                "--seconds",
+                "0.05",
+                "--restart-mib",
+                "2",
+                "--processes",
+                "1,2",
+            ])
+            .args(["--set-pcts", "50", "--systems", &systems.join(",")])
+            .arg("--dir")
+            .arg(&dir),
     );
     assert!(!dir.exists(), "the scratch directory was not removed");
-    let rows: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("a JSON row"))
-        .collect();
-    let count = |bench: &str, system: &str| {
-        rows.iter()
-            .filter(|r| r["bench"] == bench && r["system"] == system)
-            .count()
-    };
+    let (rows, stdout) = (&run.rows, &run.stdout);
+    let count = |bench: &str, system: &str| run.count(bench, system);
     for s in &systems {
         // get and set at 1 and 2 processes.
         assert_eq!(count("shared", s), 4, "{s}: {stdout}");

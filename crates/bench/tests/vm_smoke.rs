@@ -3,25 +3,11 @@
 //! software-MMU rows say the TLB is simulated, and the RadixVM rows of
 //! `local` sent no shootdown. Figures are otherwise not checked.
 
-use std::process::Command;
+mod common;
 
 fn memlab(args: &[&str]) -> (Vec<serde_json::Value>, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_memlab"))
-        .args(args)
-        .output()
-        .expect("run memlab");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(
-        out.status.success(),
-        "memlab {args:?} failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
-    );
-    let rows = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("a JSON row"))
-        .collect();
-    (rows, stderr)
+    let run = common::run_json(common::memlab().args(args));
+    (run.rows, run.stderr)
 }
 
 /// The -uffd systems run unless the kernel has no userfaultfd, in which

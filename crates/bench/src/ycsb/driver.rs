@@ -149,11 +149,13 @@ pub(super) fn write_all(
                         };
                         match r {
                             Ok(()) => n += 1,
-                            Err(e) if strict => return Err(e).with_context(|| {
-                                format!(
+                            Err(e) if strict => {
+                                return Err(e).with_context(|| {
+                                    format!(
                                     "load: insert of record {i} after {n} inserts by this thread"
                                 )
-                            }),
+                                })
+                            }
                             Err(e) => checks.put_failed(|| format!("overwrite of record {i}: {e}")),
                         }
                     }
