@@ -1,5 +1,5 @@
 //! RadixVM Figures 6-7 and the Bonsai claim as a library function, for
-//! `memlab tree` and `examples/treebench.rs`: [`PRESENT_KEYS`] present
+//! `memlab tree` (which reports the rows): [`PRESENT_KEYS`] present
 //! keys; readers look up random present keys while writers insert and then
 //! delete random absent keys. Systems: the Bonsai tree, the radix map,
 //! `RwLock<BTreeMap>` (the Linux-style baseline) and `crossbeam-skiplist`
@@ -367,48 +367,6 @@ pub struct Row {
     pub spread_pct: f64,
     /// Runs measured.
     pub runs: usize,
-}
-
-impl Row {
-    /// Header of [`Row::to_table_line`].
-    pub const TABLE_HEADER: &'static str =
-        "system            readers writers lookups/s/reader   spread% writes/s/writer";
-
-    /// The row as one JSON object (memlab's convention).
-    pub fn to_json(&self) -> String {
-        format!(
-            "{{\"bench\":\"tree\",\"system\":\"{}\",\"threads\":{},\"readers\":{},\"writers\":{},\
-             \"busy\":{},\"lookups_per_sec_per_reader\":{:.0},\"writes_per_sec_per_writer\":{:.0},\
-             \"spread_pct\":{:.1},\"runs\":{}}}",
-            self.system,
-            self.readers + self.writers + self.busy,
-            self.readers,
-            self.writers,
-            self.busy,
-            self.lookups_per_sec_per_reader,
-            self.writes_per_sec_per_writer,
-            self.spread_pct,
-            self.runs
-        )
-    }
-
-    /// The row as a table line.
-    pub fn to_table_line(&self) -> String {
-        let writers = if self.busy > 0 {
-            format!("0+{}busy", self.busy)
-        } else {
-            self.writers.to_string()
-        };
-        format!(
-            "{:<17} {:>7} {:>7} {:>16.0} {:>9.1} {:>15.0}",
-            self.system,
-            self.readers,
-            writers,
-            self.lookups_per_sec_per_reader,
-            self.spread_pct,
-            self.writes_per_sec_per_writer
-        )
-    }
 }
 
 /// The present keys: [`PRESENT_KEYS`] distinct even page numbers (writers

@@ -46,7 +46,7 @@
 //! The algorithm core needs `std` only through `epoch` and the writer's
 //! lock. Feature `bench` adds the `bench` module: RadixVM Figures 6-7 (this tree,
 //! the radix map, `RwLock<BTreeMap>`, crossbeam-skiplist) as a library
-//! function for `memlab tree` and `examples/treebench.rs`.
+//! function for `memlab tree`.
 
 #![warn(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks)]

@@ -1,5 +1,5 @@
-//! RadixVM Figure 8 as a library function, for `memlab refcache` and the
-//! `refbench` example: N threads repeatedly take and drop a reference to
+//! RadixVM Figure 8 as a library function, for `memlab refcache` (which
+//! reports the rows): N threads repeatedly take and drop a reference to
 //! one shared object (map and unmap a shared page) under each counting
 //! scheme, plus the bytes of counting state per object.
 //!
@@ -81,38 +81,6 @@ pub struct Row {
     pub runs: usize,
     /// Bytes of counting state per object.
     pub bytes_per_object: usize,
-}
-
-impl Row {
-    /// The row as one JSON object (memlab's convention).
-    pub fn to_json(&self) -> std::string::String {
-        std::format!(
-            "{{\"bench\":\"refcache\",\"system\":\"{}\",\"threads\":{},\"ops_per_sec\":{:.0},\
-             \"spread_pct\":{:.1},\"runs\":{},\"bytes_per_object\":{}}}",
-            self.kind,
-            self.threads,
-            self.pairs_per_sec,
-            self.spread_pct,
-            self.runs,
-            self.bytes_per_object
-        )
-    }
-
-    /// Header of [`Row::to_table_line`].
-    pub const TABLE_HEADER: &'static str =
-        "system     threads        pairs/s    spread%    bytes/obj";
-
-    /// The row as a table line.
-    pub fn to_table_line(&self) -> std::string::String {
-        std::format!(
-            "{:<10} {:>7} {:>14.0} {:>10.1} {:>12}",
-            self.kind.name(),
-            self.threads,
-            self.pairs_per_sec,
-            self.spread_pct,
-            self.bytes_per_object
-        )
-    }
 }
 
 fn pin(thread: usize) {

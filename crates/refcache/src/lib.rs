@@ -19,7 +19,7 @@
 //!   parameter that picks one, [`CounterKind`]; what benchmarks vary.
 //! * `ticker` (feature `std`) — a background thread that ends epochs.
 //! * `bench` (feature `std`) — RadixVM Figure 8 as a library function,
-//!   for `memlab refcache` and `examples/refbench.rs`.
+//!   for `memlab refcache`.
 //!
 //! ```
 //! use refcache::{Config, Refcache};
