@@ -195,6 +195,60 @@ fn refusal(p: Protocol) -> &'static [u8] {
     }
 }
 
+/// The result of `accept`, or `None` once shutdown is signalled.
+async fn accept_or_stop<T>(
+    accept: impl std::future::Future<Output = std::io::Result<T>>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<std::io::Result<T>> {
+    tokio::select! {
+        r = accept => Some(r),
+        _ = shutdown.wait_for(|v| *v) => None,
+    }
+}
+
+/// A failed accept (`what` says on which listener): logged, then a short
+/// pause so a persistent error does not spin.
+async fn accept_failed(what: &str, e: &std::io::Error) {
+    crate::warn_limited!(crate::auth::ACCEPT_ERR_LOG, "{what}: {e}");
+    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+}
+
+/// The next connection, or `None` once shutdown is signalled; failed
+/// accepts are logged and retried ([`accept_failed`]).
+async fn next_conn<T, F>(
+    mut accept: impl FnMut() -> F,
+    shutdown: &mut watch::Receiver<bool>,
+    what: &str,
+) -> Option<T>
+where
+    F: std::future::Future<Output = std::io::Result<T>>,
+{
+    loop {
+        match accept_or_stop(accept(), shutdown).await? {
+            Ok(x) => return Some(x),
+            Err(e) => accept_failed(what, &e).await,
+        }
+    }
+}
+
+/// Serve an admitted plain (TCP or Unix) connection in a task of its own.
+fn spawn_serve<S>(
+    s: S,
+    protocol: Protocol,
+    shared: &Arc<Shared>,
+    worker: usize,
+    (info, guard): (Arc<ClientInfo>, ClientGuard),
+    shutdown: &watch::Receiver<bool>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
+{
+    let (sh, rx) = (shared.clone(), shutdown.clone());
+    tokio::task::spawn_local(async move {
+        serve(s, protocol, sh, worker, info, rx).await;
+        drop(guard);
+    });
+}
+
 async fn accept_tcp(
     l: tokio::net::TcpListener,
     protocol: Protocol,
@@ -204,28 +258,29 @@ async fn accept_tcp(
 ) {
     let mut spare = Spare::new();
     loop {
-        let r = tokio::select! {
-            r = l.accept() => r,
-            _ = shutdown.wait_for(|v| *v) => return,
+        let Some(r) = accept_or_stop(l.accept(), &mut shutdown).await else {
+            return;
         };
         let (mut s, peer) = match r {
             Ok(x) => x,
-            Err(e) => {
+            Err(e) if out_of_fds(&e) && spare.0.is_some() => {
                 crate::warn_limited!(crate::auth::ACCEPT_ERR_LOG, "accept: {e}");
-                if out_of_fds(&e) && spare.0.take().is_some() {
-                    if let Ok((mut s, peer)) = l.accept().await {
-                        WorkerStats::bump(&shared.stats[worker].rejected, 1);
-                        crate::warn_limited!(
-                            crate::auth::ACCEPT_ERR_LOG,
-                            "refused {peer}: out of file descriptors"
-                        );
-                        let _ = s.write_all(refusal(protocol)).await;
-                        let _ = s.shutdown().await;
-                    }
-                    spare = Spare::new();
-                } else {
-                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                // Free the spare descriptor to accept and refuse one.
+                spare.0 = None;
+                if let Ok((mut s, peer)) = l.accept().await {
+                    WorkerStats::bump(&shared.stats[worker].rejected, 1);
+                    crate::warn_limited!(
+                        crate::auth::ACCEPT_ERR_LOG,
+                        "refused {peer}: out of file descriptors"
+                    );
+                    let _ = s.write_all(refusal(protocol)).await;
+                    let _ = s.shutdown().await;
                 }
+                spare = Spare::new();
+                continue;
+            }
+            Err(e) => {
+                accept_failed("accept", &e).await;
                 continue;
             }
         };
@@ -257,13 +312,7 @@ async fn accept_tcp(
                     let _ = s.shutdown().await;
                 });
             }
-            Some((info, guard)) => {
-                let (sh, rx) = (shared.clone(), shutdown.clone());
-                tokio::task::spawn_local(async move {
-                    serve(s, protocol, sh, worker, info, rx).await;
-                    drop(guard);
-                });
-            }
+            Some(admitted) => spawn_serve(s, protocol, &shared, worker, admitted, &shutdown),
         }
     }
 }
@@ -278,19 +327,7 @@ async fn accept_tls(
     worker: usize,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    loop {
-        let r = tokio::select! {
-            r = l.accept() => r,
-            _ = shutdown.wait_for(|v| *v) => return,
-        };
-        let (s, peer) = match r {
-            Ok(x) => x,
-            Err(e) => {
-                crate::warn_limited!(crate::auth::ACCEPT_ERR_LOG, "accept (tls): {e}");
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                continue;
-            }
-        };
+    while let Some((s, peer)) = next_conn(|| l.accept(), &mut shutdown, "accept (tls)").await {
         let denied = shared.settings.denies(Protocol::Resp, &peer);
         if denied {
             crate::warn_limited!(
@@ -324,32 +361,14 @@ async fn accept_unix(
     worker: usize,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    loop {
-        let r = tokio::select! {
-            r = l.accept() => r,
-            _ = shutdown.wait_for(|v| *v) => return,
-        };
-        let (mut s, _) = match r {
-            Ok(x) => x,
-            Err(e) => {
-                crate::warn_limited!(crate::auth::ACCEPT_ERR_LOG, "accept (unix): {e}");
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                continue;
-            }
-        };
+    while let Some((mut s, _)) = next_conn(|| l.accept(), &mut shutdown, "accept (unix)").await {
         match admit(&shared, worker, "unix".into(), "unix".into()) {
             None => {
                 tokio::task::spawn_local(async move {
                     let _ = s.write_all(refusal(Protocol::Resp)).await;
                 });
             }
-            Some((info, guard)) => {
-                let (sh, rx) = (shared.clone(), shutdown.clone());
-                tokio::task::spawn_local(async move {
-                    serve(s, Protocol::Resp, sh, worker, info, rx).await;
-                    drop(guard);
-                });
-            }
+            Some(admitted) => spawn_serve(s, Protocol::Resp, &shared, worker, admitted, &shutdown),
         }
     }
 }
