@@ -168,13 +168,13 @@ fn mc_unauthenticated(
     cmd: memcache::McCommand<'_>,
     out: &mut Vec<u8>,
 ) -> bool {
-    use memcache::{McCommand, StoreVerb};
+    use memcache::{McCommand, Store, StoreVerb};
     let (reply, close): (&[u8], bool) = match cmd {
-        McCommand::Store {
+        McCommand::Store(Store {
             verb: StoreVerb::Set,
             data,
             ..
-        } => {
+        }) => {
             let ok = shared
                 .settings
                 .mc_users

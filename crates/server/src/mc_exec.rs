@@ -23,7 +23,7 @@ use std::sync::atomic::Ordering;
 use nibble::{Condition, Error as StoreError, Expiry, PutOptions};
 
 use crate::commands::admin::flush;
-use crate::memcache::{McCommand, StoreVerb};
+use crate::memcache::{McCommand, Store, StoreVerb};
 use crate::state::{rss_bytes, unix_ms, Shared, WorkerStats};
 use crate::types::{is_hash, HASH_FLAGS};
 
@@ -71,34 +71,14 @@ pub fn execute(
     WorkerStats::bump(&stats.commands, 1);
     let store = &shared.store;
     let (reply, noreply): (String, bool) = match cmd {
-        McCommand::Store {
-            verb,
-            key,
-            flags,
-            exptime,
-            data,
-            cas,
-            noreply,
-        } => {
+        McCommand::Store(a) => {
             WorkerStats::bump(&stats.sets, 1);
-            let r = if flags == HASH_FLAGS {
+            let r = if a.flags == HASH_FLAGS {
                 "CLIENT_ERROR flags value 4294967295 is reserved by this server".into()
             } else {
-                storage(
-                    shared,
-                    Storage {
-                        verb,
-                        key,
-                        flags,
-                        exptime,
-                        data,
-                        cas,
-                    },
-                    buf,
-                )
-                .into()
+                storage(shared, &a, buf).into()
             };
-            (r, noreply)
+            (r, a.noreply)
         }
         McCommand::Get {
             keys,
@@ -178,24 +158,15 @@ pub fn execute(
     false
 }
 
-/// A storage command's arguments.
-struct Storage<'a> {
-    verb: StoreVerb,
-    key: &'a [u8],
-    flags: u32,
-    exptime: i64,
-    data: &'a [u8],
-    cas: u64,
-}
-
-fn storage(shared: &Shared, a: Storage<'_>, buf: &mut Vec<u8>) -> &'static str {
-    let Storage {
+fn storage(shared: &Shared, a: &Store<'_>, buf: &mut Vec<u8>) -> &'static str {
+    let &Store {
         verb,
         key,
         flags,
         exptime,
         data,
         cas,
+        noreply: _,
     } = a;
     let store = &shared.store;
     let expiry = expiry_of(exptime).map_or(Expiry::Never, Expiry::At);

@@ -50,26 +50,30 @@ pub enum StoreVerb {
     Cas,
 }
 
+/// A storage command's arguments, borrowing from the input.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Store<'a> {
+    /// Which.
+    pub verb: StoreVerb,
+    /// Key.
+    pub key: &'a [u8],
+    /// Client flags.
+    pub flags: u32,
+    /// Raw exptime.
+    pub exptime: i64,
+    /// Data.
+    pub data: &'a [u8],
+    /// For cas.
+    pub cas: u64,
+    /// noreply.
+    pub noreply: bool,
+}
+
 /// A parsed command, borrowing from the input.
 #[derive(Debug, PartialEq, Eq)]
 pub enum McCommand<'a> {
     /// set/add/replace/append/prepend/cas.
-    Store {
-        /// Which.
-        verb: StoreVerb,
-        /// Key.
-        key: &'a [u8],
-        /// Client flags.
-        flags: u32,
-        /// Raw exptime.
-        exptime: i64,
-        /// Data.
-        data: &'a [u8],
-        /// For cas.
-        cas: u64,
-        /// noreply.
-        noreply: bool,
-    },
+    Store(Store<'a>),
     /// get/gets/gat/gats.
     Get {
         /// Keys.
@@ -233,7 +237,7 @@ pub fn parse(buf: &[u8], max_value: usize) -> Result<McParsed<'_>, McFatal> {
                 return Err(McFatal("CLIENT_ERROR bad data chunk"));
             }
             Ok(McParsed::Command(
-                McCommand::Store {
+                McCommand::Store(Store {
                     verb,
                     key,
                     flags,
@@ -241,7 +245,7 @@ pub fn parse(buf: &[u8], max_value: usize) -> Result<McParsed<'_>, McFatal> {
                     data: &buf[after..end],
                     cas,
                     noreply,
-                },
+                }),
                 end + 2,
             ))
         }
@@ -375,11 +379,11 @@ mod tests {
         assert_eq!(n, 18);
         assert!(matches!(
             cmd,
-            McCommand::Store {
+            McCommand::Store(Store {
                 flags: 5,
                 data: b"abc",
                 ..
-            }
+            })
         ));
         let McParsed::Command(McCommand::Get { keys, .. }, _) = parse(&b[n..], 1 << 20).unwrap()
         else {
