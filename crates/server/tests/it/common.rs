@@ -217,6 +217,16 @@ pub fn q<T: redis::FromRedisValue>(con: &mut redis::Connection, args: &[&str]) -
         .unwrap_or_else(|e| panic!("{args:?} failed: {e}"))
 }
 
+/// The number `field` of an `INFO` reply.
+pub fn info_u64(info: &str, field: &str) -> u64 {
+    info.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .unwrap_or_else(|| panic!("no {field} in {info}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
 /// Parse `WHAT Some(PORT)` (e.g. `resp Some(6379)`) out of the server's
 /// ready line.
 pub fn ready_port(line: &str, what: &str) -> Option<u16> {

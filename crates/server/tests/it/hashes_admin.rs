@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use crate::common::{client, err, q, start, start_with};
+use crate::common::{client, err, info_u64, q, start, start_with};
 
 #[test]
 fn hashes() {
@@ -108,13 +108,7 @@ fn info_sections() {
     ] {
         assert!(info.contains(f), "INFO lacks {f}:\n{info}");
     }
-    let rss: u64 = info
-        .lines()
-        .find_map(|l| l.strip_prefix("used_memory_rss:"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let rss = info_u64(&info, "used_memory_rss");
     assert!(rss > 1 << 20, "RSS {rss} is real");
     let mem: String = q(&mut c, &["INFO", "memory"]);
     assert!(mem.contains("used_memory:") && !mem.contains("# Server"));

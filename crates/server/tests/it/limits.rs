@@ -5,7 +5,7 @@ use std::io::{Read, Write};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use crate::common::{bulk, client, err, q, raw, start, start_with, Mc, Resp, V};
+use crate::common::{bulk, client, err, info_u64, q, raw, start, start_with, Mc, Resp, V};
 
 fn proto_error(port: u16, input: &[u8], want: &str) {
     let mut r = Resp::new(port);
@@ -244,12 +244,5 @@ fn oom_then_recovery() {
     }
     assert_eq!(m.req("set mc 0 0 1\r\nz\r\n"), "STORED");
     let info: String = q(&mut c, &["INFO", "memory"]);
-    let rss: u64 = info
-        .lines()
-        .find_map(|l| l.strip_prefix("used_memory_rss:"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    assert!(rss > 0);
+    assert!(info_u64(&info, "used_memory_rss") > 0);
 }

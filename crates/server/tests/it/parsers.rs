@@ -20,30 +20,35 @@ fn resp_whole(input: &[u8]) -> Outcome {
     resp_split(input, &[input.len().max(1)])
 }
 
-/// Feed `input` in chunks of the given sizes, like a connection would.
-fn resp_split(input: &[u8], sizes: &[usize]) -> Outcome {
-    let mut p = Parser::new();
+/// One parse of the unparsed bytes: a request (as text, and the bytes it
+/// used), more input needed (the bytes wanted in all), or the end.
+enum Step {
+    Request(String, usize),
+    Incomplete(usize),
+    End(String),
+}
+
+/// Feed `input` in chunks of the given sizes, like a connection would,
+/// parsing everything complete after each.
+fn split(input: &[u8], sizes: &[usize], mut parse: impl FnMut(&[u8]) -> Step) -> Outcome {
     let mut buf: Vec<u8> = Vec::new();
     let mut start = 0;
     let mut reqs = Vec::new();
     let mut fed = 0;
     let mut sizes = sizes.iter().cycle();
     loop {
-        // Parse everything complete.
         loop {
-            match p.parse(&buf[start..], &LIMITS) {
-                Ok(Parsed::Request(r)) => {
-                    assert!(r.consumed > 0 && start + r.consumed <= buf.len());
-                    let args: Vec<Vec<u8>> =
-                        r.slices(&buf[start..]).iter().map(|s| s.to_vec()).collect();
-                    reqs.push(format!("{args:?}"));
-                    start += r.consumed;
+            match parse(&buf[start..]) {
+                Step::Request(r, used) => {
+                    assert!(used > 0 && start + used <= buf.len());
+                    reqs.push(r);
+                    start += used;
                 }
-                Ok(Parsed::Incomplete(n)) => {
+                Step::Incomplete(n) => {
                     assert!(n > buf.len() - start, "incomplete must ask for more");
                     break;
                 }
-                Err(e) => return (reqs, format!("error {e}")),
+                Step::End(e) => return (reqs, e),
             }
         }
         if fed == input.len() {
@@ -55,34 +60,24 @@ fn resp_split(input: &[u8], sizes: &[usize]) -> Outcome {
     }
 }
 
+fn resp_split(input: &[u8], sizes: &[usize]) -> Outcome {
+    let mut p = Parser::new();
+    split(input, sizes, |b| match p.parse(b, &LIMITS) {
+        Ok(Parsed::Request(r)) => {
+            let args: Vec<Vec<u8>> = r.slices(b).iter().map(|s| s.to_vec()).collect();
+            Step::Request(format!("{args:?}"), r.consumed)
+        }
+        Ok(Parsed::Incomplete(n)) => Step::Incomplete(n),
+        Err(e) => Step::End(format!("error {e}")),
+    })
+}
+
 fn mc_split(input: &[u8], sizes: &[usize]) -> Outcome {
-    let mut buf: Vec<u8> = Vec::new();
-    let mut start = 0;
-    let mut reqs = Vec::new();
-    let mut fed = 0;
-    let mut sizes = sizes.iter().cycle();
-    loop {
-        loop {
-            match memcache::parse(&buf[start..], 64) {
-                Ok(McParsed::Command(c, used)) => {
-                    assert!(used > 0 && start + used <= buf.len());
-                    reqs.push(format!("{c:?}"));
-                    start += used;
-                }
-                Ok(McParsed::Incomplete(n)) => {
-                    assert!(n > buf.len() - start);
-                    break;
-                }
-                Err(e) => return (reqs, format!("fatal {}", e.0)),
-            }
-        }
-        if fed == input.len() {
-            return (reqs, "incomplete".into());
-        }
-        let n = (*sizes.next().unwrap()).max(1).min(input.len() - fed);
-        buf.extend_from_slice(&input[fed..fed + n]);
-        fed += n;
-    }
+    split(input, sizes, |b| match memcache::parse(b, 64) {
+        Ok(McParsed::Command(c, used)) => Step::Request(format!("{c:?}"), used),
+        Ok(McParsed::Incomplete(n)) => Step::Incomplete(n),
+        Err(e) => Step::End(format!("fatal {}", e.0)),
+    })
 }
 
 /// Inputs that look like protocol more often than random bytes do.

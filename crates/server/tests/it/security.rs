@@ -14,6 +14,14 @@ use crate::common::{bulk, free_port, raw, start_with, Mc, Resp, V};
 const PW: &str = "s3cret-Pw";
 
 /// A memcached authfile in a fresh temp dir.
+/// A server with `requirepass` [`PW`] and no memcached port.
+fn start_with_password() -> server::Server {
+    start_with(|c| {
+        c.requirepass = Some(PW.into());
+        c.memcached_port = None;
+    })
+}
+
 fn authfile(tag: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("nibble-sec-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -153,10 +161,7 @@ fn every_data_command_on_every_port_needs_authentication() {
 
 #[test]
 fn unauthenticated_clients_are_bounded_like_redis() {
-    let s = start_with(|c| {
-        c.requirepass = Some(PW.into());
-        c.memcached_port = None;
-    });
+    let s = start_with_password();
     let port = s.resp_port().unwrap();
     let proto = |input: &[u8], want: &str| {
         let mut r = Resp::new(port);
@@ -211,10 +216,7 @@ fn unauthenticated_clients_are_bounded_like_redis() {
 
 #[test]
 fn failed_auth_is_throttled() {
-    let s = start_with(|c| {
-        c.requirepass = Some(PW.into());
-        c.memcached_port = None;
-    });
+    let s = start_with_password();
     let mut r = Resp::new(s.resp_port().unwrap());
     let t = Instant::now();
     // Three pipelined guesses pay 100 + 200 + 400 ms.
@@ -244,10 +246,7 @@ fn failed_auth_is_throttled() {
 
 #[test]
 fn config_get_and_info_hold_no_password() {
-    let s = start_with(|c| {
-        c.requirepass = Some(PW.into());
-        c.memcached_port = None;
-    });
+    let s = start_with_password();
     let mut r = Resp::new(s.resp_port().unwrap());
     assert_eq!(r.cmd(&["AUTH", PW]), V::Simple("OK".into()));
     let all = format!("{:?}", r.cmd(&["CONFIG", "GET", "*"]));
@@ -463,6 +462,25 @@ fn protected_mode_refuses_non_loopback_clients_without_a_password() {
 
 const BIN: &str = env!("CARGO_BIN_EXE_nibble");
 
+/// The nibble binary on a free port, 2 unpinned threads, 16 MB: its
+/// stderr piped (for the ready line), stdout dropped.
+fn small_server() -> std::process::Command {
+    use std::process::{Command, Stdio};
+    let mut cmd = Command::new(BIN);
+    cmd.args([
+        "--port",
+        "0",
+        "--threads",
+        "2",
+        "--no-pin",
+        "--maxmemory",
+        "16mb",
+    ])
+    .stderr(Stdio::piped())
+    .stdout(Stdio::null());
+    cmd
+}
+
 fn rss_of(pid: u32) -> u64 {
     server::state::vm_rss(&format!("/proc/{pid}/status"))
 }
@@ -478,22 +496,7 @@ fn stop(mut child: std::process::Child, mut err: BufReader<std::process::ChildSt
 
 #[test]
 fn unauthenticated_floods_keep_rss_small() {
-    use std::process::{Command, Stdio};
-    let mut child = Command::new(BIN)
-        .args([
-            "--port",
-            "0",
-            "--threads",
-            "2",
-            "--no-pin",
-            "--maxmemory",
-            "16mb",
-        ])
-        .args(["--requirepass", PW])
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = small_server().args(["--requirepass", PW]).spawn().unwrap();
     let (line, err) = crate::common::wait_ready(&mut child, Duration::from_secs(20));
     let port = crate::common::ready_port(&line, "resp").unwrap();
     std::thread::sleep(Duration::from_millis(200));
@@ -551,20 +554,8 @@ fn unauthenticated_floods_keep_rss_small() {
 #[test]
 fn maxclients_follows_the_descriptor_limit() {
     use std::os::unix::process::CommandExt;
-    use std::process::{Command, Stdio};
     const NOFILE: u64 = 96;
-    let mut cmd = Command::new(BIN);
-    cmd.args([
-        "--port",
-        "0",
-        "--threads",
-        "2",
-        "--no-pin",
-        "--maxmemory",
-        "16mb",
-    ])
-    .stderr(Stdio::piped())
-    .stdout(Stdio::null());
+    let mut cmd = small_server();
     // SAFETY: the closure runs in the forked child before exec and calls
     // only setrlimit, which is async-signal-safe.
     unsafe {
@@ -690,10 +681,7 @@ fn redis_server_answers_unauthenticated_clients_alike() {
         assert!(Instant::now() < deadline, "redis-server did not start");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let s = start_with(|c| {
-        c.requirepass = Some(PW.into());
-        c.memcached_port = None;
-    });
+    let s = start_with_password();
     let port = s.resp_port().unwrap();
     let auth = format!("AUTH {PW}\r\n");
     // (input, reply lines to compare, characters of each compared)
