@@ -1,0 +1,192 @@
+//! Cross-process locks: a mutex and a readers-writer lock whose entire
+//! state is one `u32` futex word, for metadata that lives in memory shared
+//! between processes.
+//!
+//! # Why
+//!
+//! On the per-core MMU backend (issue 20) the address-space designs of
+//! `radixvm` run in several processes, one per core, each with its own mm,
+//! forked from one parent and sharing the designs' metadata through a
+//! `MAP_SHARED` heap mapped at the same address everywhere. A lock in that
+//! metadata is taken by threads of different processes. `parking_lot`
+//! parks waiters in a process-global hash table keyed by address, with
+//! per-thread `ThreadData` in TLS; `std::sync::Mutex` sleeps on a
+//! `FUTEX_PRIVATE_FLAG` futex, which the kernel keys by (mm, address).
+//! Either way the waiter's record lives in its own process: a waiter in
+//! process A sleeps until something in A wakes it, and an unlock in
+//! process B never does. The lock word itself is shared, so the *mutual
+//! exclusion* holds, but the wake-up is lost: a hang.
+//!
+//! Here the word is the whole state and the futex is shared (plain
+//! `FUTEX_WAIT`/`FUTEX_WAKE`, no private flag): the kernel keys a futex on
+//! a shared page by (backing object, offset), identical in every process
+//! mapping it, so a wake in B finds the sleeper from A. Nothing else is
+//! kept anywhere (no queue, no TLS, no statics), so any process that maps
+//! the word can lock and unlock it, and the lock works unchanged within a
+//! single process too.
+//!
+//! # Protocol
+//!
+//! Both locks spin first, at most [`SPIN_LIMIT_TRIES`] re-reads of the word
+//! with `core::hint::spin_loop` between, because most critical sections
+//! here are a few hundred nanoseconds and a futex sleep costs microseconds.
+//! Only then do they record themselves as a waiter in the word and
+//! `FUTEX_WAIT` on the value they saw; the kernel sleeps only if the word
+//! still holds that value, checked atomically against `FUTEX_WAKE`, which
+//! is what makes a release racing with the sleep safe. An unlock makes the
+//! wake syscall only when a waiter is recorded, so uncontended lock/unlock
+//! is one atomic RMW each and no syscall.
+//!
+//! [`RawFutexMutex`] is Drepper's mutex ("Futexes Are Tricky", take 3):
+//! `0` free, `1` held, `2` held with possible sleepers. Lock: CAS 0→1;
+//! failing that, spin; then `swap(2)` until it returns 0, sleeping while the
+//! word is 2. Unlock: `swap(0)`; if it was 2, wake one. A woken thread
+//! takes the lock as 2, since it cannot know whether others still sleep.
+//!
+//! [`RawFutexRwLock`]: bits 0-29 count readers, bit 30 is "waiters", bit 31
+//! "writer". A reader enters by CAS +1 when neither writer nor waiters is
+//! set (writer-preferring: once anyone waits, new readers queue, so readers
+//! cannot starve a writer); a writer by CAS setting the writer bit when
+//! count and writer are 0 (keeping the waiters bit). Blocked, either sets
+//! the waiters bit and sleeps on the word. The writer's unlock `swap(0)`s
+//! and, if waiters was set, wakes all; the last reader out, seeing the word
+//! become exactly "waiters", CASes it to 0 and wakes all. Woken threads race
+//! again (no FIFO hand-off), which is simple and lock-word-only; a single
+//! word cannot tell the kernel to wake only writers.
+//!
+//! The types below are `lock_api` wrappers, so call sites read as with
+//! `parking_lot`: `.lock()`, `.read()`, `.write()` return guards, no
+//! `Result`, no poisoning. Guards are `Send` (unlocking needs no per-thread
+//! state).
+//!
+//! Not here: timeouts, fairness guarantees, priority inheritance, and
+//! robustness — a process that dies holding a lock leaves it held (the
+//! per-core backend treats a dead worker as fatal anyway).
+//!
+//! ```
+//! let m = xsync::Mutex::new(0u64);
+//! *m.lock() += 1;
+//! let rw = xsync::RwLock::new(vec![1, 2]);
+//! assert_eq!(rw.read().len(), 2);
+//! rw.write().push(3);
+//! assert_eq!(*m.lock(), 1);
+//! ```
+
+#![warn(missing_docs)]
+#![deny(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
+
+mod futex;
+mod mutex;
+mod rwlock;
+
+pub use mutex::RawFutexMutex;
+pub use rwlock::RawFutexRwLock;
+
+/// How many times a blocked locker re-reads the word (one
+/// `core::hint::spin_loop` apart) before it records itself as a waiter and
+/// sleeps in the kernel. About 100 `PAUSE`s: a few microseconds, roughly
+/// what a futex sleep and wake cost, so spinning longer rarely pays.
+pub const SPIN_LIMIT_TRIES: u32 = 100;
+
+/// A mutex usable across processes when it lives in shared memory.
+pub type Mutex<T> = lock_api::Mutex<RawFutexMutex, T>;
+/// Guard for [`Mutex`].
+pub type MutexGuard<'a, T> = lock_api::MutexGuard<'a, RawFutexMutex, T>;
+/// A readers-writer lock usable across processes when it lives in shared
+/// memory.
+pub type RwLock<T> = lock_api::RwLock<RawFutexRwLock, T>;
+/// Shared guard for [`RwLock`].
+pub type RwLockReadGuard<'a, T> = lock_api::RwLockReadGuard<'a, RawFutexRwLock, T>;
+/// Exclusive guard for [`RwLock`].
+pub type RwLockWriteGuard<'a, T> = lock_api::RwLockWriteGuard<'a, RawFutexRwLock, T>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lock_api::RawMutex as _;
+
+    static STATIC_MUTEX: Mutex<u32> = Mutex::new(7);
+    static STATIC_RWLOCK: RwLock<u32> = RwLock::new(9);
+
+    #[test]
+    fn mutex_basic() {
+        let m = Mutex::new(1u32);
+        assert!(!m.is_locked());
+        {
+            let mut g = m.lock();
+            *g += 1;
+            assert!(m.is_locked());
+            assert!(m.try_lock().is_none());
+        }
+        assert!(!m.is_locked());
+        assert_eq!(*m.try_lock().expect("free"), 2);
+        assert_eq!(m.into_inner(), 2);
+        assert_eq!(*STATIC_MUTEX.lock(), 7);
+    }
+
+    #[test]
+    fn raw_mutex_states() {
+        let raw = RawFutexMutex::INIT;
+        raw.lock();
+        assert!(!raw.try_lock());
+        // SAFETY: locked just above by this thread.
+        unsafe { raw.unlock() };
+        assert!(raw.try_lock());
+        // SAFETY: locked by the try_lock above.
+        unsafe { raw.unlock() };
+    }
+
+    #[test]
+    fn rwlock_basic() {
+        let rw = RwLock::new(5u32);
+        {
+            let a = rw.read();
+            let b = rw.read();
+            assert_eq!(*a + *b, 10);
+            assert!(rw.try_write().is_none());
+            assert!(rw.is_locked());
+            assert!(!rw.is_locked_exclusive());
+        }
+        {
+            let mut w = rw.write();
+            *w = 6;
+            assert!(rw.try_read().is_none());
+            assert!(rw.try_write().is_none());
+            assert!(rw.is_locked_exclusive());
+        }
+        assert!(!rw.is_locked());
+        assert_eq!(*rw.try_read().expect("free"), 6);
+        assert_eq!(*STATIC_RWLOCK.read(), 9);
+    }
+
+    #[test]
+    fn guard_sent_to_another_thread() {
+        let m = Mutex::new(0u32);
+        let g = m.lock();
+        std::thread::scope(|s| {
+            s.spawn(move || drop(g));
+        });
+        assert!(m.try_lock().is_some());
+    }
+
+    #[test]
+    fn waiter_woken_by_unlock() {
+        // Hold the lock long enough that the other thread exhausts its spin
+        // and sleeps in FUTEX_WAIT; the unlock must wake it.
+        let m = Mutex::new(0u32);
+        let rw = RwLock::new(0u32);
+        std::thread::scope(|s| {
+            let g = m.lock();
+            let w = rw.write();
+            let t = s.spawn(|| {
+                *m.lock() += 1;
+                *rw.read() + 1
+            });
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            drop(g);
+            drop(w);
+            assert_eq!(t.join().expect("waiter"), 1);
+        });
+        assert_eq!(*m.lock(), 1);
+    }
+}
