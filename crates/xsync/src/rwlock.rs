@@ -64,7 +64,7 @@ impl RawFutexRwLock {
                     }
                 }
             }
-            if spins_tries < SPIN_LIMIT_TRIES && state & WAITERS == 0 {
+            if spins_tries < SPIN_LIMIT_TRIES {
                 spins_tries += 1;
                 core::hint::spin_loop();
                 state = self.state.load(Ordering::Relaxed);
