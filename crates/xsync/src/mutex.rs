@@ -9,7 +9,7 @@
 use core::sync::atomic::{AtomicU32, Ordering};
 
 use crate::futex;
-use crate::SPIN_LIMIT_TRIES;
+use crate::Backoff;
 
 /// Bit 0: someone holds the lock.
 const LOCKED_BIT: u32 = 1;
@@ -27,11 +27,12 @@ pub struct RawFutexMutex {
 }
 
 impl RawFutexMutex {
-    /// Spins up to [`SPIN_LIMIT_TRIES`] for a holder about to leave, then
+    /// Backs off up to [`crate::SPIN_LIMIT_ROUNDS`] for a holder about to leave, then
     /// registers as a sleeper and sleeps until it can take the lock.
     #[cold]
     fn lock_slow(&self) {
-        for _ in 0..SPIN_LIMIT_TRIES {
+        let mut backoff = Backoff::new();
+        loop {
             let state = self.state.load(Ordering::Relaxed);
             if state & LOCKED_BIT == 0
                 && self
@@ -46,7 +47,9 @@ impl RawFutexMutex {
             {
                 return;
             }
-            core::hint::spin_loop();
+            if !backoff.spin() {
+                break;
+            }
         }
         // Register, so every unlock from now on wakes someone, then sleep
         // while the lock is held; taking it deregisters in the same CAS.
