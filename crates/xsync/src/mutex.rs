@@ -2,9 +2,9 @@
 //! one word, behind `lock_api::RawMutex`. A refinement of Drepper's
 //! three-state mutex ("Futexes Are Tricky", take 3), whose "contended"
 //! state sticks once set, so that under steady contention every unlock
-//! makes a wake syscall and every arrival sleeps at once (a convoy: 4-5x
-//! slower than parking_lot on a contended buddy zone lock here); counting
-//! sleepers lets the word return to "no sleepers" as soon as they are in.
+//! makes a wake syscall and every arrival sleeps at once (a convoy);
+//! counting sleepers lets the word return to "no sleepers" as soon as
+//! they are in.
 
 use core::sync::atomic::{AtomicU32, Ordering};
 
