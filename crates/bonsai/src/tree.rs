@@ -2,6 +2,9 @@
 //! Figures 5-7 with the §3.3 in-place commits), delete by successor with
 //! path copying, and the lock-free readers (Figure 9). The algorithm is
 //! described in the crate essay (`lib.rs`).
+//!
+//! The writer lock is `xsync`'s because on the per-core backend the tree
+//! is shared between processes, where parking_lot's wake-ups are lost.
 
 use std::borrow::Borrow;
 use std::cmp::Ordering as Cmp;
@@ -13,7 +16,7 @@ use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 use crossbeam_utils::CachePadded;
 use epoch::{EpochKind, EpochScheme, Epochs, Guard, RetireList};
-use parking_lot::Mutex;
+use xsync::Mutex;
 
 /// Balance weight: a subtree is rebalanced when one side has more than
 /// `WEIGHT` times the nodes of the other (Bonsai §3.3 uses 4).

@@ -67,6 +67,9 @@
 //!   next op: drain → blocks join heap 0
 //!   free(foreign f) at/above high → outbox[owner] ──Free{128 blocks}──▶ inbox
 //! ```
+//!
+//! The heap locks are `xsync`'s because on the per-core backend the
+//! allocator is shared between processes, where parking_lot's wake-ups are lost.
 
 use alloc::boxed::Box;
 use alloc::vec::Vec;
@@ -74,7 +77,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_queue::SegQueue;
 use crossbeam_utils::CachePadded;
-use parking_lot::Mutex;
+use xsync::Mutex;
 
 use crate::check::AllocTable;
 use crate::dense::DenseBuddy;

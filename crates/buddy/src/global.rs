@@ -1,8 +1,11 @@
 //! Baseline 1: one buddy allocator behind one global lock (fos thesis
 //! §2.1.1, "the original method ... was to place a big lock around the buddy
 //! allocator"). Every allocation and free from every CPU takes the same lock.
+//!
+//! The lock is `xsync`'s because on the per-core backend the allocator is
+//! shared between processes, where parking_lot's wake-ups are lost.
 
-use parking_lot::Mutex;
+use xsync::Mutex;
 
 use crate::check::AllocTable;
 use crate::dense::DenseBuddy;

@@ -9,10 +9,14 @@
 //! `batch` frames back. Larger orders always take the zone lock. Linux
 //! protects its per-CPU lists by disabling interrupts; user threads can
 //! migrate, so each list here has its own (normally uncontended) mutex.
+//!
+//! The zone and list locks are `xsync`'s because on the per-core backend
+//! the allocator is shared between processes, where parking_lot's wake-ups
+//! are lost.
 
 use alloc::vec::Vec;
 use crossbeam_utils::CachePadded;
-use parking_lot::Mutex;
+use xsync::Mutex;
 
 use crate::check::AllocTable;
 use crate::dense::DenseBuddy;

@@ -13,6 +13,10 @@
 //! A node is one allocation of `1 + fanout` words: a header word (a
 //! pointer to the node's Refcache weak reference; 0 for the root and when
 //! collapse is off) and the slots. Node pointers name the first slot.
+//!
+//! The retired-node list's lock is `xsync`'s because on the per-core
+//! backend the map is shared between processes, where std's private-futex
+//! wake-ups are lost.
 
 use alloc::boxed::Box;
 use alloc::vec::Vec;
@@ -22,7 +26,7 @@ use core::ops::Range;
 use crossbeam_utils::CachePadded;
 use epoch::{EpochKind, EpochScheme, Epochs, RetireList};
 use refcache::{Counted, Local, Refcache, Weak};
-use std::sync::Mutex;
+use xsync::Mutex;
 
 use crate::sync::{spin_wait, AtomicUsize, Ordering};
 
@@ -427,7 +431,7 @@ impl RadixMap {
         };
         self.counts.collapsed.fetch_add(1, Ordering::Relaxed);
         let garbage = {
-            let mut retired = collapse.retired.lock().unwrap_or_else(|e| e.into_inner());
+            let mut retired = collapse.retired.lock();
             retired.push(&*collapse.epochs, Garbage(node));
             retired.collect(&*collapse.epochs)
         };
@@ -474,12 +478,7 @@ impl Drop for RadixMap {
             self.free_subtree(local.as_ref(), self.root);
         }
         if let Some(mut collapse) = collapse {
-            let retired = core::mem::take(
-                collapse
-                    .retired
-                    .get_mut()
-                    .unwrap_or_else(|e| e.into_inner()),
-            );
+            let retired = core::mem::take(collapse.retired.get_mut());
             for Garbage(node) in retired.into_items() {
                 // SAFETY: unlinked, retired once, and no lookup is left.
                 unsafe { node.free(self.config.fanout()) };

@@ -30,11 +30,14 @@
 //!
 //! Frames are freed only after every target has acknowledged, so no TLB
 //! can reach a freed frame.
+//!
+//! The request queue's lock is `xsync`'s because on the per-core backend
+//! initiator and targets may be different processes sharing it.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::Mutex;
+use xsync::Mutex;
 
 /// Polls of a target's acknowledgement before the initiator flushes on
 /// the target's behalf.

@@ -28,12 +28,15 @@
 //! Removed regions stay readable until every reader that could have found
 //! them unpins: the tree retires its nodes (which hold the `Arc`s) through
 //! the `epoch` crate.
+//!
+//! The address-space lock is `xsync`'s because on the per-core backend this
+//! metadata is shared between processes, where parking_lot's wake-ups are lost.
 
 use std::ops::Range;
 use std::sync::Arc;
 
 use bonsai::BonsaiTree;
-use parking_lot::Mutex;
+use xsync::Mutex;
 
 use super::{count, fault_shared, protect_shared, zap_shared, Region, DEAD, LIVE};
 use crate::mmu::sw::SoftMmu;

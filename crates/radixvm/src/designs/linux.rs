@@ -14,12 +14,15 @@
 //!  CPU 0  munmap: write-lock ─ remove regions ─ clear PTEs ─ shootdown all ─ free ─ unlock
 //!  CPU 1  fault:        read-lock ........ waits ...................................─ lookup ─ install
 //! ```
+//!
+//! The region lock is `xsync`'s because on the per-core backend this
+//! metadata is shared between processes, where parking_lot's wake-ups are lost.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-use parking_lot::RwLock;
+use xsync::RwLock;
 
 use super::{count, fault_shared, protect_shared, zap_shared, Region};
 use crate::mmu::sw::SoftMmu;

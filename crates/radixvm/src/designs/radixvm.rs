@@ -39,14 +39,18 @@
 //! reference to its frame ([`crate::frameref`]); the munmap drops it and
 //! Refcache frees the frame two epochs later. Segment frames belong to
 //! their segment.
+//!
+//! The per-page `frame_ref` locks are `xsync`'s because on the per-core
+//! backend this metadata is shared between processes, where parking_lot's
+//! wake-ups are lost.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use buddy::FrameNo;
-use parking_lot::Mutex;
 use radix::{Config, RadixMap, RangeGuard};
+use xsync::Mutex;
 
 use super::count;
 use crate::frameref::{self, FrameRef};

@@ -26,6 +26,9 @@
 //!                                                         └ miss: walk table ─ present? fill ─▶ touch
 //!                                                                           └ no: unlock, Miss::Fault
 //! ```
+//!
+//! The TLB locks are `xsync`'s because other CPUs take them (shootdown
+//! proxies), which on the per-core backend means other processes.
 
 use std::ops::Range;
 use std::ptr;
@@ -33,7 +36,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
-use parking_lot::Mutex;
+use xsync::Mutex;
 
 use super::{AttachedCpus, Backend, Counter, Counters, Miss, Mmu, Op, Pte};
 use crate::shootdown::{cpus_in, Mailbox, PROXY_AFTER_SPINS};
