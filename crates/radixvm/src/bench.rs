@@ -134,26 +134,26 @@ pub fn uffd_available() -> Result<(), String> {
     }
 }
 
-/// `systems` without the userfaultfd ones when `uffd_available` says
-/// no; `note` gets the reason once.
+/// `systems` without those whose backend does not work here (the
+/// userfaultfd one where the kernel offers none, the per-core one outside
+/// the `radixvm-percore` binary); `note` gets each reason once.
 pub fn usable_systems(systems: &[System], mut note: impl FnMut(&str)) -> Vec<System> {
-    if !systems
-        .iter()
-        .any(|s| s.backend() == Some(Backend::Userfaultfd))
-    {
-        return systems.to_vec();
-    }
-    match uffd_available() {
-        Ok(()) => systems.to_vec(),
-        Err(why) => {
-            note(&format!("skipping the userfaultfd rows: {why}"));
-            systems
-                .iter()
-                .copied()
-                .filter(|s| s.backend() != Some(Backend::Userfaultfd))
-                .collect()
+    let mut out = systems.to_vec();
+    type Check = fn() -> Result<(), String>;
+    let checks: [(Backend, &str, Check); 2] = [
+        (Backend::Userfaultfd, "userfaultfd", uffd_available),
+        (Backend::Percore, "per-core", crate::percore::available),
+    ];
+    for (backend, name, check) in checks {
+        if !out.iter().any(|s| s.backend() == Some(backend)) {
+            continue;
+        }
+        if let Err(why) = check() {
+            note(&format!("skipping the {name} rows: {why}"));
+            out.retain(|s| s.backend() != Some(backend));
         }
     }
+    out
 }
 
 /// TLB-shootdown interrupts received, all CPUs (the `TLB:` line of
@@ -271,6 +271,9 @@ pub struct MapRow {
     pub shootdowns_per_iter: Option<f64>,
     /// Remote targets per shootdown (designs only).
     pub targets_per_shootdown: Option<f64>,
+    /// The design's shootdown messages (one per remote target) per
+    /// iteration (designs only; user-level on every backend).
+    pub messages_per_iter: Option<f64>,
     /// Page-table pages at the end of the last run (designs only; the
     /// userfaultfd backend's shadow table).
     pub page_table_pages: Option<u64>,
@@ -466,6 +469,159 @@ fn minor_faults() -> u64 {
     }
 }
 
+/// How the threads (or worker processes) of a workload meet: barriers,
+/// hand-over queues, flags. Threads use std's primitives; per-core
+/// workers use shared-memory ones that answer shootdowns while they wait
+/// ([`crate::percore::Worker`]).
+trait Coord: Sync {
+    fn barrier(&self);
+    fn hand_over(&self, to: usize, addr: u64);
+    fn take(&self, me: usize) -> Option<u64>;
+    fn stopped(&self) -> bool;
+    fn more(&self) -> bool;
+    fn set_more(&self, v: bool);
+    fn relax(&self);
+}
+
+/// The threads' coordination.
+struct Threads {
+    stop: AtomicBool,
+    round: Barrier,
+    more: AtomicBool,
+    rings: Vec<Mutex<VecDeque<u64>>>,
+}
+
+impl Coord for Threads {
+    fn barrier(&self) {
+        self.round.wait();
+    }
+    fn hand_over(&self, to: usize, addr: u64) {
+        self.rings[to].lock().unwrap().push_back(addr);
+    }
+    fn take(&self, me: usize) -> Option<u64> {
+        self.rings[me].lock().unwrap().pop_front()
+    }
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+    fn more(&self) -> bool {
+        self.more.load(Ordering::Acquire)
+    }
+    fn set_more(&self, v: bool) {
+        self.more.store(v, Ordering::Release);
+    }
+    fn relax(&self) {
+        std::thread::yield_now();
+    }
+}
+
+impl Coord for crate::percore::Worker<'_> {
+    fn barrier(&self) {
+        crate::percore::Worker::barrier(self);
+    }
+    fn hand_over(&self, to: usize, addr: u64) {
+        crate::percore::Worker::hand_over(self, to, addr);
+    }
+    fn take(&self, _me: usize) -> Option<u64> {
+        crate::percore::Worker::take(self)
+    }
+    fn stopped(&self) -> bool {
+        crate::percore::Worker::stopped(self)
+    }
+    fn more(&self) -> bool {
+        crate::percore::Worker::more(self)
+    }
+    fn set_more(&self, v: bool) {
+        crate::percore::Worker::set_more(self, v);
+    }
+    fn relax(&self) {
+        crate::percore::Worker::relax(self);
+    }
+}
+
+/// One thread's (or worker's) part of `workload`, as thread `t` of
+/// `threads`: returns (iterations, page touches).
+fn workload_body<V: Vm, C: Coord>(
+    cpu: &V::Cpu<'_>,
+    coord: &C,
+    workload: Workload,
+    t: usize,
+    threads: usize,
+    pages: u64,
+) -> (u64, u64) {
+    let len = pages * PAGE_SIZE_BYTES;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(t as u64);
+    let mut order: Vec<u64> = (0..pages * threads as u64).collect();
+    let (mut my_iters, mut my_touches) = (0u64, 0u64);
+    match workload {
+        Workload::Local => {
+            let at = BENCH_BASE_BYTES + t as u64 * REGION_STRIDE_BYTES;
+            while !coord.stopped() {
+                let a = V::map(cpu, Some(at), len);
+                for p in 0..pages {
+                    V::write(cpu, a + p * PAGE_SIZE_BYTES);
+                }
+                V::unmap(cpu, a, len);
+                my_iters += 1;
+                my_touches += pages;
+            }
+        }
+        Workload::Pipeline => {
+            let next = (t + 1) % threads;
+            while !coord.stopped() {
+                let a = V::map(cpu, None, len);
+                for p in 0..pages {
+                    V::write(cpu, a + p * PAGE_SIZE_BYTES);
+                }
+                coord.hand_over(next, a);
+                my_touches += pages;
+                // Take what the previous thread handed over.
+                loop {
+                    if let Some(b) = coord.take(t) {
+                        for p in 0..pages {
+                            V::write(cpu, b + p * PAGE_SIZE_BYTES);
+                        }
+                        V::unmap(cpu, b, len);
+                        my_touches += pages;
+                        my_iters += 1;
+                        break;
+                    }
+                    if coord.stopped() {
+                        break;
+                    }
+                    coord.relax();
+                }
+            }
+        }
+        Workload::Global => {
+            let region = BENCH_BASE_BYTES;
+            let mine = region + t as u64 * len;
+            loop {
+                coord.barrier();
+                if !coord.more() {
+                    break;
+                }
+                // Where the region really is (native: in the
+                // reservation).
+                let base = V::map(cpu, Some(mine), len) - t as u64 * len;
+                coord.barrier();
+                order.shuffle(&mut rng);
+                for &p in &order {
+                    V::write(cpu, base + p * PAGE_SIZE_BYTES);
+                }
+                my_touches += order.len() as u64;
+                coord.barrier();
+                V::unmap(cpu, base + t as u64 * len, len);
+                my_iters += 1;
+                if t == 0 {
+                    coord.set_more(!coord.stopped());
+                }
+            }
+        }
+    }
+    (my_iters, my_touches)
+}
+
 /// Runs `workload` on `vm` for `secs`.
 fn run_workload<V: Vm>(
     vm: &V,
@@ -474,96 +630,27 @@ fn run_workload<V: Vm>(
     pages: u64,
     secs: f64,
 ) -> Sample {
-    let len = pages * PAGE_SIZE_BYTES;
-    let stop = AtomicBool::new(false);
+    let coord = Threads {
+        stop: AtomicBool::new(false),
+        round: Barrier::new(threads),
+        more: AtomicBool::new(true),
+        rings: (0..threads).map(|_| Mutex::new(VecDeque::new())).collect(),
+    };
     let iters = AtomicU64::new(0);
     let touches = AtomicU64::new(0);
     let start = Barrier::new(threads + 1);
-    let round = Barrier::new(threads);
-    let go = AtomicBool::new(true);
-    let rings: Vec<Mutex<VecDeque<u64>>> =
-        (0..threads).map(|_| Mutex::new(VecDeque::new())).collect();
     let faults_before = minor_faults();
     let tlb_before = kernel_tlb_shootdowns();
     let mut elapsed = Duration::ZERO;
     std::thread::scope(|s| {
         for t in 0..threads {
-            let (stop, iters, touches, start, round, go, rings) =
-                (&stop, &iters, &touches, &start, &round, &go, &rings);
+            let (iters, touches, start, coord) = (&iters, &touches, &start, &coord);
             s.spawn(move || {
                 pin(t);
                 let cpu = vm.attach(t);
-                let mut rng = rand::rngs::StdRng::seed_from_u64(t as u64);
-                let mut order: Vec<u64> = (0..pages * threads as u64).collect();
-                let (mut my_iters, mut my_touches) = (0u64, 0u64);
                 start.wait();
-                match workload {
-                    Workload::Local => {
-                        let at = BENCH_BASE_BYTES + t as u64 * REGION_STRIDE_BYTES;
-                        while !stop.load(Ordering::Relaxed) {
-                            let a = V::map(&cpu, Some(at), len);
-                            for p in 0..pages {
-                                V::write(&cpu, a + p * PAGE_SIZE_BYTES);
-                            }
-                            V::unmap(&cpu, a, len);
-                            my_iters += 1;
-                            my_touches += pages;
-                        }
-                    }
-                    Workload::Pipeline => {
-                        let next = &rings[(t + 1) % threads];
-                        while !stop.load(Ordering::Relaxed) {
-                            let a = V::map(&cpu, None, len);
-                            for p in 0..pages {
-                                V::write(&cpu, a + p * PAGE_SIZE_BYTES);
-                            }
-                            next.lock().unwrap().push_back(a);
-                            my_touches += pages;
-                            // Take what the previous thread handed over.
-                            loop {
-                                let got = rings[t].lock().unwrap().pop_front();
-                                if let Some(b) = got {
-                                    for p in 0..pages {
-                                        V::write(&cpu, b + p * PAGE_SIZE_BYTES);
-                                    }
-                                    V::unmap(&cpu, b, len);
-                                    my_touches += pages;
-                                    my_iters += 1;
-                                    break;
-                                }
-                                if stop.load(Ordering::Relaxed) {
-                                    break;
-                                }
-                                std::thread::yield_now();
-                            }
-                        }
-                    }
-                    Workload::Global => {
-                        let region = BENCH_BASE_BYTES;
-                        let mine = region + t as u64 * len;
-                        loop {
-                            round.wait();
-                            if !go.load(Ordering::Acquire) {
-                                break;
-                            }
-                            // Where the region really is (native: in
-                            // the reservation).
-                            let base = V::map(&cpu, Some(mine), len) - t as u64 * len;
-                            round.wait();
-                            order.shuffle(&mut rng);
-                            for &p in &order {
-                                V::write(&cpu, base + p * PAGE_SIZE_BYTES);
-                            }
-                            my_touches += order.len() as u64;
-                            round.wait();
-                            V::unmap(&cpu, base + t as u64 * len, len);
-                            my_iters += 1;
-                            if t == 0 {
-                                go.store(!stop.load(Ordering::Relaxed), Ordering::Release);
-                            }
-                        }
-                    }
-                }
+                let (my_iters, my_touches) =
+                    workload_body::<V, _>(&cpu, coord, workload, t, threads, pages);
                 iters.fetch_add(my_iters, Ordering::Relaxed);
                 touches.fetch_add(my_touches, Ordering::Relaxed);
             });
@@ -571,7 +658,7 @@ fn run_workload<V: Vm>(
         start.wait();
         let t0 = Instant::now();
         std::thread::sleep(Duration::from_secs_f64(secs));
-        stop.store(true, Ordering::Relaxed);
+        coord.stop.store(true, Ordering::Relaxed);
         elapsed = t0.elapsed();
     });
     // Regions still in the pipeline rings stay mapped; the caller drops
@@ -586,9 +673,46 @@ fn run_workload<V: Vm>(
     }
 }
 
+/// One mapbench run of `design` on the per-core backend: `threads`
+/// forked workers run [`workload_body`]. Panics with the runner's error
+/// (naming the worker) if a worker dies or hangs.
+fn percore_map_sample(
+    design: Design,
+    workload: Workload,
+    threads: usize,
+    pages: u64,
+    secs: f64,
+) -> Sample {
+    let frames = Frames::new_memfd(POOL_BYTES).expect("memfd frame pool");
+    let space = new_space_on(design, Backend::Percore, &frames).expect("checked by usable_systems");
+    let run = crate::percore::run(&*space, threads, Some(secs), &|cpu, worker| {
+        let (iters, touches) =
+            workload_body::<DesignVm, _>(cpu, worker, workload, worker.id, threads, pages);
+        [iters, touches, 0, 0]
+    })
+    .unwrap_or_else(|e| {
+        // The space may hold locks of a dead worker: leave without
+        // dropping it.
+        eprintln!("mapbench {} on percore: {e}", design.name());
+        std::process::exit(1)
+    });
+    let stats = stats_of(space.mmu());
+    Sample {
+        iters: run.results.iter().map(|r| r[0]).sum(),
+        touches: run.results.iter().map(|r| r[1]).sum(),
+        secs: run.secs,
+        faults: stats.faults,
+        kernel_tlb: run.kernel_tlb,
+        stats,
+    }
+}
+
 /// One mapbench run of `system`.
 fn map_sample(system: System, workload: Workload, threads: usize, pages: u64, secs: f64) -> Sample {
     match system {
+        System::Design(design, Backend::Percore) => {
+            percore_map_sample(design, workload, threads, pages, secs)
+        }
         System::Design(design, backend) => {
             let frames = Frames::new(POOL_BYTES).expect("frame pool");
             let space = new_space_on(design, backend, &frames).expect("checked by usable_systems");
@@ -643,6 +767,7 @@ pub fn mapbench(options: &Options, mut row: impl FnMut(&MapRow)) -> Vec<MapRow> 
                             targets as f64 / shootdowns as f64
                         }
                     }),
+                    messages_per_iter: design.then(|| targets as f64 / iters as f64),
                     page_table_pages: design
                         .then(|| samples.last().map_or(0, |s| s.stats.page_table_pages)),
                     kernel_tlb_ipis_per_iter: kernel_tlb

@@ -53,6 +53,7 @@ pub mod designs;
 pub mod frameref;
 pub mod frames;
 pub mod mmu;
+pub mod percore;
 pub mod shootdown;
 pub mod space;
 
