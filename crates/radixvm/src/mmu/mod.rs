@@ -214,7 +214,7 @@ impl Backend {
             Backend::Percore => {
                 crate::percore::available().map_err(uffd::UffdError::Unavailable)?;
                 Ok(Box::new(
-                    crate::percore::PercoreMmu::new(frames)
+                    crate::percore::PercoreMmu::new(frames, per_cpu_tables)
                         .map_err(|e| uffd::UffdError::Os("per-core MMU", e))?,
                 ))
             }

@@ -45,6 +45,15 @@
 //! match the shadow for that range when it processes the shootdown that
 //! the design always sends next (below), before it acknowledges.
 //!
+//! *Shared-table designs* (Bonsai, Linux-style) keep one page table for
+//! the address space (table 0). On this backend that table is a shadow
+//! in shared memory, and each worker's real table *caches* it: a fault
+//! that finds (or puts) an entry in the shared table installs it in the
+//! faulting worker's real table (and its per-worker shadow); clearing or
+//! downgrading a shared entry clears or downgrades every worker's
+//! per-worker shadow, and the design's shootdown, sent to every attached
+//! core as those designs do, makes each real table match.
+//!
 //! *Targeted shootdown.* Each worker has a [`Ring`] in shared memory:
 //! one slot per possible initiator (an initiator has at most one request
 //! outstanding, so a slot never overflows), a bit mask of initiators with
@@ -274,6 +283,9 @@ pub struct PercoreMmu {
     arena: usize,
     /// Shadow of each worker's real table.
     tables: Box<[PageTable]>,
+    /// The design's one shared table (shared-table designs), which the
+    /// workers' real tables cache.
+    shared: Option<PageTable>,
     attached: AttachedCpus,
     counters: Counters,
     rings: Box<[Ring]>,
@@ -323,9 +335,11 @@ impl Drop for PtSection {
 
 impl PercoreMmu {
     /// A per-core MMU over `frames`, which must be a memfd pool
-    /// ([`Frames::new_memfd`]); reserves the arena in this process (the
-    /// workers forked later inherit it).
-    pub fn new(frames: &Arc<Frames>) -> io::Result<PercoreMmu> {
+    /// ([`Frames::new_memfd`]), with a table per CPU (`per_cpu_tables`,
+    /// RadixVM) or one shared table that every worker's real table
+    /// caches; reserves the arena in this process (the workers forked
+    /// later inherit it).
+    pub fn new(frames: &Arc<Frames>, per_cpu_tables: bool) -> io::Result<PercoreMmu> {
         let memfd = frames.memfd().ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -354,6 +368,7 @@ impl PercoreMmu {
             memfd,
             arena: arena as usize,
             tables: (0..MAX_CPUS).map(|_| PageTable::new()).collect(),
+            shared: (!per_cpu_tables).then(PageTable::new),
             attached: AttachedCpus::default(),
             counters: Counters::default(),
             rings: (0..MAX_CPUS).map(|_| Ring::default()).collect(),
@@ -515,6 +530,94 @@ impl PercoreMmu {
         self.service(me);
     }
 
+    /// Runs `update` on worker `table`'s entry for `vpn` and, for this
+    /// worker's own table, makes the change real.
+    fn set_entry(&self, table: usize, vpn: u64, update: &mut dyn FnMut(Pte) -> Pte) -> Pte {
+        let local = me() == Some(table);
+        self.tables[table].with_entry(vpn, |entry| {
+            let old = Pte::from_bits(entry.load(Ordering::Relaxed));
+            let new = update(old);
+            if local {
+                match (old.present(), new.present()) {
+                    (false, false) => {}
+                    (false, true) => self.install(vpn, new),
+                    (true, false) => {
+                        if !self.zap(vpn..vpn + 1) {
+                            self.fail("mmap(PROT_NONE) over an installed page failed");
+                        }
+                    }
+                    (true, true) if old.frame() != new.frame() => self.install(vpn, new),
+                    (true, true) => {
+                        if prot_of(old) != prot_of(new) && !self.mprotect(vpn, prot_of(new)) {
+                            self.fail("mprotect of an installed page failed");
+                        }
+                    }
+                }
+            } else {
+                // Another worker's table: only removals and downgrades
+                // happen here; the owner makes them real when it
+                // processes the shootdown that follows (module essay).
+                assert!(
+                    !new.present() || (old.present() && old.frame() == new.frame()),
+                    "a design installed a page into another core's table"
+                );
+            }
+            entry.store(new.bits(), Ordering::Release);
+            new
+        })
+    }
+    /// Clears `vpns` in worker `table`'s shadow (and, for this worker, in
+    /// its real table), appending what was present to `out`.
+    fn clear_table(&self, table: usize, vpns: Range<u64>, out: &mut Vec<(u64, Pte)>) {
+        let local = me() == Some(table);
+        self.tables[table].with_leaves(vpns, |pages, entries| {
+            let mut any = false;
+            for (v, e) in pages.clone().zip(entries) {
+                let old = Pte::from_bits(e.swap(0, Ordering::AcqRel));
+                if old.present() {
+                    out.push((v, old));
+                    any = true;
+                }
+            }
+            // Still under the leaf's lock: no fault reinstalls a page of
+            // it before the kernel has removed it.
+            if local && any && !self.zap(pages) {
+                self.fail("mmap(PROT_NONE) over installed pages failed");
+            }
+        });
+    }
+
+    /// The workers whose tables may cache the shared table: the attached
+    /// ones and this one.
+    fn users(&self) -> u64 {
+        self.attached.get() | me().map_or(0, |m| 1 << m)
+    }
+
+    /// Shared-table designs: the shared entry for `vpn` became `new`
+    /// (under its lock). This worker's real table takes it; another
+    /// worker's cached copy is dropped or downgraded in its shadow (made
+    /// real by the shootdown the design sends next).
+    fn propagate(&self, vpn: u64, new: Pte) {
+        let me = me();
+        for w in cpus_in(self.users()) {
+            if Some(w) == me && new.present() {
+                self.set_entry(w, vpn, &mut |_| new);
+                continue;
+            }
+            let cached = self.tables[w].get(vpn);
+            if !cached.present() || cached == new {
+                continue;
+            }
+            self.set_entry(w, vpn, &mut |old| {
+                if !old.present() || !new.present() || old.frame() != new.frame() {
+                    Pte::EMPTY
+                } else {
+                    new
+                }
+            });
+        }
+    }
+
     /// Records `message` as the run's error (prefixed by the worker) and
     /// ends this worker.
     fn fail(&self, message: &str) -> ! {
@@ -580,59 +683,42 @@ impl Mmu for PercoreMmu {
             vpn < ARENA_BYTES / PAGE_SIZE_BYTES,
             "page {vpn:#x} outside the arena"
         );
-        let local = me() == Some(table);
         let _section = PtSection::enter();
-        self.tables[table].with_entry(vpn, |entry| {
-            let old = Pte::from_bits(entry.load(Ordering::Relaxed));
-            let new = update(old);
-            if local {
-                match (old.present(), new.present()) {
-                    (false, false) => {}
-                    (false, true) => self.install(vpn, new),
-                    (true, false) => {
-                        if !self.zap(vpn..vpn + 1) {
-                            self.fail("mmap(PROT_NONE) over an installed page failed");
-                        }
-                    }
-                    (true, true) if old.frame() != new.frame() => self.install(vpn, new),
-                    (true, true) => {
-                        if prot_of(old) != prot_of(new) && !self.mprotect(vpn, prot_of(new)) {
-                            self.fail("mprotect of an installed page failed");
-                        }
-                    }
-                }
-            } else {
-                // Another worker's table: only removals and downgrades
-                // happen here; the owner makes them real when it
-                // processes the shootdown that follows (module essay).
-                assert!(
-                    !new.present() || (old.present() && old.frame() == new.frame()),
-                    "a design installed a page into another core's table"
-                );
-            }
-            entry.store(new.bits(), Ordering::Release);
-            new
-        })
+        if let Some(shared) = &self.shared {
+            return shared.with_entry(vpn, |entry| {
+                let old = Pte::from_bits(entry.load(Ordering::Relaxed));
+                let new = update(old);
+                entry.store(new.bits(), Ordering::Release);
+                self.propagate(vpn, new);
+                new
+            });
+        }
+        self.set_entry(table, vpn, update)
     }
 
     fn clear(&self, table: usize, vpns: Range<u64>, out: &mut Vec<(u64, Pte)>) {
-        let local = me() == Some(table);
         let _section = PtSection::enter();
-        self.tables[table].with_leaves(vpns, |pages, entries| {
-            let mut any = false;
-            for (v, e) in pages.clone().zip(entries) {
-                let old = Pte::from_bits(e.swap(0, Ordering::AcqRel));
-                if old.present() {
-                    out.push((v, old));
-                    any = true;
+        if let Some(shared) = &self.shared {
+            shared.with_leaves(vpns, |pages, entries| {
+                let mut any = false;
+                for (v, e) in pages.clone().zip(entries) {
+                    let old = Pte::from_bits(e.swap(0, Ordering::AcqRel));
+                    if old.present() {
+                        out.push((v, old));
+                        any = true;
+                    }
                 }
-            }
-            // Still under the leaf's lock: no fault reinstalls a page of
-            // it before the kernel has removed it.
-            if local && any && !self.zap(pages) {
-                self.fail("mmap(PROT_NONE) over installed pages failed");
-            }
-        });
+                if any {
+                    // Every cache of these pages goes (still under the
+                    // shared leaf's lock; order: shared, then per-worker).
+                    for w in cpus_in(self.users()) {
+                        self.clear_table(w, pages.clone(), &mut Vec::new());
+                    }
+                }
+            });
+            return;
+        }
+        self.clear_table(table, vpns, out);
     }
 
     fn shootdown(&self, initiator: usize, targets: u64, vpns: Range<u64>) {
@@ -724,7 +810,11 @@ impl Mmu for PercoreMmu {
     }
 
     fn page_table_pages(&self) -> u64 {
-        self.tables.iter().map(PageTable::pages).sum()
+        self.tables
+            .iter()
+            .chain(&self.shared)
+            .map(PageTable::pages)
+            .sum()
     }
 
     fn percore(&self) -> Option<&PercoreMmu> {
