@@ -5,6 +5,7 @@
 //!
 //! ```text
 //! radixvm-percore mapbench [bench flags] [--json]   rows, one JSON object per line with --json
+//! radixvm-percore faultbench [bench flags] [--json]
 //! radixvm-percore selftest NAME [--broken]          stale | targets | stress | death
 //! ```
 //!
@@ -13,7 +14,7 @@
 
 use std::process::ExitCode;
 
-use radixvm::bench::{self, MapRow};
+use radixvm::bench::{self, FaultRow, MapRow};
 use radixvm::percore::heap::SharedHeap;
 
 mod selftest;
@@ -50,6 +51,64 @@ fn json_row(r: &MapRow) -> String {
         r.spread_pct,
         r.runs
     )
+}
+
+fn json_fault_row(r: &FaultRow) -> String {
+    format!(
+        "{{\"bench\":\"faultbench\",\"system\":\"{}\",\"threads\":{},\"tlb\":\"{}\",\
+         \"backend\":\"{}\",\"map_fraction\":{:.2},\"fault_ns\":{:.1},\
+         \"faults_per_sec\":{:.0},\"maps_per_sec\":{:.0},\"messages_per_map\":{:.3},\
+         \"kernel_tlb_ipis_per_map\":{},\"spread_pct\":{:.1},\"runs\":{}}}",
+        r.system.name(),
+        r.threads,
+        r.system.tlb(),
+        r.system.backend().map_or("native", |b| b.name()),
+        r.map_fraction,
+        r.fault_ns,
+        r.faults_per_sec,
+        r.maps_per_sec,
+        r.messages_per_map,
+        opt(r.kernel_tlb_ipis_per_map),
+        r.spread_pct,
+        r.runs
+    )
+}
+
+fn faultbench(args: Vec<String>) -> Result<(), String> {
+    let (options, json) = bench::parse_args(args)?;
+    if !json {
+        println!(
+            "{:<22} {:>3} {:>6} {:>10} {:>12} {:>10} {:>8} {:>8} {:>7}",
+            "system",
+            "thr",
+            "frac",
+            "fault_ns",
+            "faults/s",
+            "maps/s",
+            "msg/map",
+            "kTLB/map",
+            "spread"
+        );
+    }
+    bench::faultbench(&options, |r| {
+        if json {
+            println!("{}", json_fault_row(r));
+        } else {
+            println!(
+                "{:<22} {:>3} {:>6.2} {:>10.1} {:>12.0} {:>10.0} {:>8.3} {:>8} {:>6.1}%",
+                r.system.name(),
+                r.threads,
+                r.map_fraction,
+                r.fault_ns,
+                r.faults_per_sec,
+                r.maps_per_sec,
+                r.messages_per_map,
+                opt(r.kernel_tlb_ipis_per_map),
+                r.spread_pct
+            );
+        }
+    });
+    Ok(())
 }
 
 fn mapbench(args: Vec<String>) -> Result<(), String> {
@@ -92,12 +151,15 @@ fn mapbench(args: Vec<String>) -> Result<(), String> {
 fn main() -> ExitCode {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     if args.is_empty() {
-        eprintln!("usage: radixvm-percore mapbench [flags] | selftest NAME [--broken]");
+        eprintln!(
+            "usage: radixvm-percore mapbench [flags] | faultbench [flags] | selftest NAME [--broken]"
+        );
         return ExitCode::from(2);
     }
     let command = args.remove(0);
     let result = match command.as_str() {
         "mapbench" => mapbench(args),
+        "faultbench" => faultbench(args),
         "selftest" => selftest::run(args),
         other => Err(format!("unknown command {other}")),
     };
