@@ -83,6 +83,14 @@ impl System {
         System::Native,
     ];
 
+    /// Every design on the per-core backend (runs only in the
+    /// `radixvm-percore` binary; `memlab` runs them there).
+    pub const PERCORE: [System; 3] = [
+        System::Design(Design::RadixVm, Backend::Percore),
+        System::Design(Design::Bonsai, Backend::Percore),
+        System::Design(Design::Linux, Backend::Percore),
+    ];
+
     /// Name in output: `design-backend` or `native-linux`.
     pub fn name(self) -> String {
         match self {
