@@ -2,15 +2,20 @@
 //! `faultbench` (Bonsai §7.3, Figures 16-18) as library functions, for
 //! `memlab mapbench` / `memlab faultbench` and the examples.
 //!
-//! Every design runs over both MMU backends: rows over the software MMU
+//! Every design runs over every MMU backend: rows over the software MMU
 //! say `tlb: "simulated"` (system `design-sw`), rows over the
 //! userfaultfd MMU `tlb: "real"` (system `design-uffd`: real faults, the
-//! kernel's page table and TLB shootdowns). `mapbench` also runs the same
+//! kernel's page table and TLB shootdowns), rows over the per-core MMU
+//! `tlb: "real"` (system `design-percore`: a forked worker process per
+//! thread, each with its own page table, running the same per-thread body
+//! with shared-memory barriers and queues; only inside the
+//! `radixvm-percore` binary). `mapbench` also runs the same
 //! workload with the process's own `mmap`/`munmap` and real stores
 //! (`native-linux`, `tlb: "real"`), in the same run, as the yardstick.
-//! Shootdown figures are the design's requests (on the userfaultfd
-//! backend the kernel performs its own, counted system-wide from
-//! /proc/interrupts as `kernel_tlb_ipis_per_iter`).
+//! Shootdown figures are the design's requests (`messages_per_iter`: one
+//! message per remote target; user-level on every backend). The kernel's
+//! own TLB-shootdown IPIs are counted system-wide from /proc/interrupts
+//! as `kernel_tlb_ipis_per_iter`.
 //!
 //! mapbench workloads (region size in pages, per thread):
 //! * `local` — each thread maps its own region at a fixed address,

@@ -7,7 +7,7 @@
 //! design's `pagefault` and retries, as hardware re-executes a faulting
 //! instruction.
 //!
-//! Two backends, chosen by one parameter ([`Backend`]):
+//! Three backends, chosen by one parameter ([`Backend`]):
 //! * [`sw`] — the software MMU: page tables and per-CPU TLBs are data
 //!   structures, shootdowns are inter-thread handshakes. The TLB is
 //!   simulated and every output line says so.
@@ -15,6 +15,9 @@
 //!   raises a real fault; installs are `UFFDIO_COPY`/`UFFDIO_ZEROPAGE`,
 //!   zaps are `madvise(MADV_DONTNEED)`, and the kernel does the real TLB
 //!   work.
+//! * [`crate::percore`] — one worker process per core with its own real
+//!   page table; shootdowns are user-level messages to exactly the cores
+//!   the design names, the kernel's flushes are local.
 
 pub mod probe;
 pub mod sw;

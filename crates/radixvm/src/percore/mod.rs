@@ -54,7 +54,7 @@
 //! per-worker shadow, and the design's shootdown, sent to every attached
 //! core as those designs do, makes each real table match.
 //!
-//! *Targeted shootdown.* Each worker has a [`Ring`] in shared memory:
+//! *Targeted shootdown.* Each worker has a ring (`Ring`) in shared memory:
 //! one slot per possible initiator (an initiator has at most one request
 //! outstanding, so a slot never overflows), a bit mask of initiators with
 //! a request pending, and a futex word for wake-ups.
