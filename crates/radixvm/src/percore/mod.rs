@@ -804,7 +804,7 @@ impl Mmu for PercoreMmu {
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = (p, op);
+            let _ = (cpu, op);
             unreachable!("`available` refuses off x86-64")
         }
     }

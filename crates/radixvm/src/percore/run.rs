@@ -31,6 +31,9 @@ const STATE_FAILED: u32 = 3;
 /// more workers than cores).
 pub(super) const YIELD_EVERY_SPINS: u32 = 64;
 
+/// Longest nap of the supervising parent between looks at its workers.
+const POLL_MAX_US: u64 = 5_000;
+
 /// Capacity of each worker's hand-over queue (pipeline workload).
 const QUEUE_SLOTS: usize = 1024;
 
@@ -283,6 +286,9 @@ pub fn run(
                  deadline: Instant,
                  reaped: &mut Vec<bool>|
      -> Result<(), String> {
+        // Back off to POLL_MAX_US: on a machine with as many cores as
+        // workers, a parent waking often takes CPU time from a worker.
+        let mut nap_us = 100;
         loop {
             if until(&team) {
                 return Ok(());
@@ -318,7 +324,8 @@ pub fn run(
                     HANG_TIMEOUT_MS
                 ));
             }
-            std::thread::sleep(Duration::from_micros(200));
+            std::thread::sleep(Duration::from_micros(nap_us));
+            nap_us = (nap_us * 2).min(POLL_MAX_US);
         }
     };
     let hang = Duration::from_millis(HANG_TIMEOUT_MS);
