@@ -318,7 +318,8 @@ pub struct FaultRow {
     /// (user-level on every backend).
     pub messages_per_map: f64,
     /// Kernel TLB-shootdown interrupts per mapper mmap+munmap pair,
-    /// system-wide (real TLBs only; `None` where unreadable).
+    /// system-wide (real TLBs only; `None` where unreadable or when the
+    /// mapper did not map).
     pub kernel_tlb_ipis_per_map: Option<f64>,
     /// Spread of `fault_ns` in percent.
     pub spread_pct: f64,
@@ -1026,7 +1027,7 @@ pub fn faultbench(options: &Options, mut row: impl FnMut(&FaultRow)) -> Vec<Faul
                     median_spread(samples.iter().map(|s| s.faults_per_sec).collect());
                 let (maps_per_sec, _) =
                     median_spread(samples.iter().map(|s| s.maps_per_sec).collect());
-                let maps = samples.iter().map(|s| s.maps).sum::<u64>().max(1) as f64;
+                let maps = samples.iter().map(|s| s.maps).sum::<u64>();
                 let messages: u64 = samples.iter().map(|s| s.messages).sum();
                 let kernel_tlb: Option<u64> = samples.iter().map(|s| s.kernel_tlb).sum();
                 let r = FaultRow {
@@ -1036,10 +1037,10 @@ pub fn faultbench(options: &Options, mut row: impl FnMut(&FaultRow)) -> Vec<Faul
                     faults_per_sec,
                     fault_ns,
                     maps_per_sec,
-                    messages_per_map: messages as f64 / maps,
+                    messages_per_map: messages as f64 / maps.max(1) as f64,
                     kernel_tlb_ipis_per_map: kernel_tlb
-                        .filter(|_| system.tlb() == "real")
-                        .map(|k| k as f64 / maps),
+                        .filter(|_| system.tlb() == "real" && maps > 0)
+                        .map(|k| k as f64 / maps as f64),
                     spread_pct,
                     runs: samples.len(),
                 };
