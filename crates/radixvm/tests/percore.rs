@@ -115,3 +115,74 @@ fn the_shared_heap_never_hands_one_block_to_two_processes() {
     let t = passes(&["heap", "--workers", "3"]);
     assert!(t.contains("0 corrupted"), "{t}");
 }
+
+fn bench_rows(args: &[&str]) -> Vec<String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_radixvm-percore"))
+        .args(args)
+        .arg("--json")
+        .output()
+        .expect("run radixvm-percore");
+    let t = text(&out);
+    assert!(out.status.success(), "{args:?}: {t}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn mapbench_rows_carry_backend_messages_and_kernel_ipis() {
+    let rows = bench_rows(&[
+        "mapbench",
+        "--secs",
+        "0.05",
+        "--runs",
+        "1",
+        "--threads",
+        "1,2",
+        "--systems",
+        "radixvm-percore,bonsai-percore,linux-percore,native-linux",
+    ]);
+    if rows.is_empty() {
+        eprintln!("skipped: no per-core rows");
+        return;
+    }
+    assert_eq!(rows.len(), 3 * 2 * 4, "{rows:?}");
+    for r in &rows {
+        assert!(r.contains("\"kernel_tlb_ipis_per_iter\""), "{r}");
+        assert!(r.contains("\"messages_per_iter\""), "{r}");
+        if r.contains("-percore\"") {
+            assert!(r.contains("\"backend\":\"percore\""), "{r}");
+            assert!(r.contains("\"tlb\":\"real\""), "{r}");
+        }
+        if r.contains("\"system\":\"radixvm-percore\"") && r.contains("\"workload\":\"local\"") {
+            assert!(r.contains("\"messages_per_iter\":0.000"), "{r}");
+        }
+    }
+}
+
+#[test]
+fn faultbench_rows_for_the_per_core_designs() {
+    let rows = bench_rows(&[
+        "faultbench",
+        "--secs",
+        "0.05",
+        "--runs",
+        "1",
+        "--threads",
+        "2",
+        "--fractions",
+        "0,0.5",
+        "--systems",
+        "radixvm-percore,bonsai-percore",
+    ]);
+    if rows.is_empty() {
+        eprintln!("skipped: no per-core rows");
+        return;
+    }
+    assert_eq!(rows.len(), 2 * 2, "{rows:?}");
+    for r in &rows {
+        assert!(r.contains("\"backend\":\"percore\""), "{r}");
+        assert!(!r.contains("\"fault_ns\":0.0,"), "{r}");
+    }
+}
