@@ -967,20 +967,24 @@ fn fault_sample(
 
 /// faultbench on the per-core backend: worker 0 maps, workers 1.. fault,
 /// each a process with its own page table. The timed part starts when
-/// every faulter has its frames (a barrier), so it is a little shorter
-/// than `secs`.
+/// every faulter has its frames ([`crate::percore::Worker::start_clock`]).
 fn percore_fault_sample(design: Design, faulters: usize, fraction: f64, secs: f64) -> FaultSample {
     let frames = Frames::new_memfd(POOL_BYTES).expect("memfd frame pool");
     let space = new_space_on(design, Backend::Percore, &frames).expect("checked by usable_systems");
     let segment = Segment::new(&frames, FAULT_REGION_PAGES * faulters as u64);
-    let run = crate::percore::run(&*space, faulters + 1, Some(secs), &|cpu, worker| {
+    let run = crate::percore::run_after_setup(&*space, faulters + 1, Some(secs), &|cpu, worker| {
         let stopped = || worker.stopped();
         if worker.id == 0 {
-            worker.barrier();
+            worker.start_clock();
             [0, 0, mapper_body(cpu, fraction, &stopped), 0]
         } else {
-            let (n, nanos) =
-                faulter_body(cpu, worker.id - 1, &segment, &|| worker.barrier(), &stopped);
+            let (n, nanos) = faulter_body(
+                cpu,
+                worker.id - 1,
+                &segment,
+                &|| worker.start_clock(),
+                &stopped,
+            );
             [n, nanos, 0, 0]
         }
     })

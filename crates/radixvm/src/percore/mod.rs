@@ -102,7 +102,7 @@
 pub mod heap;
 mod run;
 
-pub use run::{run, RunResult, Worker};
+pub use run::{run, run_after_setup, RunResult, Worker};
 
 use std::io;
 use std::ops::Range;
@@ -292,6 +292,9 @@ pub struct PercoreMmu {
     /// Each attached worker's pid (for the IPI).
     pids: Box<[AtomicI32]>,
     error: ErrorSlot,
+    /// Per worker: bumped at every poll of its ring (its accesses and
+    /// waits), so the parent can tell a hung worker from a busy one.
+    beats: Box<[CachePadded<AtomicU64>]>,
     /// Test knob: targets acknowledge without dropping their
     /// translations (a broken shootdown, which the stale-translation test
     /// must catch).
@@ -374,6 +377,9 @@ impl PercoreMmu {
             rings: (0..MAX_CPUS).map(|_| Ring::default()).collect(),
             pids: (0..MAX_CPUS).map(|_| AtomicI32::new(0)).collect(),
             error: ErrorSlot::default(),
+            beats: (0..MAX_CPUS)
+                .map(|_| CachePadded::new(AtomicU64::new(0)))
+                .collect(),
             broken_shootdown: AtomicBool::new(false),
         })
     }
@@ -511,6 +517,8 @@ impl PercoreMmu {
 
     /// Polls worker `me`'s ring (one load when nothing is pending).
     pub fn service(&self, me: usize) {
+        let beat = &self.beats[me];
+        beat.store(beat.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         if self.rings[me].pending.load(Ordering::Acquire) != 0 {
             self.drain(me, Counter::AcksSelf);
         }
@@ -627,6 +635,11 @@ impl PercoreMmu {
         // SAFETY: ends this process without running destructors of
         // objects shared with the others (module essay).
         unsafe { libc::_exit(3) }
+    }
+
+    /// Worker `cpu`'s heartbeat (polls of its ring so far).
+    pub fn beats(&self, cpu: usize) -> u64 {
+        self.beats[cpu].load(Ordering::Relaxed)
     }
 
     /// The run's first error, if any.

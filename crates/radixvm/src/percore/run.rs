@@ -31,6 +31,10 @@ const STATE_FAILED: u32 = 3;
 /// more workers than cores).
 pub(super) const YIELD_EVERY_SPINS: u32 = 64;
 
+/// An untimed run (no `secs`) that makes progress is stopped after this
+/// long.
+const UNTIMED_LIMIT_SECS: u64 = 3_600;
+
 /// Longest nap of the supervising parent between looks at its workers.
 const POLL_MAX_US: u64 = 5_000;
 
@@ -82,6 +86,9 @@ pub struct Team {
     states: Box<[CachePadded<AtomicU32>]>,
     results: Box<[CachePadded<[AtomicU64; RESULT_WORDS]>]>,
     go: AtomicBool,
+    /// The timed part starts when worker 0 says so ([`Worker::start_clock`]).
+    deferred_clock: bool,
+    clock_started: AtomicBool,
     stop: AtomicBool,
     exit: AtomicBool,
     /// Workload flag (global: another round?).
@@ -152,6 +159,16 @@ impl Worker<'_> {
                 // More workers than cores: let the others run.
                 std::thread::yield_now();
             }
+        }
+    }
+
+    /// Ends the untimed setup of a run started with [`run_after_setup`]:
+    /// a barrier, after which the parent's clock (and its count of kernel
+    /// TLB interrupts) starts.
+    pub fn start_clock(&self) {
+        self.barrier();
+        if self.id == 0 {
+            self.team.clock_started.store(true, Ordering::Release);
         }
     }
 
@@ -236,6 +253,28 @@ pub fn run(
     secs: Option<f64>,
     body: &(dyn Fn(&Cpu<'_>, &Worker<'_>) -> [u64; RESULT_WORDS] + Sync),
 ) -> Result<RunResult, String> {
+    run_inner(space, workers, secs, false, body)
+}
+
+/// [`run`], but the timed part (and the count of kernel TLB interrupts)
+/// starts only when the bodies call [`Worker::start_clock`], after their
+/// setup.
+pub fn run_after_setup(
+    space: &dyn AddressSpace,
+    workers: usize,
+    secs: Option<f64>,
+    body: &(dyn Fn(&Cpu<'_>, &Worker<'_>) -> [u64; RESULT_WORDS] + Sync),
+) -> Result<RunResult, String> {
+    run_inner(space, workers, secs, true, body)
+}
+
+fn run_inner(
+    space: &dyn AddressSpace,
+    workers: usize,
+    secs: Option<f64>,
+    deferred_clock: bool,
+    body: &(dyn Fn(&Cpu<'_>, &Worker<'_>) -> [u64; RESULT_WORDS] + Sync),
+) -> Result<RunResult, String> {
     super::available()?;
     let mmu = space
         .mmu()
@@ -251,6 +290,8 @@ pub fn run(
             .map(|_| CachePadded::new(std::array::from_fn(|_| AtomicU64::new(0))))
             .collect(),
         go: AtomicBool::new(false),
+        deferred_clock,
+        clock_started: AtomicBool::new(false),
         stop: AtomicBool::new(false),
         exit: AtomicBool::new(false),
         more: AtomicBool::new(true),
@@ -280,8 +321,9 @@ pub fn run(
         pids.push(pid);
     }
     let mut reaped = vec![false; workers];
-    // Watches the workers until `done(states)`; Err names a dead or hung
-    // worker.
+    // Watches the workers until `until(team)`; Err names a dead worker,
+    // or a hung one: not done and no heartbeat for HANG_TIMEOUT_MS, or
+    // not done by `deadline`.
     let watch = |until: &dyn Fn(&Team) -> bool,
                  deadline: Instant,
                  reaped: &mut Vec<bool>|
@@ -289,7 +331,30 @@ pub fn run(
         // Back off to POLL_MAX_US: on a machine with as many cores as
         // workers, a parent waking often takes CPU time from a worker.
         let mut nap_us = 100;
+        let mut beats: Vec<(u64, Instant)> = (0..workers)
+            .map(|i| (mmu.beats(i), Instant::now()))
+            .collect();
         loop {
+            let now = Instant::now();
+            let mut stalled = Vec::new();
+            for (i, (beat, since)) in beats.iter_mut().enumerate() {
+                let b = mmu.beats(i);
+                if b != *beat {
+                    *beat = b;
+                    *since = now;
+                } else if now - *since > Duration::from_millis(HANG_TIMEOUT_MS)
+                    && team.states[i].load(Ordering::Acquire) != STATE_DONE
+                {
+                    stalled.push(format!("worker {i} (pid {})", pids[i]));
+                }
+            }
+            if !stalled.is_empty() {
+                let why = mmu.error().map(|e| format!(" ({e})")).unwrap_or_default();
+                return Err(format!(
+                    "{} hung: no progress for {HANG_TIMEOUT_MS} ms{why}",
+                    stalled.join(", ")
+                ));
+            }
             if until(&team) {
                 return Ok(());
             }
@@ -319,9 +384,8 @@ pub fn run(
                     .collect();
                 let why = mmu.error().map(|e| format!(" ({e})")).unwrap_or_default();
                 return Err(format!(
-                    "{} hung: not done {} ms past the run's end{why}",
-                    hung.join(", "),
-                    HANG_TIMEOUT_MS
+                    "{} hung: not done by the run's deadline{why}",
+                    hung.join(", ")
                 ));
             }
             std::thread::sleep(Duration::from_micros(nap_us));
@@ -332,9 +396,23 @@ pub fn run(
     let all = |s: u32| move |t: &Team| t.states.iter().all(|x| x.load(Ordering::Acquire) == s);
     let outcome = (|| {
         watch(&all(STATE_READY), Instant::now() + hang, &mut reaped)?;
+        // Untimed runs may take long: hangs are found by heartbeat.
+        let no_deadline = Instant::now() + Duration::from_secs(UNTIMED_LIMIT_SECS);
+        team.go.store(true, Ordering::Release);
+        if team.deferred_clock {
+            watch(
+                &|t: &Team| {
+                    t.clock_started.load(Ordering::Acquire)
+                        || t.states
+                            .iter()
+                            .all(|x| x.load(Ordering::Acquire) == STATE_DONE)
+                },
+                no_deadline,
+                &mut reaped,
+            )?;
+        }
         let tlb_before = crate::bench::kernel_tlb_shootdowns();
         let t0 = Instant::now();
-        team.go.store(true, Ordering::Release);
         let mut elapsed = None;
         if let Some(secs) = secs {
             let end = t0 + Duration::from_secs_f64(secs);
@@ -351,11 +429,11 @@ pub fn run(
             team.stop.store(true, Ordering::Release);
             elapsed = Some(t0.elapsed());
         }
-        watch(
-            &all(STATE_DONE),
-            Instant::now() + hang + secs.map_or(Duration::ZERO, Duration::from_secs_f64),
-            &mut reaped,
-        )?;
+        let deadline = match secs {
+            Some(_) => Instant::now() + hang,
+            None => no_deadline,
+        };
+        watch(&all(STATE_DONE), deadline, &mut reaped)?;
         let secs = elapsed.unwrap_or_else(|| t0.elapsed()).as_secs_f64();
         let kernel_tlb = tlb_before
             .zip(crate::bench::kernel_tlb_shootdowns())
