@@ -8,8 +8,10 @@
 //! ```
 //!
 //! The parent polls `waitpid(WNOHANG)` while it waits: a worker that dies
-//! (signal, non-zero exit) or is not done within the deadline ends the
-//! run with an error naming it (index, pid, signal, and the message the
+//! (signal, non-zero exit), or hangs (not done, and no heartbeat, a count
+//! the worker bumps at every poll of its ring, for [`HANG_TIMEOUT_MS`]),
+//! or is not done by a timed run's deadline, ends the run with an error
+//! naming it (index, pid, signal, and the message the
 //! worker left in the MMU's error slot), and the other workers are
 //! killed. Nothing waits without a deadline.
 
