@@ -1,19 +1,22 @@
-//! [`RawFutexMutex`]: the three-state futex mutex of Drepper, "Futexes Are
-//! Tricky" (2011), §6 "Mutex, Take 3", behind `lock_api::RawMutex`.
+//! [`RawFutexMutex`]: a futex mutex with a lock bit and a sleeper count in
+//! one word, behind `lock_api::RawMutex`. A refinement of Drepper's
+//! three-state mutex ("Futexes Are Tricky", take 3), whose "contended"
+//! state sticks once set, so that under steady contention every unlock
+//! makes a wake syscall and every arrival sleeps at once (a convoy);
+//! counting sleepers lets the word return to "no sleepers" as soon as
+//! they are in.
 
 use core::sync::atomic::{AtomicU32, Ordering};
 
 use crate::futex;
-use crate::SPIN_LIMIT_TRIES;
+use crate::Backoff;
 
-/// Nobody holds the lock.
-const UNLOCKED: u32 = 0;
-/// Held; nobody has recorded that they sleep on it.
-const LOCKED: u32 = 1;
-/// Held, and some thread in some process may be asleep in `FUTEX_WAIT`
-/// on the word: the unlocker must `FUTEX_WAKE` one.
-const CONTENDED: u32 = 2;
-
+/// Bit 0: someone holds the lock.
+const LOCKED_BIT: u32 = 1;
+/// Bits 1-31 count sleepers: threads (in any process) that registered
+/// before `FUTEX_WAIT` and have not yet taken the lock. Unlock wakes one
+/// exactly when this is non-zero.
+const SLEEPER_UNIT: u32 = 2;
 /// A mutex whose whole state is one `u32` futex word, so it works when the
 /// word lives in memory shared between processes. See the crate docs for
 /// the protocol.
@@ -24,49 +27,72 @@ pub struct RawFutexMutex {
 }
 
 impl RawFutexMutex {
-    /// Spins up to [`SPIN_LIMIT_TRIES`] for a holder about to leave, then
-    /// marks the word contended and sleeps until it can take it.
+    /// Backs off up to [`crate::SPIN_LIMIT_ROUNDS`] for a holder about to leave, then
+    /// registers as a sleeper and sleeps until it can take the lock.
     #[cold]
     fn lock_slow(&self) {
-        for _ in 0..SPIN_LIMIT_TRIES {
+        let mut backoff = Backoff::new();
+        loop {
             let state = self.state.load(Ordering::Relaxed);
-            if state == UNLOCKED
+            if state & LOCKED_BIT == 0
                 && self
                     .state
-                    .compare_exchange_weak(UNLOCKED, LOCKED, Ordering::Acquire, Ordering::Relaxed)
+                    .compare_exchange_weak(
+                        state,
+                        state | LOCKED_BIT,
+                        Ordering::Acquire,
+                        Ordering::Relaxed,
+                    )
                     .is_ok()
             {
                 return;
             }
-            if state == CONTENDED {
-                // Others already sleep; spinning only delays joining them.
+            if !backoff.spin() {
                 break;
             }
-            core::hint::spin_loop();
         }
-        // From here on we may sleep, so we take the lock as CONTENDED: we
-        // cannot know whether other sleepers remain, and a spurious wake on
-        // unlock is cheaper than a lost one.
-        while self.state.swap(CONTENDED, Ordering::Acquire) != UNLOCKED {
-            futex::wait(&self.state, CONTENDED);
+        // Register, so every unlock from now on wakes someone, then sleep
+        // while the lock is held; taking it deregisters in the same CAS.
+        let mut state = self.state.fetch_add(SLEEPER_UNIT, Ordering::Relaxed) + SLEEPER_UNIT;
+        loop {
+            if state & LOCKED_BIT == 0 {
+                match self.state.compare_exchange_weak(
+                    state,
+                    (state | LOCKED_BIT) - SLEEPER_UNIT,
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => return,
+                    Err(now) => {
+                        state = now;
+                        continue;
+                    }
+                }
+            }
+            // Sleeps only if the word still reads `state` (held, us
+            // counted), atomically with respect to FUTEX_WAKE: an unlock
+            // after our load either changes the word (we return at once)
+            // or sees our count and wakes one sleeper.
+            futex::wait(&self.state, state);
+            state = self.state.load(Ordering::Relaxed);
         }
     }
 
-    /// Wakes one sleeper; called when unlock found the word `CONTENDED`.
+    /// Wakes one sleeper; called when unlock found sleepers counted.
     #[cold]
     fn wake_one(&self) {
         futex::wake(&self.state, 1);
     }
 }
 
-// SAFETY: `lock`/`try_lock` return only after moving the word from
-// UNLOCKED to LOCKED or CONTENDED with an Acquire RMW, and only `unlock`
-// (Release) moves it back to UNLOCKED, so at most one holder exists at a
-// time and the holder sees everything the previous holder wrote.
+// SAFETY: `lock`/`try_lock` return only after setting LOCKED_BIT with an
+// Acquire RMW on a word where it was clear, and only `unlock` (a Release
+// RMW) clears it, so at most one holder exists at a time and the holder
+// sees everything the previous holder wrote.
 unsafe impl lock_api::RawMutex for RawFutexMutex {
     #[allow(clippy::declare_interior_mutable_const)]
     const INIT: Self = RawFutexMutex {
-        state: AtomicU32::new(UNLOCKED),
+        state: AtomicU32::new(0),
     };
 
     // Unlock is a store plus a wake keyed by the word's address: no
@@ -77,7 +103,7 @@ unsafe impl lock_api::RawMutex for RawFutexMutex {
     fn lock(&self) {
         if self
             .state
-            .compare_exchange(UNLOCKED, LOCKED, Ordering::Acquire, Ordering::Relaxed)
+            .compare_exchange(0, LOCKED_BIT, Ordering::Acquire, Ordering::Relaxed)
             .is_err()
         {
             self.lock_slow();
@@ -86,20 +112,30 @@ unsafe impl lock_api::RawMutex for RawFutexMutex {
 
     #[inline]
     fn try_lock(&self) -> bool {
-        self.state
-            .compare_exchange(UNLOCKED, LOCKED, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
+        let mut state = self.state.load(Ordering::Relaxed);
+        while state & LOCKED_BIT == 0 {
+            match self.state.compare_exchange_weak(
+                state,
+                state | LOCKED_BIT,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(now) => state = now,
+            }
+        }
+        false
     }
 
     #[inline]
     unsafe fn unlock(&self) {
-        if self.state.swap(UNLOCKED, Ordering::Release) == CONTENDED {
+        if self.state.fetch_sub(LOCKED_BIT, Ordering::Release) != LOCKED_BIT {
             self.wake_one();
         }
     }
 
     #[inline]
     fn is_locked(&self) -> bool {
-        self.state.load(Ordering::Relaxed) != UNLOCKED
+        self.state.load(Ordering::Relaxed) & LOCKED_BIT != 0
     }
 }

@@ -4,7 +4,7 @@
 use core::sync::atomic::{AtomicU32, Ordering};
 
 use crate::futex;
-use crate::SPIN_LIMIT_TRIES;
+use crate::Backoff;
 
 /// Low 30 bits: how many readers hold the lock.
 const READERS_MASK: u32 = (1 << 30) - 1;
@@ -47,7 +47,7 @@ impl RawFutexRwLock {
     /// sleep.
     #[inline]
     fn acquire(&self, can_enter: fn(u32) -> bool, entry: fn(u32) -> u32) {
-        let mut spins_tries = 0;
+        let mut backoff = Backoff::new();
         let mut state = self.state.load(Ordering::Relaxed);
         loop {
             if can_enter(state) {
@@ -64,9 +64,7 @@ impl RawFutexRwLock {
                     }
                 }
             }
-            if spins_tries < SPIN_LIMIT_TRIES && state & WAITERS == 0 {
-                spins_tries += 1;
-                core::hint::spin_loop();
+            if backoff.spin() {
                 state = self.state.load(Ordering::Relaxed);
                 continue;
             }
