@@ -657,7 +657,9 @@ struct MapbenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "4", value_parser = clap::value_parser!(u64).range(1..65537))]
     pages: Vec<u64>,
     /// Systems, comma-separated [default: all]: radixvm-sw, bonsai-sw, linux-sw,
-    /// radixvm-uffd, bonsai-uffd, linux-uffd, native-linux
+    /// radixvm-uffd, bonsai-uffd, linux-uffd, native-linux, radixvm-percore,
+    /// bonsai-percore, linux-percore (the -percore rows run in the sibling
+    /// binary radixvm-percore)
     #[arg(long, value_delimiter = ',')]
     systems: Option<Vec<String>>,
     /// Seconds per run [default: 1; --quick: 0.2]
@@ -673,7 +675,10 @@ fn run_mapbench(a: MapbenchArgs) -> Result<i32> {
         .collect::<Result<Vec<radixvm::bench::Workload>>>()?;
     let systems = match &a.systems {
         Some(list) => vm::parse_systems(list)?,
-        None => radixvm::bench::System::ALL.to_vec(),
+        None => radixvm::bench::System::ALL
+            .into_iter()
+            .chain(radixvm::bench::System::PERCORE)
+            .collect(),
     };
     let opts = vm::MapOpts {
         threads: a.run.threads(),
@@ -694,7 +699,7 @@ struct FaultbenchArgs {
     /// [default: 0,0.1,0.25,0.5,0.75,0.9; --quick: 0,0.25,0.5,0.9]
     #[arg(long, value_delimiter = ',')]
     fractions: Option<Vec<f64>>,
-    /// Systems, comma-separated [default: every design on both backends]
+    /// Systems, comma-separated [default: every design on every backend]
     #[arg(long, value_delimiter = ',')]
     systems: Option<Vec<String>>,
     /// Seconds per run [default: 1; --quick: 0.2]
@@ -717,6 +722,7 @@ fn run_faultbench(a: FaultbenchArgs) -> Result<i32> {
         Some(list) => vm::parse_systems(list)?,
         None => radixvm::bench::System::ALL
             .into_iter()
+            .chain(radixvm::bench::System::PERCORE)
             .filter(|s| *s != radixvm::bench::System::Native)
             .collect(),
     };

@@ -17,8 +17,18 @@
 //! structures and messages between threads. Rows over the userfaultfd MMU
 //! (`-uffd`) and `native-linux` carry `tlb: "real"`. Where the kernel has
 //! no userfaultfd, the `-uffd` rows are left out with a note saying why.
+//!
+//! Rows over the per-core MMU (`-percore`: one pinned worker process per
+//! core, each with its own real page table; shootdown messages between
+//! workers are user-level) come from the sibling binary
+//! `radixvm-percore`, which memlab runs with the cell's options and whose
+//! JSON rows it relays; they carry `tlb: "real"` and `backend:
+//! "percore"`. The binary must be built beside memlab (`cargo build
+//! --release -p bench -p radixvm`); without it the rows are left out with
+//! a note.
 
-use std::io;
+use std::io::{self, BufRead};
+use std::process::{Command, Stdio};
 
 use radixvm::bench::{self as vmbench, FaultRow, MapRow, Options, System, Workload};
 use radixvm::Backend;
@@ -57,8 +67,98 @@ fn tlb_note() -> String {
     "tlb = simulated: the software MMU (TLBs, page tables and shootdowns are data structures \
      and inter-thread handshakes in this process); tlb = real: the userfaultfd MMU (real faults \
      in a real arena, MADV_DONTNEED zaps, the kernel's page table and TLB shootdowns) or \
-     native-linux (this process's own mmap/munmap)."
+     native-linux (this process's own mmap/munmap) or the per-core MMU (one pinned worker \
+     process per core with its own page table; the shootdown messages between workers are \
+     user-level, the kernel's flushes and IPIs real)."
         .into()
+}
+
+/// `radixvm-percore`, next to the running executable.
+fn percore_binary() -> Result<std::path::PathBuf, String> {
+    let exe =
+        std::env::current_exe().map_err(|e| format!("cannot find the running executable: {e}"))?;
+    let p = exe
+        .parent()
+        .ok_or_else(|| format!("{} has no parent directory", exe.display()))?
+        .join("radixvm-percore");
+    if p.is_file() {
+        Ok(p)
+    } else {
+        Err(format!(
+            "radixvm-percore not found next to {} (build it with `cargo build --release -p \
+             radixvm`)",
+            exe.display()
+        ))
+    }
+}
+
+/// Splits off the per-core systems (run by `radixvm-percore`).
+fn split_percore(systems: &[System]) -> (Vec<System>, Vec<System>) {
+    systems
+        .iter()
+        .partition(|s| s.backend() != Some(Backend::Percore))
+}
+
+/// Runs `radixvm-percore BENCH ARGS --json --systems SYSTEMS` and emits
+/// its rows (fields in the order printed); a failing child fails the
+/// run.
+fn relay_percore(
+    bench: &str,
+    args: Vec<String>,
+    systems: &[System],
+    rep: &mut Reporter,
+    mut each: impl FnMut(&Row),
+) -> io::Result<()> {
+    let bin = match percore_binary() {
+        Ok(b) => b,
+        Err(why) => {
+            rep.note(bench, &format!("skipping the per-core rows: {why}"));
+            return Ok(());
+        }
+    };
+    let names: Vec<String> = systems.iter().map(|s| s.name()).collect();
+    let mut child = Command::new(&bin)
+        .arg(bench)
+        .args(&args)
+        .arg("--json")
+        .arg("--systems")
+        .arg(names.join(","))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", bin.display())))?;
+    let stdout = child.stdout.take().expect("piped");
+    for line in io::BufReader::new(stdout).lines() {
+        let line = line?;
+        let value: serde_json::Value = match serde_json::from_str(&line) {
+            Ok(v) => v,
+            Err(_) => continue,
+        };
+        let Some(obj) = value.as_object() else {
+            continue;
+        };
+        let mut row = Row::default();
+        // serde_json's map sorts keys: restore the printed order.
+        let order: Vec<&str> = line
+            .split('"')
+            .skip(1)
+            .step_by(2)
+            .filter(|k| obj.contains_key(*k))
+            .collect();
+        let mut seen = std::collections::HashSet::new();
+        for k in order {
+            if seen.insert(k) {
+                row = row.set(k, obj[k].clone());
+            }
+        }
+        each(&row);
+        rep.emit(row)?;
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        rep.fail(format!("{} {bench} failed: {status}", bin.display()));
+    }
+    Ok(())
 }
 
 fn skipped_uffd(systems: &[System], rep: &mut Reporter, bench: &str) -> Vec<System> {
@@ -73,7 +173,8 @@ fn skipped_uffd(systems: &[System], rep: &mut Reporter, bench: &str) -> Vec<Syst
 /// Runs `memlab mapbench`.
 pub fn run_mapbench(o: &MapOpts, rep: &mut Reporter) -> io::Result<()> {
     const BENCH: &str = "mapbench";
-    let systems = skipped_uffd(&o.systems, rep, BENCH);
+    let (in_process, percore) = split_percore(&o.systems);
+    let systems = skipped_uffd(&in_process, rep, BENCH);
     rep.note(
         BENCH,
         &format!(
@@ -84,12 +185,17 @@ pub fn run_mapbench(o: &MapOpts, rep: &mut Reporter) -> io::Result<()> {
              shoot/it and tgt/shoot: shootdowns the design sent and remote CPUs per shootdown \
              (uffd: the design's requests; the kernel does its own). kTLB/it: TLB-shootdown \
              interrupts per iteration from /proc/interrupts, system-wide, real TLBs only. \
-             pt-pages: page-table pages at the end (uffd: its shadow table).",
+             pt-pages: page-table pages at the end (uffd: its shadow table). \
+             messages_per_iter: the design's shootdown messages (one per remote target) per \
+             iteration; -percore rows come from the radixvm-percore binary.",
             o.runs, o.secs
         ),
     );
     rep.note(BENCH, &tlb_note());
-    let cells = o.region_pages.len() * o.workloads.len() * o.threads.len() * systems.len();
+    let cells = o.region_pages.len()
+        * o.workloads.len()
+        * o.threads.len()
+        * (systems.len() + percore.len());
     let pb = rep.start_progress(cells as u64, "memlab mapbench");
     let mut result = Ok(());
     for &pages in &o.region_pages {
@@ -114,6 +220,22 @@ pub fn run_mapbench(o: &MapOpts, rep: &mut Reporter) -> io::Result<()> {
                 result = rep.emit(map_row(r));
             }
         });
+        if !percore.is_empty() && result.is_ok() {
+            let join = |v: Vec<String>| v.join(",");
+            let args = vec![
+                "--threads".into(),
+                join(o.threads.iter().map(|t| t.to_string()).collect()),
+                "--secs".into(),
+                o.secs.to_string(),
+                "--runs".into(),
+                o.runs.to_string(),
+                "--pages".into(),
+                pages.to_string(),
+                "--workloads".into(),
+                join(o.workloads.iter().map(|w| w.name().to_string()).collect()),
+            ];
+            result = relay_percore(BENCH, args, &percore, rep, |_| pb.inc(1));
+        }
     }
     rep.end_progress();
     result?;
@@ -141,6 +263,7 @@ fn map_row(r: &MapRow) -> Row {
         .set_f("faults_per_iter", r.faults_per_iter, 2);
     let row = opt_f(row, "shootdowns_per_iter", r.shootdowns_per_iter, 3);
     let row = opt_f(row, "targets_per_shootdown", r.targets_per_shootdown, 2);
+    let row = opt_f(row, "messages_per_iter", r.messages_per_iter, 3);
     let row = match r.page_table_pages {
         Some(p) => row.set("page_table_pages", p),
         None => row.set("page_table_pages", serde_json::Value::Null),
@@ -157,14 +280,17 @@ fn map_row(r: &MapRow) -> Row {
 /// Runs `memlab faultbench`.
 pub fn run_faultbench(o: &FaultOpts, rep: &mut Reporter) -> io::Result<()> {
     const BENCH: &str = "faultbench";
-    let systems = skipped_uffd(&o.systems, rep, BENCH);
+    let (in_process, percore) = split_percore(&o.systems);
+    let systems = skipped_uffd(&in_process, rep, BENCH);
     rep.note(
         BENCH,
         &format!(
             "Bonsai §7.3 (Figs. 16-18): thread 0 spends map_fraction of every {} µs in \
              mmap/munmap of one page; the other threads read {} pages of a segment mapping, drop \
              their own translations (no address-space lock) and read them again. fault_ns = mean \
-             cost of one faulting read; median of {} runs of {:.2} s, spread_pct of fault_ns.",
+             cost of one faulting read; median of {} runs of {:.2} s, spread_pct of fault_ns. \
+             messages_per_map / kernel_tlb_ipis_per_map: the design's shootdown messages and \
+             the kernel's TLB-shootdown interrupts (system-wide) per mapper mmap+munmap.",
             vmbench::FAULT_PERIOD_US,
             vmbench::FAULT_REGION_PAGES,
             o.runs,
@@ -178,8 +304,19 @@ pub fn run_faultbench(o: &FaultOpts, rep: &mut Reporter) -> io::Result<()> {
         .count();
     let mut thread_counts: Vec<usize> = o.threads.iter().map(|&t| t.max(2)).collect();
     thread_counts.dedup();
-    let cells = thread_counts.len() * o.fractions.len() * designs;
+    let cells = thread_counts.len() * o.fractions.len() * (designs + percore.len());
     let pb = rep.start_progress(cells as u64, "memlab faultbench");
+    let join = |v: Vec<String>| v.join(",");
+    let args = vec![
+        "--threads".into(),
+        join(thread_counts.iter().map(|t| t.to_string()).collect()),
+        "--secs".into(),
+        o.secs.to_string(),
+        "--runs".into(),
+        o.runs.to_string(),
+        "--fractions".into(),
+        join(o.fractions.iter().map(|f| f.to_string()).collect()),
+    ];
     let opts = Options {
         threads: thread_counts,
         secs: o.secs,
@@ -196,13 +333,16 @@ pub fn run_faultbench(o: &FaultOpts, rep: &mut Reporter) -> io::Result<()> {
             result = rep.emit(fault_row(r));
         }
     });
+    if !percore.is_empty() && result.is_ok() {
+        result = relay_percore(BENCH, args, &percore, rep, |_| pb.inc(1));
+    }
     rep.end_progress();
     result?;
     rep.flush()
 }
 
 fn fault_row(r: &FaultRow) -> Row {
-    Row::new("faultbench", &r.system.name(), r.threads)
+    let row = Row::new("faultbench", &r.system.name(), r.threads)
         .set("tlb", r.system.tlb())
         .set(
             "backend",
@@ -212,6 +352,8 @@ fn fault_row(r: &FaultRow) -> Row {
         .set_f("fault_ns", r.fault_ns, 1)
         .set_f("faults_per_sec", r.faults_per_sec, 0)
         .set_f("maps_per_sec", r.maps_per_sec, 0)
+        .set_f("messages_per_map", r.messages_per_map, 3);
+    opt_f(row, "kernel_tlb_ipis_per_map", r.kernel_tlb_ipis_per_map, 3)
         .set_f("spread_pct", r.spread_pct, 1)
         .set("runs", r.runs)
 }

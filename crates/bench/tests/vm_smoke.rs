@@ -10,14 +10,20 @@ fn memlab(args: &[&str]) -> (Vec<serde_json::Value>, String) {
     (run.rows, run.stderr)
 }
 
-/// The -uffd systems run unless the kernel has no userfaultfd, in which
-/// case a note says why.
+/// The -uffd systems run unless the kernel has no userfaultfd, and the
+/// -percore systems unless `radixvm-percore` is not built beside memlab;
+/// a note says why.
 fn expected_systems(stderr: &str) -> Vec<&'static str> {
     let mut systems = vec!["radixvm-sw", "bonsai-sw", "linux-sw"];
     if stderr.contains("userfaultfd unavailable") {
         println!("userfaultfd rows skipped: {stderr}");
     } else {
         systems.extend(["radixvm-uffd", "bonsai-uffd", "linux-uffd"]);
+    }
+    if stderr.contains("skipping the per-core rows") {
+        println!("per-core rows skipped: {stderr}");
+    } else {
+        systems.extend(["radixvm-percore", "bonsai-percore", "linux-percore"]);
     }
     systems
 }
@@ -60,6 +66,10 @@ fn mapbench_every_workload_and_system() {
                 assert_eq!(row["tlb"], tlb, "{row}");
                 if workload == "local" && system.starts_with("radixvm") {
                     assert_eq!(row["shootdowns_per_iter"], 0.0, "{row}");
+                    assert_eq!(row["messages_per_iter"], 0.0, "{row}");
+                }
+                if system.ends_with("-percore") {
+                    assert_eq!(row["backend"], "percore", "{row}");
                 }
             }
         }

@@ -2,15 +2,20 @@
 //! `faultbench` (Bonsai §7.3, Figures 16-18) as library functions, for
 //! `memlab mapbench` / `memlab faultbench` and the examples.
 //!
-//! Every design runs over both MMU backends: rows over the software MMU
+//! Every design runs over every MMU backend: rows over the software MMU
 //! say `tlb: "simulated"` (system `design-sw`), rows over the
 //! userfaultfd MMU `tlb: "real"` (system `design-uffd`: real faults, the
-//! kernel's page table and TLB shootdowns). `mapbench` also runs the same
+//! kernel's page table and TLB shootdowns), rows over the per-core MMU
+//! `tlb: "real"` (system `design-percore`: a forked worker process per
+//! thread, each with its own page table, running the same per-thread body
+//! with shared-memory barriers and queues; only inside the
+//! `radixvm-percore` binary). `mapbench` also runs the same
 //! workload with the process's own `mmap`/`munmap` and real stores
 //! (`native-linux`, `tlb: "real"`), in the same run, as the yardstick.
-//! Shootdown figures are the design's requests (on the userfaultfd
-//! backend the kernel performs its own, counted system-wide from
-//! /proc/interrupts as `kernel_tlb_ipis_per_iter`).
+//! Shootdown figures are the design's requests (`messages_per_iter`: one
+//! message per remote target; user-level on every backend). The kernel's
+//! own TLB-shootdown IPIs are counted system-wide from /proc/interrupts
+//! as `kernel_tlb_ipis_per_iter`.
 //!
 //! mapbench workloads (region size in pages, per thread):
 //! * `local` — each thread maps its own region at a fixed address,
@@ -83,6 +88,14 @@ impl System {
         System::Native,
     ];
 
+    /// Every design on the per-core backend (runs only in the
+    /// `radixvm-percore` binary; `memlab` runs them there).
+    pub const PERCORE: [System; 3] = [
+        System::Design(Design::RadixVm, Backend::Percore),
+        System::Design(Design::Bonsai, Backend::Percore),
+        System::Design(Design::Linux, Backend::Percore),
+    ];
+
     /// Name in output: `design-backend` or `native-linux`.
     pub fn name(self) -> String {
         match self {
@@ -134,26 +147,26 @@ pub fn uffd_available() -> Result<(), String> {
     }
 }
 
-/// `systems` without the userfaultfd ones when `uffd_available` says
-/// no; `note` gets the reason once.
+/// `systems` without those whose backend does not work here (the
+/// userfaultfd one where the kernel offers none, the per-core one outside
+/// the `radixvm-percore` binary); `note` gets each reason once.
 pub fn usable_systems(systems: &[System], mut note: impl FnMut(&str)) -> Vec<System> {
-    if !systems
-        .iter()
-        .any(|s| s.backend() == Some(Backend::Userfaultfd))
-    {
-        return systems.to_vec();
-    }
-    match uffd_available() {
-        Ok(()) => systems.to_vec(),
-        Err(why) => {
-            note(&format!("skipping the userfaultfd rows: {why}"));
-            systems
-                .iter()
-                .copied()
-                .filter(|s| s.backend() != Some(Backend::Userfaultfd))
-                .collect()
+    let mut out = systems.to_vec();
+    type Check = fn() -> Result<(), String>;
+    let checks: [(Backend, &str, Check); 2] = [
+        (Backend::Userfaultfd, "userfaultfd", uffd_available),
+        (Backend::Percore, "per-core", crate::percore::available),
+    ];
+    for (backend, name, check) in checks {
+        if !out.iter().any(|s| s.backend() == Some(backend)) {
+            continue;
+        }
+        if let Err(why) = check() {
+            note(&format!("skipping the {name} rows: {why}"));
+            out.retain(|s| s.backend() != Some(backend));
         }
     }
+    out
 }
 
 /// TLB-shootdown interrupts received, all CPUs (the `TLB:` line of
@@ -271,6 +284,9 @@ pub struct MapRow {
     pub shootdowns_per_iter: Option<f64>,
     /// Remote targets per shootdown (designs only).
     pub targets_per_shootdown: Option<f64>,
+    /// The design's shootdown messages (one per remote target) per
+    /// iteration (designs only; user-level on every backend).
+    pub messages_per_iter: Option<f64>,
     /// Page-table pages at the end of the last run (designs only; the
     /// userfaultfd backend's shadow table).
     pub page_table_pages: Option<u64>,
@@ -298,6 +314,13 @@ pub struct FaultRow {
     pub fault_ns: f64,
     /// mmap+munmap pairs per second by the mapper.
     pub maps_per_sec: f64,
+    /// The design's shootdown messages per mapper mmap+munmap pair
+    /// (user-level on every backend).
+    pub messages_per_map: f64,
+    /// Kernel TLB-shootdown interrupts per mapper mmap+munmap pair,
+    /// system-wide (real TLBs only; `None` where unreadable or when the
+    /// mapper did not map).
+    pub kernel_tlb_ipis_per_map: Option<f64>,
     /// Spread of `fault_ns` in percent.
     pub spread_pct: f64,
     /// Runs.
@@ -466,6 +489,159 @@ fn minor_faults() -> u64 {
     }
 }
 
+/// How the threads (or worker processes) of a workload meet: barriers,
+/// hand-over queues, flags. Threads use std's primitives; per-core
+/// workers use shared-memory ones that answer shootdowns while they wait
+/// ([`crate::percore::Worker`]).
+trait Coord: Sync {
+    fn barrier(&self);
+    fn hand_over(&self, to: usize, addr: u64);
+    fn take(&self, me: usize) -> Option<u64>;
+    fn stopped(&self) -> bool;
+    fn more(&self) -> bool;
+    fn set_more(&self, v: bool);
+    fn relax(&self);
+}
+
+/// The threads' coordination.
+struct Threads {
+    stop: AtomicBool,
+    round: Barrier,
+    more: AtomicBool,
+    rings: Vec<Mutex<VecDeque<u64>>>,
+}
+
+impl Coord for Threads {
+    fn barrier(&self) {
+        self.round.wait();
+    }
+    fn hand_over(&self, to: usize, addr: u64) {
+        self.rings[to].lock().unwrap().push_back(addr);
+    }
+    fn take(&self, me: usize) -> Option<u64> {
+        self.rings[me].lock().unwrap().pop_front()
+    }
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+    fn more(&self) -> bool {
+        self.more.load(Ordering::Acquire)
+    }
+    fn set_more(&self, v: bool) {
+        self.more.store(v, Ordering::Release);
+    }
+    fn relax(&self) {
+        std::thread::yield_now();
+    }
+}
+
+impl Coord for crate::percore::Worker<'_> {
+    fn barrier(&self) {
+        crate::percore::Worker::barrier(self);
+    }
+    fn hand_over(&self, to: usize, addr: u64) {
+        crate::percore::Worker::hand_over(self, to, addr);
+    }
+    fn take(&self, _me: usize) -> Option<u64> {
+        crate::percore::Worker::take(self)
+    }
+    fn stopped(&self) -> bool {
+        crate::percore::Worker::stopped(self)
+    }
+    fn more(&self) -> bool {
+        crate::percore::Worker::more(self)
+    }
+    fn set_more(&self, v: bool) {
+        crate::percore::Worker::set_more(self, v);
+    }
+    fn relax(&self) {
+        crate::percore::Worker::relax(self);
+    }
+}
+
+/// One thread's (or worker's) part of `workload`, as thread `t` of
+/// `threads`: returns (iterations, page touches).
+fn workload_body<V: Vm, C: Coord>(
+    cpu: &V::Cpu<'_>,
+    coord: &C,
+    workload: Workload,
+    t: usize,
+    threads: usize,
+    pages: u64,
+) -> (u64, u64) {
+    let len = pages * PAGE_SIZE_BYTES;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(t as u64);
+    let mut order: Vec<u64> = (0..pages * threads as u64).collect();
+    let (mut my_iters, mut my_touches) = (0u64, 0u64);
+    match workload {
+        Workload::Local => {
+            let at = BENCH_BASE_BYTES + t as u64 * REGION_STRIDE_BYTES;
+            while !coord.stopped() {
+                let a = V::map(cpu, Some(at), len);
+                for p in 0..pages {
+                    V::write(cpu, a + p * PAGE_SIZE_BYTES);
+                }
+                V::unmap(cpu, a, len);
+                my_iters += 1;
+                my_touches += pages;
+            }
+        }
+        Workload::Pipeline => {
+            let next = (t + 1) % threads;
+            while !coord.stopped() {
+                let a = V::map(cpu, None, len);
+                for p in 0..pages {
+                    V::write(cpu, a + p * PAGE_SIZE_BYTES);
+                }
+                coord.hand_over(next, a);
+                my_touches += pages;
+                // Take what the previous thread handed over.
+                loop {
+                    if let Some(b) = coord.take(t) {
+                        for p in 0..pages {
+                            V::write(cpu, b + p * PAGE_SIZE_BYTES);
+                        }
+                        V::unmap(cpu, b, len);
+                        my_touches += pages;
+                        my_iters += 1;
+                        break;
+                    }
+                    if coord.stopped() {
+                        break;
+                    }
+                    coord.relax();
+                }
+            }
+        }
+        Workload::Global => {
+            let region = BENCH_BASE_BYTES;
+            let mine = region + t as u64 * len;
+            loop {
+                coord.barrier();
+                if !coord.more() {
+                    break;
+                }
+                // Where the region really is (native: in the
+                // reservation).
+                let base = V::map(cpu, Some(mine), len) - t as u64 * len;
+                coord.barrier();
+                order.shuffle(&mut rng);
+                for &p in &order {
+                    V::write(cpu, base + p * PAGE_SIZE_BYTES);
+                }
+                my_touches += order.len() as u64;
+                coord.barrier();
+                V::unmap(cpu, base + t as u64 * len, len);
+                my_iters += 1;
+                if t == 0 {
+                    coord.set_more(!coord.stopped());
+                }
+            }
+        }
+    }
+    (my_iters, my_touches)
+}
+
 /// Runs `workload` on `vm` for `secs`.
 fn run_workload<V: Vm>(
     vm: &V,
@@ -474,96 +650,27 @@ fn run_workload<V: Vm>(
     pages: u64,
     secs: f64,
 ) -> Sample {
-    let len = pages * PAGE_SIZE_BYTES;
-    let stop = AtomicBool::new(false);
+    let coord = Threads {
+        stop: AtomicBool::new(false),
+        round: Barrier::new(threads),
+        more: AtomicBool::new(true),
+        rings: (0..threads).map(|_| Mutex::new(VecDeque::new())).collect(),
+    };
     let iters = AtomicU64::new(0);
     let touches = AtomicU64::new(0);
     let start = Barrier::new(threads + 1);
-    let round = Barrier::new(threads);
-    let go = AtomicBool::new(true);
-    let rings: Vec<Mutex<VecDeque<u64>>> =
-        (0..threads).map(|_| Mutex::new(VecDeque::new())).collect();
     let faults_before = minor_faults();
     let tlb_before = kernel_tlb_shootdowns();
     let mut elapsed = Duration::ZERO;
     std::thread::scope(|s| {
         for t in 0..threads {
-            let (stop, iters, touches, start, round, go, rings) =
-                (&stop, &iters, &touches, &start, &round, &go, &rings);
+            let (iters, touches, start, coord) = (&iters, &touches, &start, &coord);
             s.spawn(move || {
                 pin(t);
                 let cpu = vm.attach(t);
-                let mut rng = rand::rngs::StdRng::seed_from_u64(t as u64);
-                let mut order: Vec<u64> = (0..pages * threads as u64).collect();
-                let (mut my_iters, mut my_touches) = (0u64, 0u64);
                 start.wait();
-                match workload {
-                    Workload::Local => {
-                        let at = BENCH_BASE_BYTES + t as u64 * REGION_STRIDE_BYTES;
-                        while !stop.load(Ordering::Relaxed) {
-                            let a = V::map(&cpu, Some(at), len);
-                            for p in 0..pages {
-                                V::write(&cpu, a + p * PAGE_SIZE_BYTES);
-                            }
-                            V::unmap(&cpu, a, len);
-                            my_iters += 1;
-                            my_touches += pages;
-                        }
-                    }
-                    Workload::Pipeline => {
-                        let next = &rings[(t + 1) % threads];
-                        while !stop.load(Ordering::Relaxed) {
-                            let a = V::map(&cpu, None, len);
-                            for p in 0..pages {
-                                V::write(&cpu, a + p * PAGE_SIZE_BYTES);
-                            }
-                            next.lock().unwrap().push_back(a);
-                            my_touches += pages;
-                            // Take what the previous thread handed over.
-                            loop {
-                                let got = rings[t].lock().unwrap().pop_front();
-                                if let Some(b) = got {
-                                    for p in 0..pages {
-                                        V::write(&cpu, b + p * PAGE_SIZE_BYTES);
-                                    }
-                                    V::unmap(&cpu, b, len);
-                                    my_touches += pages;
-                                    my_iters += 1;
-                                    break;
-                                }
-                                if stop.load(Ordering::Relaxed) {
-                                    break;
-                                }
-                                std::thread::yield_now();
-                            }
-                        }
-                    }
-                    Workload::Global => {
-                        let region = BENCH_BASE_BYTES;
-                        let mine = region + t as u64 * len;
-                        loop {
-                            round.wait();
-                            if !go.load(Ordering::Acquire) {
-                                break;
-                            }
-                            // Where the region really is (native: in
-                            // the reservation).
-                            let base = V::map(&cpu, Some(mine), len) - t as u64 * len;
-                            round.wait();
-                            order.shuffle(&mut rng);
-                            for &p in &order {
-                                V::write(&cpu, base + p * PAGE_SIZE_BYTES);
-                            }
-                            my_touches += order.len() as u64;
-                            round.wait();
-                            V::unmap(&cpu, base + t as u64 * len, len);
-                            my_iters += 1;
-                            if t == 0 {
-                                go.store(!stop.load(Ordering::Relaxed), Ordering::Release);
-                            }
-                        }
-                    }
-                }
+                let (my_iters, my_touches) =
+                    workload_body::<V, _>(&cpu, coord, workload, t, threads, pages);
                 iters.fetch_add(my_iters, Ordering::Relaxed);
                 touches.fetch_add(my_touches, Ordering::Relaxed);
             });
@@ -571,7 +678,7 @@ fn run_workload<V: Vm>(
         start.wait();
         let t0 = Instant::now();
         std::thread::sleep(Duration::from_secs_f64(secs));
-        stop.store(true, Ordering::Relaxed);
+        coord.stop.store(true, Ordering::Relaxed);
         elapsed = t0.elapsed();
     });
     // Regions still in the pipeline rings stay mapped; the caller drops
@@ -586,9 +693,46 @@ fn run_workload<V: Vm>(
     }
 }
 
+/// One mapbench run of `design` on the per-core backend: `threads`
+/// forked workers run [`workload_body`]. Panics with the runner's error
+/// (naming the worker) if a worker dies or hangs.
+fn percore_map_sample(
+    design: Design,
+    workload: Workload,
+    threads: usize,
+    pages: u64,
+    secs: f64,
+) -> Sample {
+    let frames = Frames::new_memfd(POOL_BYTES).expect("memfd frame pool");
+    let space = new_space_on(design, Backend::Percore, &frames).expect("checked by usable_systems");
+    let run = crate::percore::run(&*space, threads, Some(secs), &|cpu, worker| {
+        let (iters, touches) =
+            workload_body::<DesignVm, _>(cpu, worker, workload, worker.id, threads, pages);
+        [iters, touches, 0, 0]
+    })
+    .unwrap_or_else(|e| {
+        // The space may hold locks of a dead worker: leave without
+        // dropping it.
+        eprintln!("mapbench {} on percore: {e}", design.name());
+        std::process::exit(1)
+    });
+    let stats = stats_of(space.mmu());
+    Sample {
+        iters: run.results.iter().map(|r| r[0]).sum(),
+        touches: run.results.iter().map(|r| r[1]).sum(),
+        secs: run.secs,
+        faults: stats.faults,
+        kernel_tlb: run.kernel_tlb,
+        stats,
+    }
+}
+
 /// One mapbench run of `system`.
 fn map_sample(system: System, workload: Workload, threads: usize, pages: u64, secs: f64) -> Sample {
     match system {
+        System::Design(design, Backend::Percore) => {
+            percore_map_sample(design, workload, threads, pages, secs)
+        }
         System::Design(design, backend) => {
             let frames = Frames::new(POOL_BYTES).expect("frame pool");
             let space = new_space_on(design, backend, &frames).expect("checked by usable_systems");
@@ -643,6 +787,7 @@ pub fn mapbench(options: &Options, mut row: impl FnMut(&MapRow)) -> Vec<MapRow> 
                             targets as f64 / shootdowns as f64
                         }
                     }),
+                    messages_per_iter: design.then(|| targets as f64 / iters as f64),
                     page_table_pages: design
                         .then(|| samples.last().map_or(0, |s| s.stats.page_table_pages)),
                     kernel_tlb_ipis_per_iter: kernel_tlb
@@ -659,17 +804,111 @@ pub fn mapbench(options: &Options, mut row: impl FnMut(&MapRow)) -> Vec<MapRow> 
     rows
 }
 
-/// One faultbench run: (faults per second, ns per fault, maps per second).
+/// faultbench's mapper (CPU 0): spends `fraction` of every
+/// [`FAULT_PERIOD_US`] in mmap/munmap of one page until `stopped`;
+/// returns the mmap+munmap pairs done.
+fn mapper_body(cpu: &Cpu<'_>, fraction: f64, stopped: &dyn Fn() -> bool) -> u64 {
+    let at = BENCH_BASE_BYTES;
+    let period = Duration::from_micros(FAULT_PERIOD_US);
+    let busy = period.mul_f64(fraction);
+    let mut maps = 0;
+    while !stopped() {
+        let t0 = Instant::now();
+        while t0.elapsed() < busy {
+            cpu.mmap(
+                MapAt::Fixed(at),
+                PAGE_SIZE_BYTES,
+                Prot::READ_WRITE,
+                Backing::Anonymous,
+            )
+            .expect("mapper mmap");
+            cpu.munmap(at, PAGE_SIZE_BYTES).expect("mapper munmap");
+            maps += 1;
+        }
+        while t0.elapsed() < period {
+            std::hint::spin_loop();
+        }
+    }
+    maps
+}
+
+/// faultbench's faulter `f` (CPU `f + 1`): maps its part of `segment`,
+/// reads it once (allocating the frames), calls `start`, then until
+/// `stopped` drops its translations and reads every page again; returns
+/// (faulting reads, nanoseconds spent in them).
+fn faulter_body(
+    cpu: &Cpu<'_>,
+    f: usize,
+    segment: &Arc<Segment>,
+    start: &dyn Fn(),
+    stopped: &dyn Fn() -> bool,
+) -> (u64, u64) {
+    let id = f + 1;
+    let len = FAULT_REGION_PAGES * PAGE_SIZE_BYTES;
+    let backing = Backing::Segment {
+        segment: segment.clone(),
+        offset_pages: f as u64 * FAULT_REGION_PAGES,
+    };
+    let a = cpu
+        .mmap(
+            MapAt::Fixed(BENCH_BASE_BYTES + id as u64 * REGION_STRIDE_BYTES),
+            len,
+            Prot::READ,
+            backing,
+        )
+        .expect("faulter mmap");
+    // First pass allocates the segment's frames: not measured.
+    for p in 0..FAULT_REGION_PAGES {
+        let _ = cpu.read(a + p * PAGE_SIZE_BYTES);
+    }
+    let mmu = cpu.space().mmu();
+    let vpns = a / PAGE_SIZE_BYTES..a / PAGE_SIZE_BYTES + FAULT_REGION_PAGES;
+    let mut scratch = Vec::new();
+    let (mut n, mut nanos) = (0u64, 0u64);
+    start();
+    while !stopped() {
+        // Reclaim our translations (no address-space lock).
+        mmu.clear(mmu.table_of(id), vpns.clone(), &mut scratch);
+        scratch.clear();
+        mmu.shootdown(id, 1 << id, vpns.clone());
+        let t0 = Instant::now();
+        for p in 0..FAULT_REGION_PAGES {
+            cpu.touch(a + p * PAGE_SIZE_BYTES, Access::Read)
+                .expect("faulter read");
+        }
+        nanos += t0.elapsed().as_nanos() as u64;
+        n += FAULT_REGION_PAGES;
+    }
+    (n, nanos)
+}
+
+/// What one faultbench run measured.
+struct FaultSample {
+    faults_per_sec: f64,
+    fault_ns: f64,
+    maps_per_sec: f64,
+    /// mmap+munmap pairs by the mapper.
+    maps: u64,
+    /// The design's shootdown messages (remote targets).
+    messages: u64,
+    /// Kernel TLB-shootdown interrupts during the run, system-wide.
+    kernel_tlb: Option<u64>,
+}
+
+/// One faultbench run.
 fn fault_sample(
     design: Design,
     backend: Backend,
     threads: usize,
     fraction: f64,
     secs: f64,
-) -> (f64, f64, f64) {
+) -> FaultSample {
+    let faulters = threads.saturating_sub(1).max(1);
+    if backend == Backend::Percore {
+        return percore_fault_sample(design, faulters, fraction, secs);
+    }
     let frames = Frames::new(POOL_BYTES).expect("frame pool");
     let space = new_space_on(design, backend, &frames).expect("checked by usable_systems");
-    let faulters = threads.saturating_sub(1).max(1);
     let segment = Segment::new(&frames, FAULT_REGION_PAGES * faulters as u64);
     let stop = AtomicBool::new(false);
     let faults = AtomicU64::new(0);
@@ -677,91 +916,95 @@ fn fault_sample(
     let maps = AtomicU64::new(0);
     let start = Barrier::new(faulters + 2);
     let mut elapsed = Duration::ZERO;
-    let len = FAULT_REGION_PAGES * PAGE_SIZE_BYTES;
+    let mut kernel_tlb = None;
     std::thread::scope(|s| {
         let (space, stop, start, maps) = (&space, &stop, &start, &maps);
+        let stopped = || stop.load(Ordering::Relaxed);
         s.spawn(move || {
             pin(0);
             let cpu = Cpu::attach(&**space, 0);
-            let at = BENCH_BASE_BYTES;
-            let period = Duration::from_micros(FAULT_PERIOD_US);
-            let busy = period.mul_f64(fraction);
             start.wait();
-            while !stop.load(Ordering::Relaxed) {
-                let t0 = Instant::now();
-                while t0.elapsed() < busy {
-                    cpu.mmap(
-                        MapAt::Fixed(at),
-                        PAGE_SIZE_BYTES,
-                        Prot::READ_WRITE,
-                        Backing::Anonymous,
-                    )
-                    .expect("mapper mmap");
-                    cpu.munmap(at, PAGE_SIZE_BYTES).expect("mapper munmap");
-                    maps.fetch_add(1, Ordering::Relaxed);
-                }
-                while t0.elapsed() < period {
-                    std::hint::spin_loop();
-                }
-            }
+            maps.fetch_add(mapper_body(&cpu, fraction, &stopped), Ordering::Relaxed);
         });
         for f in 0..faulters {
             let (faults, fault_nanos, segment) = (&faults, &fault_nanos, &segment);
             s.spawn(move || {
-                let id = f + 1;
-                pin(id);
-                let cpu = Cpu::attach(&**space, id);
-                let backing = Backing::Segment {
-                    segment: segment.clone(),
-                    offset_pages: f as u64 * FAULT_REGION_PAGES,
-                };
-                let a = cpu
-                    .mmap(
-                        MapAt::Fixed(BENCH_BASE_BYTES + id as u64 * REGION_STRIDE_BYTES),
-                        len,
-                        Prot::READ,
-                        backing,
-                    )
-                    .expect("faulter mmap");
-                // First pass allocates the segment's frames: not measured.
-                for p in 0..FAULT_REGION_PAGES {
-                    let _ = cpu.read(a + p * PAGE_SIZE_BYTES);
-                }
-                let mmu = space.mmu();
-                let vpns = a / PAGE_SIZE_BYTES..a / PAGE_SIZE_BYTES + FAULT_REGION_PAGES;
-                let mut scratch = Vec::new();
-                let (mut n, mut nanos) = (0u64, 0u64);
-                start.wait();
-                while !stop.load(Ordering::Relaxed) {
-                    // Reclaim our translations (no address-space lock).
-                    mmu.clear(mmu.table_of(id), vpns.clone(), &mut scratch);
-                    scratch.clear();
-                    mmu.shootdown(id, 1 << id, vpns.clone());
-                    let t0 = Instant::now();
-                    for p in 0..FAULT_REGION_PAGES {
-                        cpu.touch(a + p * PAGE_SIZE_BYTES, Access::Read)
-                            .expect("faulter read");
-                    }
-                    nanos += t0.elapsed().as_nanos() as u64;
-                    n += FAULT_REGION_PAGES;
-                }
+                pin(f + 1);
+                let cpu = Cpu::attach(&**space, f + 1);
+                let (n, nanos) = faulter_body(
+                    &cpu,
+                    f,
+                    segment,
+                    &|| {
+                        start.wait();
+                    },
+                    &stopped,
+                );
                 faults.fetch_add(n, Ordering::Relaxed);
                 fault_nanos.fetch_add(nanos, Ordering::Relaxed);
             });
         }
         start.wait();
+        let tlb_before = kernel_tlb_shootdowns();
         let t0 = Instant::now();
         std::thread::sleep(Duration::from_secs_f64(secs));
         stop.store(true, Ordering::Relaxed);
         elapsed = t0.elapsed();
+        kernel_tlb = tlb_before.zip(kernel_tlb_shootdowns()).map(|(a, b)| b - a);
     });
     let n = faults.load(Ordering::Relaxed).max(1) as f64;
     let secs = elapsed.as_secs_f64();
-    (
-        n / secs,
-        fault_nanos.load(Ordering::Relaxed) as f64 / n,
-        maps.load(Ordering::Relaxed) as f64 / secs,
-    )
+    let maps = maps.load(Ordering::Relaxed);
+    FaultSample {
+        faults_per_sec: n / secs,
+        fault_ns: fault_nanos.load(Ordering::Relaxed) as f64 / n,
+        maps_per_sec: maps as f64 / secs,
+        maps,
+        messages: stats_of(space.mmu()).shootdown_targets,
+        kernel_tlb,
+    }
+}
+
+/// faultbench on the per-core backend: worker 0 maps, workers 1.. fault,
+/// each a process with its own page table. The timed part starts when
+/// every faulter has its frames ([`crate::percore::Worker::start_clock`]).
+fn percore_fault_sample(design: Design, faulters: usize, fraction: f64, secs: f64) -> FaultSample {
+    let frames = Frames::new_memfd(POOL_BYTES).expect("memfd frame pool");
+    let space = new_space_on(design, Backend::Percore, &frames).expect("checked by usable_systems");
+    let segment = Segment::new(&frames, FAULT_REGION_PAGES * faulters as u64);
+    let run = crate::percore::run_after_setup(&*space, faulters + 1, Some(secs), &|cpu, worker| {
+        let stopped = || worker.stopped();
+        if worker.id == 0 {
+            worker.start_clock();
+            [0, 0, mapper_body(cpu, fraction, &stopped), 0]
+        } else {
+            let (n, nanos) = faulter_body(
+                cpu,
+                worker.id - 1,
+                &segment,
+                &|| worker.start_clock(),
+                &stopped,
+            );
+            [n, nanos, 0, 0]
+        }
+    })
+    .unwrap_or_else(|e| {
+        // The space may hold locks of a dead worker: leave without
+        // dropping it.
+        eprintln!("faultbench {} on percore: {e}", design.name());
+        std::process::exit(1)
+    });
+    let n = run.results.iter().map(|r| r[0]).sum::<u64>().max(1) as f64;
+    let nanos: u64 = run.results.iter().map(|r| r[1]).sum();
+    let maps: u64 = run.results.iter().map(|r| r[2]).sum();
+    FaultSample {
+        faults_per_sec: n / run.secs,
+        fault_ns: nanos as f64 / n,
+        maps_per_sec: maps as f64 / run.secs,
+        maps,
+        messages: stats_of(space.mmu()).shootdown_targets,
+        kernel_tlb: run.kernel_tlb,
+    }
 }
 
 /// Runs faultbench (designs only: native faults cannot be isolated from
@@ -782,9 +1025,15 @@ pub fn faultbench(options: &Options, mut row: impl FnMut(&FaultRow)) -> Vec<Faul
                 let samples: Vec<_> = (0..options.runs.max(1))
                     .map(|_| fault_sample(design, backend, threads, fraction, options.secs))
                     .collect();
-                let (fault_ns, spread_pct) = median_spread(samples.iter().map(|s| s.1).collect());
-                let (faults_per_sec, _) = median_spread(samples.iter().map(|s| s.0).collect());
-                let (maps_per_sec, _) = median_spread(samples.iter().map(|s| s.2).collect());
+                let (fault_ns, spread_pct) =
+                    median_spread(samples.iter().map(|s| s.fault_ns).collect());
+                let (faults_per_sec, _) =
+                    median_spread(samples.iter().map(|s| s.faults_per_sec).collect());
+                let (maps_per_sec, _) =
+                    median_spread(samples.iter().map(|s| s.maps_per_sec).collect());
+                let maps = samples.iter().map(|s| s.maps).sum::<u64>();
+                let messages: u64 = samples.iter().map(|s| s.messages).sum();
+                let kernel_tlb: Option<u64> = samples.iter().map(|s| s.kernel_tlb).sum();
                 let r = FaultRow {
                     system,
                     threads,
@@ -792,6 +1041,10 @@ pub fn faultbench(options: &Options, mut row: impl FnMut(&FaultRow)) -> Vec<Faul
                     faults_per_sec,
                     fault_ns,
                     maps_per_sec,
+                    messages_per_map: messages as f64 / maps.max(1) as f64,
+                    kernel_tlb_ipis_per_map: kernel_tlb
+                        .filter(|_| system.tlb() == "real" && maps > 0)
+                        .map(|k| k as f64 / maps as f64),
                     spread_pct,
                     runs: samples.len(),
                 };

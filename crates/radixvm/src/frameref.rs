@@ -52,7 +52,11 @@ pub const QUIESCE_TIMEOUT_MS: u64 = 60_000;
 /// (so released frames get freed) before it reports out of memory.
 pub const RECLAIM_TIMEOUT_MS: u64 = 2_000;
 
-static DOMAIN: OnceLock<Refcache> = OnceLock::new();
+/// The domain lives on the heap, not inline in the static: a process
+/// that forks per-core workers over the shared heap ([`crate::percore`])
+/// gives each worker a private copy of the static, and only what the
+/// static points to is shared.
+static DOMAIN: OnceLock<&'static Refcache> = OnceLock::new();
 
 thread_local! {
     static LOCAL: RefCell<Option<Local<'static>>> = const { RefCell::new(None) };
@@ -60,11 +64,19 @@ thread_local! {
 
 fn domain() -> &'static Refcache {
     DOMAIN.get_or_init(|| {
-        Refcache::new(Config {
+        Box::leak(Box::new(Refcache::new(Config {
             ops_per_tick: OPS_PER_TICK,
             ..Config::default()
-        })
+        })))
     })
+}
+
+/// Creates the Refcache domain without registering this thread: a
+/// process about to fork per-core workers calls it so that the domain
+/// (in the shared heap) is the same object in every worker, while the
+/// registration (a thread-local) is made by each worker itself.
+pub fn init_domain() {
+    domain();
 }
 
 fn with_local<R>(f: impl FnOnce(&Local<'static>) -> R) -> R {

@@ -13,6 +13,10 @@
 //! violations. Live-frame counts are per CPU (cache-padded) so that
 //! counting costs no shared cache line.
 //!
+//! The pool is anonymous memory by default, or one memfd
+//! ([`Frames::new_memfd`]) so that other address spaces (the per-core
+//! workers of [`crate::percore`]) can map a frame by its file offset.
+//!
 //! A [`Segment`] is a file of frames: its pages are allocated on first
 //! use, shared by every mapping of it, and freed when the last `Arc` to
 //! the segment drops (SpaceJMP's segments, in miniature).
@@ -21,7 +25,7 @@ use std::io;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
-use buddy::pool::{PoolConfig, PooledAllocator};
+use buddy::pool::{Backing, PoolConfig, PooledAllocator};
 use buddy::{AllocatorKind, BuddyConfig, FrameNo};
 use crossbeam_utils::CachePadded;
 
@@ -55,13 +59,35 @@ impl Frames {
 
     /// A pool of `bytes` with allocator `kind`.
     pub fn with_allocator(bytes: usize, kind: AllocatorKind) -> io::Result<Arc<Frames>> {
+        Frames::with_pool(
+            PoolConfig {
+                bytes,
+                ..PoolConfig::default()
+            },
+            kind,
+        )
+    }
+
+    /// A pool of `bytes` over one memfd, mapped shared, with the
+    /// distributed buddy allocator: frame `f` is the file's page `f`
+    /// (offset `f * 4096`), so another address space can map it with
+    /// `mmap(fd, f * 4096)` ([`Frames::memfd`]); the per-core MMU
+    /// ([`crate::percore`]) does.
+    pub fn new_memfd(bytes: usize) -> io::Result<Arc<Frames>> {
+        Frames::with_pool(
+            PoolConfig {
+                bytes,
+                backing: Backing::Memfd,
+                ..PoolConfig::default()
+            },
+            AllocatorKind::Distributed,
+        )
+    }
+
+    fn with_pool(pool: PoolConfig, kind: AllocatorKind) -> io::Result<Arc<Frames>> {
         let config = BuddyConfig {
             check_frees: false,
             ..BuddyConfig::default()
-        };
-        let pool = PoolConfig {
-            bytes,
-            ..PoolConfig::default()
         };
         let alloc = PooledAllocator::new(&pool, kind, &config)?;
         let frames = alloc.pool().frames() as usize;
@@ -113,6 +139,15 @@ impl Frames {
     /// Address of `frame`'s first byte.
     pub fn ptr(&self, frame: FrameNo) -> *mut u8 {
         self.alloc.pool().frame_ptr(frame).as_ptr()
+    }
+
+    /// The memfd holding the frames (frame `f` at offset `f * 4096`), for
+    /// a pool made by [`Frames::new_memfd`].
+    pub fn memfd(&self) -> Option<i32> {
+        match self.alloc.pool().backing() {
+            Backing::Memfd => self.alloc.pool().fd(),
+            _ => None,
+        }
     }
 
     /// Frames allocated and not freed.

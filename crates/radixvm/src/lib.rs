@@ -29,13 +29,27 @@
 //! * the userfaultfd MMU ([`mmu::uffd`]): a real arena whose first touch
 //!   is a real page fault, resolved by the design on the faulting thread
 //!   with `UFFDIO_COPY`; unmapping is `madvise(MADV_DONTNEED)` and the
-//!   kernel does the real TLB shootdown.
+//!   kernel does the real TLB shootdown;
+//! * the per-core MMU ([`percore`]): one pinned worker *process* per
+//!   core, each with its own real page table (a process that runs on one
+//!   CPU is an mm only that CPU walks, so its unmaps flush locally, with
+//!   no IPI); the design lives in a shared heap at the same address in
+//!   every worker, frames in one memfd; a fault installs the frame into
+//!   the faulting worker's table only (`mmap` of the memfd page), and a
+//!   shootdown is an acknowledged message to exactly the workers the
+//!   design names (RadixVM: the page's CPU set), §3.3-3.4 and §4. Real:
+//!   page tables, faults, TLBs, the kernel's flushes and IPIs. User-level:
+//!   the shootdown messages. It runs only in the `radixvm-percore` binary
+//!   (its global allocator is the shared heap); `memlab` runs it there.
 //!
 //! Layout, one module per concern:
 //! * [`space`] — the [`AddressSpace`] trait, per-CPU attachment ([`Cpu`]),
 //!   statistics, address allocation.
 //! * [`mmu`] — the [`mmu::Mmu`] trait; [`mmu::sw`] the software MMU,
-//!   [`mmu::uffd`] the userfaultfd MMU.
+//!   [`mmu::uffd`] the userfaultfd MMU, [`mmu::probe`] the access probes
+//!   both real-table backends use.
+//! * [`percore`] — the per-core MMU, its shared heap and its worker
+//!   runner.
 //! * [`shootdown`] — the TLB-shootdown handshake.
 //! * [`frames`] — frames from the buddy pool, segments (file-like backing).
 //! * [`frameref`] — Refcache'd frame references (RadixVM's frames).
@@ -53,6 +67,7 @@ pub mod designs;
 pub mod frameref;
 pub mod frames;
 pub mod mmu;
+pub mod percore;
 pub mod shootdown;
 pub mod space;
 
@@ -233,9 +248,10 @@ pub fn new_space(design: Design, frames: &Arc<Frames>) -> Arc<dyn AddressSpace> 
     new_space_on(design, Backend::Software, frames).expect("the software MMU always builds")
 }
 
-/// A new empty address space of `design` over `backend`. Fails only for
-/// the userfaultfd backend, with [`mmu::uffd::UffdError::Unavailable`]
-/// where the kernel offers no userfaultfd.
+/// A new empty address space of `design` over `backend`. Fails for the
+/// userfaultfd backend where the kernel offers no userfaultfd, and for the
+/// per-core backend outside the `radixvm-percore` binary (or with a frame
+/// pool that is not a memfd), with [`mmu::uffd::UffdError`].
 pub fn new_space_on(
     design: Design,
     backend: Backend,

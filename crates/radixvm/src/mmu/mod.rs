@@ -7,7 +7,7 @@
 //! design's `pagefault` and retries, as hardware re-executes a faulting
 //! instruction.
 //!
-//! Two backends, chosen by one parameter ([`Backend`]):
+//! Three backends, chosen by one parameter ([`Backend`]):
 //! * [`sw`] — the software MMU: page tables and per-CPU TLBs are data
 //!   structures, shootdowns are inter-thread handshakes. The TLB is
 //!   simulated and every output line says so.
@@ -15,7 +15,11 @@
 //!   raises a real fault; installs are `UFFDIO_COPY`/`UFFDIO_ZEROPAGE`,
 //!   zaps are `madvise(MADV_DONTNEED)`, and the kernel does the real TLB
 //!   work.
+//! * [`crate::percore`] — one worker process per core with its own real
+//!   page table; shootdowns are user-level messages to exactly the cores
+//!   the design names, the kernel's flushes are local.
 
+pub mod probe;
 pub mod sw;
 pub mod uffd;
 
@@ -173,17 +177,21 @@ pub enum Backend {
     Software,
     /// [`uffd::UffdMmu`]: a real arena, real faults, the kernel's TLB.
     Userfaultfd,
+    /// [`crate::percore::PercoreMmu`]: a worker process per core, each
+    /// with its own real page table; user-level targeted shootdowns.
+    Percore,
 }
 
 impl Backend {
-    /// Both, in report order.
-    pub const ALL: [Backend; 2] = [Backend::Software, Backend::Userfaultfd];
+    /// All, in report order.
+    pub const ALL: [Backend; 3] = [Backend::Software, Backend::Userfaultfd, Backend::Percore];
 
     /// Name on command lines and in output.
     pub fn name(self) -> &'static str {
         match self {
             Backend::Software => "sw",
             Backend::Userfaultfd => "uffd",
+            Backend::Percore => "percore",
         }
     }
 
@@ -191,7 +199,7 @@ impl Backend {
     pub fn tlb(self) -> &'static str {
         match self {
             Backend::Software => "simulated",
-            Backend::Userfaultfd => "real",
+            Backend::Userfaultfd | Backend::Percore => "real",
         }
     }
 
@@ -206,6 +214,13 @@ impl Backend {
         match self {
             Backend::Software => Ok(Box::new(sw::SoftMmu::new(frames, per_cpu_tables))),
             Backend::Userfaultfd => Ok(Box::new(uffd::UffdMmu::new(frames)?)),
+            Backend::Percore => {
+                crate::percore::available().map_err(uffd::UffdError::Unavailable)?;
+                Ok(Box::new(
+                    crate::percore::PercoreMmu::new(frames, per_cpu_tables)
+                        .map_err(|e| uffd::UffdError::Os("per-core MMU", e))?,
+                ))
+            }
         }
     }
 }
@@ -216,7 +231,7 @@ impl std::str::FromStr for Backend {
         Backend::ALL
             .into_iter()
             .find(|b| b.name() == s)
-            .ok_or_else(|| format!("unknown backend {s:?} (sw, uffd)"))
+            .ok_or_else(|| format!("unknown backend {s:?} (sw, uffd, percore)"))
     }
 }
 
@@ -288,6 +303,11 @@ impl Counters {
     /// Adds `n` to `counter` of `cpu`.
     pub fn add(&self, cpu: usize, counter: Counter, n: u64) {
         self.per_cpu[cpu][counter as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The count of `counter` on `cpu`.
+    pub fn get(&self, cpu: usize, counter: Counter) -> u64 {
+        self.per_cpu[cpu][counter as usize].load(Ordering::Relaxed)
     }
 
     /// Sum over CPUs.
@@ -378,4 +398,9 @@ pub trait Mmu: Send + Sync {
 
     /// Page-table pages allocated, over all tables.
     fn page_table_pages(&self) -> u64;
+
+    /// This MMU as the per-core MMU, if it is one.
+    fn percore(&self) -> Option<&crate::percore::PercoreMmu> {
+        None
+    }
 }

@@ -1,0 +1,173 @@
+//! `radixvm-percore`: the designs over the per-core MMU (one pinned
+//! worker process per core, each with its own real page table; see
+//! `radixvm::percore`). Its global allocator is the shared heap, so the
+//! address space built before the fork is shared by every worker.
+//!
+//! ```text
+//! radixvm-percore mapbench [bench flags] [--json]   rows, one JSON object per line with --json
+//! radixvm-percore faultbench [bench flags] [--json]
+//! radixvm-percore selftest NAME [--broken]          stale | targets | stress | death
+//! ```
+//!
+//! `memlab mapbench` runs the per-core cells through this binary; the
+//! `native-linux` rows of the same invocation are the yardstick.
+
+use std::process::ExitCode;
+
+use radixvm::bench::{self, FaultRow, MapRow};
+use radixvm::percore::heap::SharedHeap;
+
+mod selftest;
+
+#[global_allocator]
+static HEAP: SharedHeap = SharedHeap::new();
+
+fn opt(v: Option<f64>) -> String {
+    v.map_or("null".into(), |v| format!("{v:.3}"))
+}
+
+fn json_row(r: &MapRow) -> String {
+    format!(
+        "{{\"bench\":\"mapbench\",\"system\":\"{}\",\"threads\":{},\"tlb\":\"{}\",\
+         \"backend\":\"{}\",\"workload\":\"{}\",\"region_pages\":{},\"ops_per_sec\":{:.0},\
+         \"touches_per_sec\":{:.0},\"faults_per_iter\":{:.2},\"shootdowns_per_iter\":{},\
+         \"targets_per_shootdown\":{},\"messages_per_iter\":{},\"page_table_pages\":{},\
+         \"kernel_tlb_ipis_per_iter\":{},\"spread_pct\":{:.1},\"runs\":{}}}",
+        r.system.name(),
+        r.threads,
+        r.system.tlb(),
+        r.system.backend().map_or("native", |b| b.name()),
+        r.workload.name(),
+        r.pages,
+        r.iters_per_sec,
+        r.touches_per_sec,
+        r.faults_per_iter,
+        opt(r.shootdowns_per_iter),
+        opt(r.targets_per_shootdown),
+        opt(r.messages_per_iter),
+        r.page_table_pages
+            .map_or("null".into(), |p: u64| p.to_string()),
+        opt(r.kernel_tlb_ipis_per_iter),
+        r.spread_pct,
+        r.runs
+    )
+}
+
+fn json_fault_row(r: &FaultRow) -> String {
+    format!(
+        "{{\"bench\":\"faultbench\",\"system\":\"{}\",\"threads\":{},\"tlb\":\"{}\",\
+         \"backend\":\"{}\",\"map_fraction\":{:.2},\"fault_ns\":{:.1},\
+         \"faults_per_sec\":{:.0},\"maps_per_sec\":{:.0},\"messages_per_map\":{:.3},\
+         \"kernel_tlb_ipis_per_map\":{},\"spread_pct\":{:.1},\"runs\":{}}}",
+        r.system.name(),
+        r.threads,
+        r.system.tlb(),
+        r.system.backend().map_or("native", |b| b.name()),
+        r.map_fraction,
+        r.fault_ns,
+        r.faults_per_sec,
+        r.maps_per_sec,
+        r.messages_per_map,
+        opt(r.kernel_tlb_ipis_per_map),
+        r.spread_pct,
+        r.runs
+    )
+}
+
+fn faultbench(args: Vec<String>) -> Result<(), String> {
+    let (options, json) = bench::parse_args(args)?;
+    if !json {
+        println!(
+            "{:<22} {:>3} {:>6} {:>10} {:>12} {:>10} {:>8} {:>8} {:>7}",
+            "system",
+            "thr",
+            "frac",
+            "fault_ns",
+            "faults/s",
+            "maps/s",
+            "msg/map",
+            "kTLB/map",
+            "spread"
+        );
+    }
+    bench::faultbench(&options, |r| {
+        if json {
+            println!("{}", json_fault_row(r));
+        } else {
+            println!(
+                "{:<22} {:>3} {:>6.2} {:>10.1} {:>12.0} {:>10.0} {:>8.3} {:>8} {:>6.1}%",
+                r.system.name(),
+                r.threads,
+                r.map_fraction,
+                r.fault_ns,
+                r.faults_per_sec,
+                r.maps_per_sec,
+                r.messages_per_map,
+                opt(r.kernel_tlb_ipis_per_map),
+                r.spread_pct
+            );
+        }
+    });
+    Ok(())
+}
+
+fn mapbench(args: Vec<String>) -> Result<(), String> {
+    let (options, json) = bench::parse_args(args)?;
+    if !json {
+        println!(
+            "{:<9} {:<22} {:>3} {:>12} {:>8} {:>8} {:>8} {:>8} {:>7}",
+            "workload",
+            "system",
+            "thr",
+            "iters/s",
+            "flt/it",
+            "msg/it",
+            "kTLB/it",
+            "pt-pages",
+            "spread"
+        );
+    }
+    bench::mapbench(&options, |r| {
+        if json {
+            println!("{}", json_row(r));
+        } else {
+            println!(
+                "{:<9} {:<22} {:>3} {:>12.0} {:>8.2} {:>8} {:>8} {:>8} {:>6.1}%",
+                r.workload.name(),
+                r.system.name(),
+                r.threads,
+                r.iters_per_sec,
+                r.faults_per_iter,
+                opt(r.messages_per_iter),
+                opt(r.kernel_tlb_ipis_per_iter),
+                r.page_table_pages.map_or("-".into(), |p| p.to_string()),
+                r.spread_pct
+            );
+        }
+    });
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    if args.is_empty() {
+        eprintln!(
+            "usage: radixvm-percore mapbench [flags] | faultbench [flags] | selftest NAME [--broken]"
+        );
+        return ExitCode::from(2);
+    }
+    let command = args.remove(0);
+    let result = match command.as_str() {
+        "mapbench" => mapbench(args),
+        "faultbench" => faultbench(args),
+        "selftest" => selftest::run(args),
+        other => Err(format!("unknown command {other}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("radixvm-percore: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

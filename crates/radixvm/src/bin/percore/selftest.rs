@@ -1,0 +1,386 @@
+//! Multi-process checks of the per-core backend, run by
+//! `tests/percore.rs` through this binary (they need the shared heap as
+//! the global allocator and fork, which a test harness's threads forbid).
+//!
+//! * `stale` — after `munmap` returns, another core's store to the page
+//!   faults (it never reaches the freed frame). With `--broken` the
+//!   targets acknowledge without dropping their translations, and the
+//!   check must report the stale store.
+//! * `targets` — a model of which cores a munmap messages: exactly the
+//!   cores (other than the initiator) that touched a page of the range,
+//!   checked against the design's bookkeeping (each core's table) and
+//!   each core's acknowledgement count.
+//! * `stress` — workers map, touch and unmap shared ranges at random; at
+//!   each checkpoint every worker checks its real page table against its
+//!   shadow (no stale and no lost translation, and the real page is the
+//!   frame the shadow names). `RADIXVM_STRESS_ROUNDS` sets the length.
+//! * `death` — a worker kills itself mid-run; the run must end with an
+//!   error naming it, not hang. `--hang`: it stops answering instead.
+//! * `heap` — the shared heap across processes: workers allocate and free
+//!   concurrently, blocks never overlap.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use radixvm::mmu::{Counter, Miss, Mmu, Op};
+use radixvm::percore::{self, PercoreMmu, Worker};
+use radixvm::{
+    new_space_on, Access, AddressSpace, Backend, Backing, Cpu, Design, Frames, MapAt, Prot,
+    VmError, PAGE_SIZE_BYTES,
+};
+
+const POOL_BYTES: usize = 256 << 20;
+const BASE_BYTES: u64 = 1 << 32;
+
+pub fn run(args: Vec<String>) -> Result<(), String> {
+    let name = args.first().ok_or("selftest NAME")?.clone();
+    let flag = |f: &str| args.iter().any(|a| a == f);
+    let design = args
+        .iter()
+        .position(|a| a == "--design")
+        .and_then(|i| args.get(i + 1))
+        .map_or(Ok(Design::RadixVm), |d| d.parse())?;
+    let workers = args
+        .iter()
+        .position(|a| a == "--workers")
+        .and_then(|i| args.get(i + 1))
+        .map_or(Ok(2), |w| w.parse().map_err(|e| format!("{e}")))?;
+    let frames = Frames::new_memfd(POOL_BYTES).map_err(|e| e.to_string())?;
+    let space = new_space_on(design, Backend::Percore, &frames).map_err(|e| e.to_string())?;
+    let mmu = space.mmu().percore().ok_or("not a per-core space")?;
+    match name.as_str() {
+        "stale" => stale(&*space, mmu, flag("--broken")),
+        "targets" => targets(&*space, workers),
+        "stress" => stress(&*space, mmu, workers),
+        "death" => death(&*space, flag("--hang")),
+        "heap" => heap(&*space, workers),
+        other => Err(format!("unknown selftest {other}")),
+    }
+}
+
+fn vpn_of(addr: u64) -> u64 {
+    addr / PAGE_SIZE_BYTES
+}
+
+/// Worker 0 maps a page, both write it, worker 0 unmaps it; worker 1's
+/// store afterwards must fault. Repeated over many pages.
+fn stale(space: &dyn AddressSpace, mmu: &PercoreMmu, broken: bool) -> Result<(), String> {
+    const ROUNDS: u64 = 200;
+    mmu.break_shootdowns(broken);
+    let run = percore::run(space, 2, None, &|cpu: &Cpu<'_>, w: &Worker<'_>| {
+        let mut reached = 0;
+        let mut faulted = 0;
+        for round in 0..ROUNDS {
+            let addr = BASE_BYTES + round * PAGE_SIZE_BYTES;
+            if w.id == 0 {
+                cpu.mmap(
+                    MapAt::Fixed(addr),
+                    PAGE_SIZE_BYTES,
+                    Prot::READ_WRITE,
+                    Backing::Anonymous,
+                )
+                .expect("mmap");
+                cpu.write(addr, 0x11).expect("write 0");
+            }
+            w.barrier();
+            if w.id == 1 {
+                cpu.write(addr, 0x22).expect("write 1");
+            }
+            w.barrier();
+            if w.id == 0 {
+                assert_eq!(cpu.read(addr).expect("read 0"), 0x22, "one frame");
+                cpu.munmap(addr, PAGE_SIZE_BYTES).expect("munmap");
+            }
+            w.barrier();
+            if w.id == 1 {
+                // The raw access: a fault must come back, not a hit.
+                match w.mmu().access(1, vpn_of(addr), 0, Op::Store(0x33)) {
+                    Ok(_) => reached += 1,
+                    Err(Miss::Fault) => faulted += 1,
+                }
+                // And through the design: the page is gone.
+                if cpu.write(addr, 0x44) != Err(VmError::Unmapped(addr)) {
+                    reached += 1;
+                }
+            }
+            w.barrier();
+        }
+        [reached, faulted, 0, 0]
+    })?;
+    let counters = mmu.counters();
+    let (reached, faulted) = (run.results[1][0], run.results[1][1]);
+    println!(
+        "stale: {ROUNDS} rounds, worker 1 stores after munmap: {faulted} faulted, {reached} \
+         reached the frame; messages sent {}, acknowledged {}",
+        counters.total(Counter::ShootdownTargets),
+        counters.total(Counter::AcksSelf) + counters.total(Counter::AcksProxy)
+    );
+    if reached > 0 {
+        return Err(format!(
+            "STALE: {reached} stores after munmap reached the old frame"
+        ));
+    }
+    if counters.total(Counter::ShootdownTargets) != ROUNDS {
+        return Err(format!(
+            "expected one message per round, got {}",
+            counters.total(Counter::ShootdownTargets)
+        ));
+    }
+    Ok(())
+}
+
+/// A small deterministic generator (the model must not depend on the
+/// workers' schedule).
+fn mix(mut x: u64) -> u64 {
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    x ^ (x >> 33)
+}
+
+/// Whether worker `w` touches page `p` in round `r` of the model.
+fn touches(r: u64, w: usize, p: u64) -> bool {
+    mix(r * 1_000_003 + w as u64 * 7919 + p).is_multiple_of(3)
+}
+
+fn targets(space: &dyn AddressSpace, workers: usize) -> Result<(), String> {
+    const ROUNDS: u64 = 100;
+    const PAGES: u64 = 8;
+    // Per worker: rounds where its acks, its table or the messages
+    // disagreed with the model.
+    let run = percore::run(space, workers, None, &|cpu: &Cpu<'_>, w: &Worker<'_>| {
+        let mut bad = [0u64; 4];
+        let counters = w.mmu().counters();
+        for r in 0..ROUNDS {
+            let addr = BASE_BYTES + (r % 4) * PAGES * PAGE_SIZE_BYTES;
+            let initiator = (r as usize) % workers;
+            if w.id == initiator {
+                cpu.mmap(
+                    MapAt::Fixed(addr),
+                    PAGES * PAGE_SIZE_BYTES,
+                    Prot::READ_WRITE,
+                    Backing::Anonymous,
+                )
+                .expect("mmap");
+            }
+            w.barrier();
+            for p in 0..PAGES {
+                if touches(r, w.id, p) {
+                    cpu.write(addr + p * PAGE_SIZE_BYTES, w.id as u8)
+                        .expect("write");
+                }
+            }
+            w.barrier();
+            // The design's bookkeeping: my table holds exactly my pages.
+            for p in 0..PAGES {
+                if w.mmu().present_in(w.id, vpn_of(addr) + p) != touches(r, w.id, p) {
+                    bad[0] += 1;
+                }
+            }
+            let acks_before =
+                counters.get(w.id, Counter::AcksSelf) + counters.get(w.id, Counter::AcksProxy);
+            let sent_before = counters.get(w.id, Counter::ShootdownTargets);
+            w.barrier();
+            if w.id == initiator {
+                cpu.munmap(addr, PAGES * PAGE_SIZE_BYTES).expect("munmap");
+            }
+            w.barrier();
+            let acks = counters.get(w.id, Counter::AcksSelf)
+                + counters.get(w.id, Counter::AcksProxy)
+                - acks_before;
+            let expect_ack = w.id != initiator && (0..PAGES).any(|p| touches(r, w.id, p));
+            if acks != expect_ack as u64 {
+                bad[1] += 1;
+            }
+            if w.id == initiator {
+                let sent = counters.get(w.id, Counter::ShootdownTargets) - sent_before;
+                let model = (0..workers)
+                    .filter(|&o| o != initiator && (0..PAGES).any(|p| touches(r, o, p)))
+                    .count() as u64;
+                if sent != model {
+                    bad[2] += 1;
+                }
+                bad[3] += sent;
+            }
+        }
+        bad
+    })?;
+    let sum = |k: usize| run.results.iter().map(|r| r[k]).sum::<u64>();
+    println!(
+        "targets: {workers} workers, {ROUNDS} munmaps, {} messages; disagreements: tables {}, \
+         acks {}, messages {}",
+        sum(3),
+        sum(0),
+        sum(1),
+        sum(2)
+    );
+    if sum(0) + sum(1) + sum(2) != 0 {
+        return Err("the messaged cores disagree with the model".into());
+    }
+    Ok(())
+}
+
+/// Slots of shared ranges in the stress test, and pages per slot.
+const STRESS_SLOTS: u64 = 8;
+const STRESS_PAGES: u64 = 4;
+
+fn stress(space: &dyn AddressSpace, mmu: &PercoreMmu, workers: usize) -> Result<(), String> {
+    let rounds: u64 = std::env::var("RADIXVM_STRESS_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    const OPS_PER_ROUND: u64 = 200;
+    let frames = mmu.frames().clone();
+    let ops = AtomicU64::new(0);
+    let run = percore::run(space, workers, None, &|cpu: &Cpu<'_>, w: &Worker<'_>| {
+        let mut bad = [0u64; 4];
+        let mut x = w.id as u64 + 1;
+        for round in 0..rounds {
+            for _ in 0..OPS_PER_ROUND {
+                x = mix(x + round);
+                let slot = x % STRESS_SLOTS;
+                let addr = BASE_BYTES + slot * STRESS_PAGES * PAGE_SIZE_BYTES;
+                let page = addr + (x >> 8) % STRESS_PAGES * PAGE_SIZE_BYTES;
+                match (x >> 16) % 8 {
+                    0 => {
+                        cpu.mmap(
+                            MapAt::Fixed(addr),
+                            STRESS_PAGES * PAGE_SIZE_BYTES,
+                            Prot::READ_WRITE,
+                            Backing::Anonymous,
+                        )
+                        .expect("mmap");
+                    }
+                    1 => cpu
+                        .munmap(addr, STRESS_PAGES * PAGE_SIZE_BYTES)
+                        .expect("munmap"),
+                    2..=4 => match cpu.write(page, w.id as u8 + 1) {
+                        Ok(()) | Err(VmError::Unmapped(_)) => {}
+                        Err(e) => panic!("write: {e}"),
+                    },
+                    _ => match cpu.touch(page, Access::Read) {
+                        Ok(()) | Err(VmError::Unmapped(_)) => {}
+                        Err(e) => panic!("read: {e}"),
+                    },
+                }
+            }
+            ops.fetch_add(OPS_PER_ROUND, Ordering::Relaxed);
+            // Checkpoint: nobody changes anything between the barriers.
+            w.barrier();
+            for vpn in vpn_of(BASE_BYTES)..vpn_of(BASE_BYTES) + STRESS_SLOTS * STRESS_PAGES {
+                let shadow = w.mmu().shadow(w.id, vpn);
+                let real = w.mmu().access(w.id, vpn, 0, Op::Load);
+                match (shadow.present() && shadow.permits(Access::Read), real) {
+                    (true, Ok(v)) => {
+                        // SAFETY: the shadow names a live frame of the
+                        // pool (installed, not yet unmapped: nobody
+                        // unmaps between the barriers).
+                        let f = unsafe { *frames.ptr(shadow.frame()) };
+                        if f != v {
+                            bad[2] += 1;
+                        }
+                    }
+                    (false, Ok(_)) => bad[0] += 1,
+                    (true, Err(_)) => bad[1] += 1,
+                    (false, Err(_)) => {}
+                }
+            }
+            w.barrier();
+        }
+        bad
+    })?;
+    let sum = |k: usize| run.results.iter().map(|r| r[k]).sum::<u64>();
+    let c = mmu.counters();
+    println!(
+        "stress: {workers} workers, {} ops in {:.2} s, {} messages ({} answered by IPI); \
+         checkpoint errors: stale {}, lost {}, wrong frame {}",
+        workers as u64 * rounds * OPS_PER_ROUND,
+        run.secs,
+        c.total(Counter::ShootdownTargets),
+        c.total(Counter::AcksProxy),
+        sum(0),
+        sum(1),
+        sum(2)
+    );
+    if sum(0) + sum(1) + sum(2) != 0 {
+        return Err("real page tables disagree with the shadows".into());
+    }
+    Ok(())
+}
+
+fn death(space: &dyn AddressSpace, hang: bool) -> Result<(), String> {
+    let addr = BASE_BYTES;
+    let r = percore::run(space, 2, None, &|cpu: &Cpu<'_>, w: &Worker<'_>| {
+        if w.id == 0 {
+            cpu.mmap(
+                MapAt::Fixed(addr),
+                PAGE_SIZE_BYTES,
+                Prot::READ_WRITE,
+                Backing::Anonymous,
+            )
+            .expect("mmap");
+        }
+        w.barrier();
+        if w.id == 1 {
+            cpu.write(addr, 1).expect("write");
+        }
+        w.barrier();
+        if w.id == 1 {
+            if hang {
+                // Stop answering: block the IPI and never poll.
+                // SAFETY: sigprocmask with a valid set; then sleep.
+                unsafe {
+                    let mut set: libc::sigset_t = std::mem::zeroed();
+                    libc::sigemptyset(&mut set);
+                    libc::sigaddset(&mut set, libc::SIGUSR1);
+                    libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+                }
+                loop {
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                }
+            }
+            // SAFETY: kills this worker process only.
+            unsafe { libc::raise(libc::SIGKILL) };
+        }
+        // Worker 0: a munmap that must message worker 1.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        cpu.munmap(addr, PAGE_SIZE_BYTES).expect("munmap");
+        [0; 4]
+    });
+    match r {
+        Ok(_) => Err("the run succeeded although worker 1 died".into()),
+        Err(e) => {
+            println!("death: the run ended with: {e}");
+            // The space may hold locks of the dead worker: leave without
+            // dropping it.
+            std::process::exit(0)
+        }
+    }
+}
+
+fn heap(space: &dyn AddressSpace, workers: usize) -> Result<(), String> {
+    const ROUNDS: u64 = 20_000;
+    let run = percore::run(space, workers, None, &|_cpu: &Cpu<'_>, w: &Worker<'_>| {
+        let mut bad = 0;
+        let mut live: Vec<Vec<u64>> = Vec::new();
+        let tag = w.id as u64 + 1;
+        for r in 0..ROUNDS {
+            let len = 1 + (mix(r + tag * 77) % 600) as usize;
+            live.push(vec![tag << 32 | r; len]);
+            if live.len() > 64 {
+                let v = live.swap_remove((mix(r) % 64) as usize);
+                bad += v.iter().filter(|&&x| x >> 32 != tag).count() as u64;
+            }
+        }
+        for v in &live {
+            bad += v.iter().filter(|&&x| x >> 32 != tag).count() as u64;
+        }
+        [bad, 0, 0, 0]
+    })?;
+    let bad: u64 = run.results.iter().map(|r| r[0]).sum();
+    println!("heap: {workers} processes, {ROUNDS} allocations each, {bad} corrupted words");
+    if bad != 0 {
+        return Err("blocks of different processes overlapped".into());
+    }
+    Ok(())
+}

@@ -1,0 +1,188 @@
+//! The per-core backend's multi-process checks. Each runs the
+//! `radixvm-percore` binary (its global allocator is the shared heap, and
+//! it forks workers, which this harness's threads forbid) and judges its
+//! exit status and report. Set `RADIXVM_LONG_STRESS=1` for a long stress
+//! run.
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn selftest(args: &[&str], env: &[(&str, &str)]) -> (Output, Duration) {
+    let t0 = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_radixvm-percore"))
+        .arg("selftest")
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run radixvm-percore");
+    (out, t0.elapsed())
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn unavailable(out: &Output) -> bool {
+    let t = text(out);
+    let skip = t.contains("unavailable") || t.contains("cannot map the region");
+    if skip {
+        eprintln!("skipped: {t}");
+    }
+    skip
+}
+
+fn passes(args: &[&str]) -> String {
+    let (out, _) = selftest(args, &[]);
+    let t = text(&out);
+    assert!(out.status.success() || unavailable(&out), "{args:?}: {t}");
+    t
+}
+
+#[test]
+fn store_after_munmap_faults_on_the_other_core() {
+    for design in ["radixvm", "bonsai", "linux"] {
+        let t = passes(&["stale", "--design", design]);
+        assert!(t.contains("0 reached"), "{design}: {t}");
+    }
+}
+
+#[test]
+fn a_broken_shootdown_is_caught() {
+    let (out, _) = selftest(&["stale", "--broken"], &[]);
+    if unavailable(&out) {
+        return;
+    }
+    let t = text(&out);
+    assert!(
+        !out.status.success(),
+        "a broken shootdown went unnoticed: {t}"
+    );
+    assert!(t.contains("STALE"), "{t}");
+}
+
+#[test]
+fn messages_go_to_exactly_the_cores_holding_the_page() {
+    for workers in ["2", "3"] {
+        let t = passes(&["targets", "--workers", workers]);
+        assert!(t.contains("tables 0, acks 0, messages 0"), "{t}");
+    }
+}
+
+#[test]
+fn map_touch_unmap_stress_keeps_real_tables_equal_to_shadows() {
+    let long = std::env::var_os("RADIXVM_LONG_STRESS").is_some();
+    let rounds = if long { "2000" } else { "20" };
+    for design in ["radixvm", "bonsai", "linux"] {
+        let (out, _) = selftest(
+            &["stress", "--workers", "2", "--design", design],
+            &[("RADIXVM_STRESS_ROUNDS", rounds)],
+        );
+        let t = text(&out);
+        assert!(out.status.success() || unavailable(&out), "{design}: {t}");
+    }
+}
+
+#[test]
+fn a_dead_worker_ends_the_run_with_its_name() {
+    let (out, took) = selftest(&["death"], &[]);
+    if unavailable(&out) {
+        return;
+    }
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("worker 1") && t.contains("signal 9"), "{t}");
+    assert!(took < Duration::from_secs(30), "took {took:?}");
+}
+
+#[test]
+fn a_hung_worker_ends_the_run_with_its_name() {
+    let (out, took) = selftest(&["death", "--hang"], &[]);
+    if unavailable(&out) {
+        return;
+    }
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("worker 1 did not acknowledge"), "{t}");
+    assert!(took < Duration::from_secs(30), "took {took:?}");
+}
+
+#[test]
+fn the_shared_heap_never_hands_one_block_to_two_processes() {
+    let t = passes(&["heap", "--workers", "3"]);
+    assert!(t.contains("0 corrupted"), "{t}");
+}
+
+fn bench_rows(args: &[&str]) -> Vec<String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_radixvm-percore"))
+        .args(args)
+        .arg("--json")
+        .output()
+        .expect("run radixvm-percore");
+    let t = text(&out);
+    assert!(out.status.success(), "{args:?}: {t}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn mapbench_rows_carry_backend_messages_and_kernel_ipis() {
+    let rows = bench_rows(&[
+        "mapbench",
+        "--secs",
+        "0.05",
+        "--runs",
+        "1",
+        "--threads",
+        "1,2",
+        "--systems",
+        "radixvm-percore,bonsai-percore,linux-percore,native-linux",
+    ]);
+    if rows.is_empty() {
+        eprintln!("skipped: no per-core rows");
+        return;
+    }
+    assert_eq!(rows.len(), 3 * 2 * 4, "{rows:?}");
+    for r in &rows {
+        assert!(r.contains("\"kernel_tlb_ipis_per_iter\""), "{r}");
+        assert!(r.contains("\"messages_per_iter\""), "{r}");
+        if r.contains("-percore\"") {
+            assert!(r.contains("\"backend\":\"percore\""), "{r}");
+            assert!(r.contains("\"tlb\":\"real\""), "{r}");
+        }
+        if r.contains("\"system\":\"radixvm-percore\"") && r.contains("\"workload\":\"local\"") {
+            assert!(r.contains("\"messages_per_iter\":0.000"), "{r}");
+        }
+    }
+}
+
+#[test]
+fn faultbench_rows_for_the_per_core_designs() {
+    let rows = bench_rows(&[
+        "faultbench",
+        "--secs",
+        "0.05",
+        "--runs",
+        "1",
+        "--threads",
+        "2",
+        "--fractions",
+        "0,0.5",
+        "--systems",
+        "radixvm-percore,bonsai-percore",
+    ]);
+    if rows.is_empty() {
+        eprintln!("skipped: no per-core rows");
+        return;
+    }
+    assert_eq!(rows.len(), 2 * 2, "{rows:?}");
+    for r in &rows {
+        assert!(r.contains("\"backend\":\"percore\""), "{r}");
+        assert!(!r.contains("\"fault_ns\":0.0,"), "{r}");
+    }
+}
