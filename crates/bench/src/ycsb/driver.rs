@@ -295,12 +295,21 @@ pub(super) fn worker(
             Err(e) => checks.put_failed(|| format!("put: {e}")),
         }
     }
-    let Some(start) = start else {
-        return Err("stopped before the measurement began".into());
-    };
+    // A thread the scheduler kept off the CPU for the whole measurement
+    // window sees the stop before the start: it measured nothing, and
+    // `merge` leaves a zero-length window out of the rate.
+    let secs = start.map_or(0.0, |t| t.elapsed().as_secs_f64());
+    if start.is_none() {
+        ops = 0;
+        hist.reset();
+        checks = Checks {
+            first_error: checks.first_error.take(),
+            ..Checks::default()
+        };
+    }
     Ok(ThreadResult {
         ops,
-        secs: start.elapsed().as_secs_f64(),
+        secs,
         hist,
         checks,
     })

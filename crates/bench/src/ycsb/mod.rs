@@ -428,7 +428,7 @@ mod tests {
                         value_size: 64,
                         threads: 2,
                         warmup: Duration::from_millis(5),
-                        duration: Duration::from_millis(30),
+                        duration: Duration::from_millis(100),
                         seed: 3,
                     };
                     let r = run_workload(&*kv, &s, &cpus).unwrap();
