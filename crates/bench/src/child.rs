@@ -112,21 +112,7 @@ pub fn self_alloc() -> Alloc {
 
 /// The binary with allocator `a`, next to the running executable.
 pub fn binary_for(a: Alloc) -> Result<PathBuf> {
-    let exe = std::env::current_exe().context("cannot find the running executable")?;
-    let dir = exe
-        .parent()
-        .ok_or_else(|| format!("{} has no parent directory", exe.display()))?;
-    let p = dir.join(a.binary());
-    if p.is_file() {
-        Ok(p)
-    } else {
-        Err(format!(
-            "{} not found next to {} (build it with `cargo build --release -p bench`)",
-            a.binary(),
-            exe.display()
-        )
-        .into())
-    }
+    crate::util::sibling_binary(a.binary(), "cargo build --release -p bench")
 }
 
 /// What a child runs.

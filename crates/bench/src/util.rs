@@ -238,6 +238,27 @@ pub fn join_all<T>(handles: Vec<std::thread::ScopedJoinHandle<'_, Result<T>>>) -
     }
 }
 
+/// The binary `name` next to the running executable (or one directory up:
+/// test binaries live in target/<profile>/deps); `build` says how to
+/// build it when it is missing.
+pub fn sibling_binary(name: &str, build: &str) -> Result<std::path::PathBuf> {
+    let exe = std::env::current_exe().context("cannot find the running executable")?;
+    let dir = exe
+        .parent()
+        .ok_or_else(|| format!("{} has no parent directory", exe.display()))?;
+    for d in [Some(dir), dir.parent()].into_iter().flatten() {
+        let p = d.join(name);
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    Err(format!(
+        "{name} not found next to {} (build it with `{build}`)",
+        exe.display()
+    )
+    .into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

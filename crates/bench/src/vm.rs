@@ -73,25 +73,6 @@ fn tlb_note() -> String {
         .into()
 }
 
-/// `radixvm-percore`, next to the running executable.
-fn percore_binary() -> Result<std::path::PathBuf, String> {
-    let exe =
-        std::env::current_exe().map_err(|e| format!("cannot find the running executable: {e}"))?;
-    let p = exe
-        .parent()
-        .ok_or_else(|| format!("{} has no parent directory", exe.display()))?
-        .join("radixvm-percore");
-    if p.is_file() {
-        Ok(p)
-    } else {
-        Err(format!(
-            "radixvm-percore not found next to {} (build it with `cargo build --release -p \
-             radixvm`)",
-            exe.display()
-        ))
-    }
-}
-
 /// Splits off the per-core systems (run by `radixvm-percore`).
 fn split_percore(systems: &[System]) -> (Vec<System>, Vec<System>) {
     systems
@@ -99,23 +80,26 @@ fn split_percore(systems: &[System]) -> (Vec<System>, Vec<System>) {
         .partition(|s| s.backend() != Some(Backend::Percore))
 }
 
-/// Runs `radixvm-percore BENCH ARGS --json --systems SYSTEMS` and emits
-/// its rows (fields in the order printed); a failing child fails the
-/// run.
-fn relay_percore(
+/// Runs `radixvm-percore BENCH ARGS --json --systems SYSTEMS`, reads
+/// its rows back into the row type `R` and emits them as `to_row` makes
+/// this process's own rows; a failing child or an unreadable row fails
+/// the run.
+fn relay_percore<R: serde::de::DeserializeOwned>(
     bench: &str,
     args: Vec<String>,
     systems: &[System],
     rep: &mut Reporter,
-    mut each: impl FnMut(&Row),
+    to_row: fn(&R) -> Row,
+    mut each: impl FnMut(),
 ) -> io::Result<()> {
-    let bin = match percore_binary() {
-        Ok(b) => b,
-        Err(why) => {
-            rep.note(bench, &format!("skipping the per-core rows: {why}"));
-            return Ok(());
-        }
-    };
+    let bin =
+        match crate::util::sibling_binary("radixvm-percore", "cargo build --release -p radixvm") {
+            Ok(b) => b,
+            Err(why) => {
+                rep.note(bench, &format!("skipping the per-core rows: {why}"));
+                return Ok(());
+            }
+        };
     let names: Vec<String> = systems.iter().map(|s| s.name()).collect();
     let mut child = Command::new(&bin)
         .arg(bench)
@@ -130,29 +114,16 @@ fn relay_percore(
     let stdout = child.stdout.take().expect("piped");
     for line in io::BufReader::new(stdout).lines() {
         let line = line?;
-        let value: serde_json::Value = match serde_json::from_str(&line) {
-            Ok(v) => v,
-            Err(_) => continue,
-        };
-        let Some(obj) = value.as_object() else {
-            continue;
-        };
-        let mut row = Row::default();
-        // serde_json's map sorts keys: restore the printed order.
-        let order: Vec<&str> = line
-            .split('"')
-            .skip(1)
-            .step_by(2)
-            .filter(|k| obj.contains_key(*k))
-            .collect();
-        let mut seen = std::collections::HashSet::new();
-        for k in order {
-            if seen.insert(k) {
-                row = row.set(k, obj[k].clone());
+        match serde_json::from_str::<R>(&line) {
+            Ok(r) => {
+                each();
+                rep.emit(to_row(&r))?;
             }
+            Err(e) => rep.fail(format!(
+                "{} {bench}: unreadable row {line:?}: {e}",
+                bin.display()
+            )),
         }
-        each(&row);
-        rep.emit(row)?;
     }
     let status = child.wait()?;
     if !status.success() {
@@ -234,7 +205,7 @@ pub fn run_mapbench(o: &MapOpts, rep: &mut Reporter) -> io::Result<()> {
                 "--workloads".into(),
                 join(o.workloads.iter().map(|w| w.name().to_string()).collect()),
             ];
-            result = relay_percore(BENCH, args, &percore, rep, |_| pb.inc(1));
+            result = relay_percore(BENCH, args, &percore, rep, map_row, || pb.inc(1));
         }
     }
     rep.end_progress();
@@ -334,7 +305,7 @@ pub fn run_faultbench(o: &FaultOpts, rep: &mut Reporter) -> io::Result<()> {
         }
     });
     if !percore.is_empty() && result.is_ok() {
-        result = relay_percore(BENCH, args, &percore, rep, |_| pb.inc(1));
+        result = relay_percore(BENCH, args, &percore, rep, fault_row, || pb.inc(1));
     }
     rep.end_progress();
     result?;

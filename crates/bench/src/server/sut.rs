@@ -111,11 +111,11 @@ impl Bins {
                 "--nibble-bin {}: no such file",
                 p.display()
             ))),
-            None => next_to_exe("nibble").map_err(|e| {
-                Missing(format!(
-                    "{e} (build it with `cargo build --release -p server`, or pass --nibble-bin PATH)"
-                ))
-            }),
+            None => crate::util::sibling_binary(
+                "nibble",
+                "cargo build --release -p server`, or pass `--nibble-bin PATH",
+            )
+            .map_err(|e| Missing(e.to_string())),
         };
         let pkg = |bin: &str, pkg: &str| {
             find_in_path(bin).ok_or_else(|| {
@@ -140,21 +140,6 @@ impl Bins {
             Sys::Memcached => &self.memcached,
         }
     }
-}
-
-fn next_to_exe(name: &str) -> Result<PathBuf> {
-    let exe = std::env::current_exe().context("cannot find the running executable")?;
-    let dir = exe
-        .parent()
-        .ok_or_else(|| format!("{} has no parent directory", exe.display()))?;
-    // Test binaries live in target/<profile>/deps; the server is one up.
-    for d in [Some(dir), dir.parent()].into_iter().flatten() {
-        let p = d.join(name);
-        if p.is_file() {
-            return Ok(p);
-        }
-    }
-    Err(format!("{name} not found next to {}", exe.display()).into())
 }
 
 /// Installs the peers from Debian's packages when one is missing, memlab

@@ -50,6 +50,7 @@ use std::time::{Duration, Instant};
 
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
 
 use crate::mmu::uffd::UffdError;
 use crate::space::stats_of;
@@ -70,8 +71,9 @@ pub const FAULT_REGION_PAGES: u64 = 256;
 /// munmap, so the pool must hold what is in flight meanwhile).
 pub const POOL_BYTES: usize = 1 << 30;
 
-/// A system under test.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// A system under test (serialized as its name).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
 pub enum System {
     /// One of the designs over one of the MMU backends.
     Design(Design, Backend),
@@ -122,6 +124,19 @@ impl System {
             System::Design(_, b) => Some(b),
             System::Native => None,
         }
+    }
+}
+
+impl From<System> for String {
+    fn from(s: System) -> String {
+        s.name()
+    }
+}
+
+impl TryFrom<String> for System {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
     }
 }
 
@@ -187,8 +202,9 @@ pub fn kernel_tlb_shootdowns() -> Option<u64> {
     )
 }
 
-/// A mapbench workload.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A mapbench workload (serialized as its name).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
 pub enum Workload {
     /// Private regions.
     Local,
@@ -209,6 +225,19 @@ impl Workload {
             Workload::Pipeline => "pipeline",
             Workload::Global => "global",
         }
+    }
+}
+
+impl From<Workload> for String {
+    fn from(w: Workload) -> String {
+        w.name().into()
+    }
+}
+
+impl TryFrom<String> for Workload {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
     }
 }
 
@@ -267,8 +296,9 @@ impl Options {
     }
 }
 
-/// One mapbench result.
-#[derive(Clone, Debug, PartialEq)]
+/// One mapbench result (`radixvm-percore --json` prints it with serde,
+/// memlab reads it back and reports it as its own rows).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MapRow {
     /// Workload.
     pub workload: Workload,
@@ -303,8 +333,8 @@ pub struct MapRow {
     pub runs: usize,
 }
 
-/// One faultbench result.
-#[derive(Clone, Debug, PartialEq)]
+/// One faultbench result (serialized as [`MapRow`] is).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FaultRow {
     /// Design and backend.
     pub system: System,

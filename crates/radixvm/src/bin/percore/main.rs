@@ -14,7 +14,7 @@
 
 use std::process::ExitCode;
 
-use radixvm::bench::{self, FaultRow, MapRow};
+use radixvm::bench;
 use radixvm::percore::heap::SharedHeap;
 
 mod selftest;
@@ -26,52 +26,10 @@ fn opt(v: Option<f64>) -> String {
     v.map_or("null".into(), |v| format!("{v:.3}"))
 }
 
-fn json_row(r: &MapRow) -> String {
-    format!(
-        "{{\"bench\":\"mapbench\",\"system\":\"{}\",\"threads\":{},\"tlb\":\"{}\",\
-         \"backend\":\"{}\",\"workload\":\"{}\",\"region_pages\":{},\"ops_per_sec\":{:.0},\
-         \"touches_per_sec\":{:.0},\"faults_per_iter\":{:.2},\"shootdowns_per_iter\":{},\
-         \"targets_per_shootdown\":{},\"messages_per_iter\":{},\"page_table_pages\":{},\
-         \"kernel_tlb_ipis_per_iter\":{},\"spread_pct\":{:.1},\"runs\":{}}}",
-        r.system.name(),
-        r.threads,
-        r.system.tlb(),
-        r.system.backend().map_or("native", |b| b.name()),
-        r.workload.name(),
-        r.pages,
-        r.iters_per_sec,
-        r.touches_per_sec,
-        r.faults_per_iter,
-        opt(r.shootdowns_per_iter),
-        opt(r.targets_per_shootdown),
-        opt(r.messages_per_iter),
-        r.page_table_pages
-            .map_or("null".into(), |p: u64| p.to_string()),
-        opt(r.kernel_tlb_ipis_per_iter),
-        r.spread_pct,
-        r.runs
-    )
-}
-
-fn json_fault_row(r: &FaultRow) -> String {
-    format!(
-        "{{\"bench\":\"faultbench\",\"system\":\"{}\",\"threads\":{},\"tlb\":\"{}\",\
-         \"backend\":\"{}\",\"map_fraction\":{:.2},\"fault_ns\":{:.1},\
-         \"faults_per_sec\":{:.0},\"maps_per_sec\":{:.0},\"messages_per_map\":{:.3},\
-         \"kernel_tlb_ipis_per_map\":{},\"spread_pct\":{:.1},\"runs\":{}}}",
-        r.system.name(),
-        r.threads,
-        r.system.tlb(),
-        r.system.backend().map_or("native", |b| b.name()),
-        r.map_fraction,
-        r.fault_ns,
-        r.faults_per_sec,
-        r.maps_per_sec,
-        r.messages_per_map,
-        opt(r.kernel_tlb_ipis_per_map),
-        r.spread_pct,
-        r.runs
-    )
+/// One row as a JSON line: the row type's own serde form, which memlab
+/// reads back into the same type.
+fn json_line<R: serde::Serialize>(r: &R) -> String {
+    serde_json::to_string(r).expect("a row has no map keys that are not strings")
 }
 
 fn faultbench(args: Vec<String>) -> Result<(), String> {
@@ -92,7 +50,7 @@ fn faultbench(args: Vec<String>) -> Result<(), String> {
     }
     bench::faultbench(&options, |r| {
         if json {
-            println!("{}", json_fault_row(r));
+            println!("{}", json_line(r));
         } else {
             println!(
                 "{:<22} {:>3} {:>6.2} {:>10.1} {:>12.0} {:>10.0} {:>8.3} {:>8} {:>6.1}%",
@@ -129,7 +87,7 @@ fn mapbench(args: Vec<String>) -> Result<(), String> {
     }
     bench::mapbench(&options, |r| {
         if json {
-            println!("{}", json_row(r));
+            println!("{}", json_line(r));
         } else {
             println!(
                 "{:<9} {:<22} {:>3} {:>12.0} {:>8.2} {:>8} {:>8} {:>8} {:>6.1}%",
