@@ -82,7 +82,7 @@
 #![warn(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
-mod futex;
+pub mod futex;
 mod mutex;
 mod rwlock;
 

@@ -209,31 +209,6 @@ impl Default for Ring {
     }
 }
 
-fn futex_wait(word: &AtomicU32, expected: u32, timeout_us: u64) {
-    let ts = libc::timespec {
-        tv_sec: (timeout_us / 1_000_000) as libc::time_t,
-        tv_nsec: ((timeout_us % 1_000_000) * 1_000) as libc::c_long,
-    };
-    // SAFETY: FUTEX_WAIT (shared, no PRIVATE flag: waker and waiter are
-    // different processes) on a live aligned u32 with a valid timeout.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            expected,
-            &ts as *const libc::timespec,
-        );
-    }
-}
-
-fn futex_wake(word: &AtomicU32) {
-    // SAFETY: FUTEX_WAKE (shared) on a live aligned u32.
-    unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
-    }
-}
-
 /// The first error of a run, in shared memory.
 struct ErrorSlot {
     claimed: AtomicBool,
@@ -532,7 +507,7 @@ impl PercoreMmu {
         let seen = ring.wake.load(Ordering::SeqCst);
         ring.sleeping.store(1, Ordering::SeqCst);
         if ring.pending.load(Ordering::SeqCst) == 0 {
-            futex_wait(&ring.wake, seen, IDLE_SLEEP_US);
+            xsync::futex::wait_timeout(&ring.wake, seen, Duration::from_micros(IDLE_SLEEP_US));
         }
         ring.sleeping.store(0, Ordering::SeqCst);
         self.service(me);
@@ -758,7 +733,7 @@ impl Mmu for PercoreMmu {
             ring.pending.fetch_or(1 << initiator, Ordering::SeqCst);
             ring.wake.fetch_add(1, Ordering::SeqCst);
             if ring.sleeping.load(Ordering::SeqCst) != 0 {
-                futex_wake(&ring.wake);
+                xsync::futex::wake(&ring.wake, xsync::futex::WAKE_ALL_WAITERS);
             }
             waits[t] = seq;
         }
