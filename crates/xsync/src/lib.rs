@@ -89,6 +89,27 @@ mod rwlock;
 pub use mutex::RawFutexMutex;
 pub use rwlock::RawFutexRwLock;
 
+/// One attempt to enter a lock without waiting: while `can_enter(word)`,
+/// CAS the word to `entry(word)` (Acquire on success); `false` once the
+/// word says the lock cannot be entered. The `try_lock*` of both locks.
+#[inline]
+fn try_enter(
+    word: &core::sync::atomic::AtomicU32,
+    can_enter: fn(u32) -> bool,
+    entry: fn(u32) -> u32,
+) -> bool {
+    use core::sync::atomic::Ordering;
+    let mut state = word.load(Ordering::Relaxed);
+    while can_enter(state) {
+        match word.compare_exchange_weak(state, entry(state), Ordering::Acquire, Ordering::Relaxed)
+        {
+            Ok(_) => return true,
+            Err(now) => state = now,
+        }
+    }
+    false
+}
+
 /// Busy rounds of a blocked locker's backoff: round `i` (1-based) runs
 /// `2^i` `core::hint::spin_loop`s before re-reading the word (2+4+8).
 pub const BUSY_SPIN_ROUNDS: u32 = 3;

@@ -112,19 +112,7 @@ unsafe impl lock_api::RawMutex for RawFutexMutex {
 
     #[inline]
     fn try_lock(&self) -> bool {
-        let mut state = self.state.load(Ordering::Relaxed);
-        while state & LOCKED_BIT == 0 {
-            match self.state.compare_exchange_weak(
-                state,
-                state | LOCKED_BIT,
-                Ordering::Acquire,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return true,
-                Err(now) => state = now,
-            }
-        }
-        false
+        crate::try_enter(&self.state, |s| s & LOCKED_BIT == 0, |s| s | LOCKED_BIT)
     }
 
     #[inline]

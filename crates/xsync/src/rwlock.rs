@@ -133,19 +133,7 @@ unsafe impl lock_api::RawRwLock for RawFutexRwLock {
 
     #[inline]
     fn try_lock_shared(&self) -> bool {
-        let mut state = self.state.load(Ordering::Relaxed);
-        while readable(state) {
-            match self.state.compare_exchange_weak(
-                state,
-                state + 1,
-                Ordering::Acquire,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return true,
-                Err(now) => state = now,
-            }
-        }
-        false
+        crate::try_enter(&self.state, readable, |s| s + 1)
     }
 
     #[inline]
@@ -171,19 +159,7 @@ unsafe impl lock_api::RawRwLock for RawFutexRwLock {
 
     #[inline]
     fn try_lock_exclusive(&self) -> bool {
-        let mut state = self.state.load(Ordering::Relaxed);
-        while writable(state) {
-            match self.state.compare_exchange_weak(
-                state,
-                state | WRITER,
-                Ordering::Acquire,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return true,
-                Err(now) => state = now,
-            }
-        }
-        false
+        crate::try_enter(&self.state, writable, |s| s | WRITER)
     }
 
     #[inline]
