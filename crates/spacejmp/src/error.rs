@@ -67,6 +67,17 @@ pub enum Error {
     HeapFull { name: String, requested: u64 },
     /// A pointer does not lie in the active VAS (the checked cast failed).
     BadPointer { addr: u64 },
+    /// A VAS process of the process-per-VAS backend ([`crate::procvas`])
+    /// failed to start, died, or is gone.
+    VasProcess { vas: String, detail: String },
+    /// A process-per-VAS call was made outside the lane it belongs to (not
+    /// on the lane's shared stack, or from another thread), or the lane was
+    /// lost with a VAS process that died while running it.
+    Lane(String),
+    /// Code running in a VAS process returned an error or panicked; its
+    /// message crosses back as text (the error value itself lives in that
+    /// process's private heap).
+    InVas { vas: String, detail: String },
     /// Any other operating-system failure.
     Io {
         op: &'static str,
@@ -161,6 +172,11 @@ impl fmt::Display for Error {
             Error::BadPointer { addr } => {
                 write!(f, "pointer {addr:#x} does not lie in the active VAS")
             }
+            Error::VasProcess { vas, detail } => {
+                write!(f, "the process of VAS `{vas}` {detail}")
+            }
+            Error::Lane(what) => write!(f, "process-per-VAS lane: {what}"),
+            Error::InVas { vas, detail } => write!(f, "in VAS `{vas}`: {detail}"),
             Error::Io { op, path, source } => {
                 write!(f, "{op} {}: {source}", path.display())
             }

@@ -9,7 +9,8 @@
 //! | segment (VM object, §4.1) | a file on tmpfs / hugetlbfs / disk, mapped `MAP_FIXED` at its base inside a reserved [`window`] | real |
 //! | global names (kernel / Barrelfish service) | a flock-protected [`registry`] file in the store directory | real |
 //! | lockable segment (§3.1) | a robust cross-process reader/writer [`lock`] in the segment header; a dead holder is detected by pid + start time | real |
-//! | `vas_switch` = CR3 load (§4.1) | per-thread lock hand-over; **a switch between overlapping VASes is a process-wide remap**, not a CR3 write ([`vas`]) | disjoint switch real; overlap emulated by remapping |
+//! | `vas_switch` = CR3 load (§4.1) | in-process ([`vas`]): per-thread lock hand-over; **a switch between overlapping VASes is a process-wide remap**, not a CR3 write | disjoint switch real; overlap emulated by remapping |
+//! | `vas_switch` keeping page tables (§4.1) | process-per-VAS ([`procvas`]): each VAS a process that keeps its page table; the thread's execution moves there on the same CPU | page-table load real (the kernel's process switch); the thread's move is a user-level hand-off |
 //! | `m_malloc` / `m_space` (§4.1) | a [`heap`] whose state is in the segment header | real |
 //! | compiler safety pass (§3.3, §4.3) | Rust types: [`SegSafe`], [`SegPtr`] dereferenced only through an [`Active`] guard, [`Active::vcast`] | checked at compile time and by range checks at run time |
 //!
@@ -55,6 +56,8 @@ pub mod bench;
 pub mod error;
 pub mod heap;
 pub mod lock;
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+pub mod procvas;
 pub mod registry;
 pub mod segment;
 mod sys;

@@ -262,7 +262,7 @@ impl RawRwLock {
                 wait = wait.min(d - now);
             }
             self.waiters.fetch_add(1, Ordering::SeqCst);
-            sys::futex_wait(&self.seq, seq, wait);
+            xsync::futex::wait_timeout(&self.seq, seq, wait);
             self.waiters.fetch_sub(1, Ordering::SeqCst);
         }
     }
@@ -295,7 +295,7 @@ impl RawRwLock {
             self.seq.fetch_add(1, Ordering::SeqCst);
         }
         if self.waiters.load(Ordering::SeqCst) != 0 {
-            sys::futex_wake_all(&self.seq);
+            xsync::futex::wake(&self.seq, xsync::futex::WAKE_ALL_WAITERS);
         }
     }
 
@@ -357,7 +357,7 @@ impl RawRwLock {
             }
             self.seq.fetch_add(1, Ordering::SeqCst);
         }
-        sys::futex_wake_all(&self.seq);
+        xsync::futex::wake(&self.seq, xsync::futex::WAKE_ALL_WAITERS);
         before
     }
 }

@@ -1,5 +1,5 @@
 //! Thin wrappers over the few Linux facilities the crate needs beyond
-//! `mmap`: shared futexes, thread ids, and process identity.
+//! `mmap`: thread ids and process identity (futexes come from `xsync`).
 //!
 //! A process is identified by `(pid, start time)`: the start time (field 22
 //! of `/proc/PID/stat`, in clock ticks since boot) distinguishes a live
@@ -7,7 +7,6 @@
 //! with its pid checks. A zombie (killed, not yet reaped) counts as dead.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::Duration;
 
 /// Identity of a process that may hold a lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,37 +95,6 @@ pub fn alive(id: ProcId) -> bool {
         Some((start, state)) => {
             state != b'Z' && state != b'X' && (id.start == 0 || start == id.start)
         }
-    }
-}
-
-/// Wait while `*word == expected`, at most `timeout`. Shared (not
-/// `FUTEX_PRIVATE`) so waiters in other processes mapping the same file page
-/// are woken.
-pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: `word` is a valid, aligned u32 for the duration of the call;
-    // the kernel only reads it. A spurious return is handled by callers,
-    // which re-check their condition in a loop.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            expected,
-            &ts as *const libc::timespec,
-        );
-    }
-}
-
-/// Wake every waiter on `word`, in any process.
-pub fn futex_wake_all(word: &AtomicU32) {
-    // SAFETY: `word` is a valid aligned u32; FUTEX_WAKE does not access
-    // memory beyond hashing the address.
-    unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
     }
 }
 
