@@ -6,7 +6,7 @@ use super::*;
 const GUPS_BENCH: &str = "jmp-gups";
 
 /// One GUPS cell's rows: its parameters and the median/min/max rate.
-fn gups_row(system: &str, w: u64, opts: &Options, mups: Vec<f64>, note: &str) -> Row {
+pub(super) fn gups_row(system: &str, w: u64, opts: &Options, mups: Vec<f64>, note: &str) -> Row {
     let (win, batch, updates) = gups_sizes(opts);
     let mut figures = vec![
         fig("windows", w as f64, 0),
@@ -33,7 +33,7 @@ fn gups_row(system: &str, w: u64, opts: &Options, mups: Vec<f64>, note: &str) ->
 }
 
 /// `batch` random updates into `t64`.
-fn update_batch(t64: &mut [u64], rng: &mut Rng, batch: u64) {
+pub(super) fn update_batch(t64: &mut [u64], rng: &mut Rng, batch: u64) {
     let words = t64.len();
     for _ in 0..batch {
         let r = rng.next();
@@ -42,7 +42,7 @@ fn update_batch(t64: &mut [u64], rng: &mut Rng, batch: u64) {
 }
 
 /// Window bytes, batch and updates of a GUPS run, within sane bounds.
-fn gups_sizes(opts: &Options) -> (u64, u64, u64) {
+pub(super) fn gups_sizes(opts: &Options) -> (u64, u64, u64) {
     let batch = opts.gups_batch.clamp(1, RING / 2);
     (
         opts.gups_window_bytes.max(1 << 16),
@@ -121,6 +121,8 @@ pub(super) fn bench_gups(jmp: &Jmp, opts: &Options, sink: &mut dyn Sink) -> Res<
             }
             sink.row(gups_row(label, w, opts, mups, note));
         }
+        let ov_vases: Vec<String> = (0..w).map(|i| format!("gv{w}-o{i}")).collect();
+        super::lane::gups_process(jmp, opts, sink, w, &ov_vases)?;
         gups_map(jmp, opts, sink, w, &ov)?;
         gups_mp(jmp, opts, sink, w, &dj)?;
         for i in 0..w {

@@ -8,7 +8,11 @@
 //!   between two *overlapping* VASes (on Linux a process-wide remap,
 //!   labelled as such and counted in `remaps_per_switch`), and the baseline
 //!   `mmap` + touch + `munmap` of the same segment file. Every switch touches
-//!   one byte of the segment it enters.
+//!   one byte of the segment it enters. A size sweep (2 MiB to 4 GiB) sets
+//!   the in-process remap against the process-per-VAS backend
+//!   ([`crate::procvas`]: one process per VAS keeps its page table; the
+//!   switch is a hand-off between processes), for overlapping and disjoint
+//!   VASes, with the faults each switch takes.
 //! - **attach**: `vas_attach` + switch + touch of an existing segment
 //!   (1 GiB), lazily and pre-faulted, with 4 KiB pages (tmpfs) and 2 MiB
 //!   pages (hugetlbfs). For 2 MiB pages, [`HugePages::Auto`] uses a mounted
@@ -23,7 +27,9 @@
 //!   data than address space) — on Linux a remap; `VAS-disjoint` gives every
 //!   window its own base, so a switch is a lock hand-over; `MP` runs one
 //!   process per window and sends the update values over a shared-memory
-//!   ring. Figure: millions of updates per second.
+//!   ring; `VAS-process` gives each overlapping window's VAS its own process
+//!   and moves one lane between them (page tables kept: it counts the
+//!   faults after the first pass). Figure: millions of updates per second.
 //! - **persist**: SpaceJMP §5.4 (SAMTools). An index of string keys → u64
 //!   (a [`SegMap`] whose nodes live in a segment); a fresh process's time
 //!   from spawn to its first answered query, against (a) rebuilding a
@@ -49,11 +55,12 @@ use std::time::Instant;
 
 mod attach;
 mod gups;
+mod lane;
 mod persist;
 mod switch;
 
 use attach::{attach_huge, bench_attach};
-use gups::{bench_gups, gups_mp_child};
+use gups::{bench_gups, gups_mp_child, gups_row, gups_sizes, update_batch};
 use persist::bench_persist;
 pub use persist::child_main;
 use switch::bench_switch;
@@ -125,8 +132,11 @@ pub struct Options {
     /// Runs per cell (median, min, max).
     pub repeat: usize,
     /// Switch pairs per run between disjoint VASes (a hundredth of it for
-    /// the remapping cells).
+    /// the remapping cells, a twentieth for the process-per-VAS cells).
     pub switch_iters: u64,
+    /// Segment sizes of the switch-cost sweep (in-process remap against
+    /// process-per-VAS).
+    pub switch_sizes: Vec<u64>,
     /// Size of the attached segment.
     pub attach_bytes: u64,
     /// 2 MiB pages for the attach benchmark.
@@ -156,6 +166,7 @@ impl Options {
             workloads: Workload::ALL.to_vec(),
             repeat: 3,
             switch_iters: 1_000_000,
+            switch_sizes: vec![2 << 20, 64 << 20, 1 << 30, 4 << 30],
             attach_bytes: 1 << 30,
             huge: HugePages::Auto,
             gups_window_bytes: 64 << 20,
@@ -168,17 +179,19 @@ impl Options {
         }
     }
 
-    /// Under a minute on 2 cores: 200 k switch pairs, 1 GiB attach, 16 MiB
-    /// GUPS windows with 1 M updates at 1, 2, 4 windows, 1 M records
+    /// Under a minute on 2 cores: 200 k switch pairs, sizes 2 MiB to 1 GiB,
+    /// 1 GiB attach, 16 MiB GUPS windows with 1 M updates at 1, 2, 4, 8
+    /// windows, 1 M records
     /// (not 10 M: building and serializing 10 M records alone takes longer
     /// than the budget); 1 run per cell.
     pub fn quick(child: (PathBuf, Vec<OsString>)) -> Options {
         Options {
             repeat: 1,
             switch_iters: 200_000,
+            switch_sizes: vec![2 << 20, 64 << 20, 1 << 30],
             gups_window_bytes: 16 << 20,
             gups_updates: 1 << 20,
-            gups_windows: vec![1, 2, 4],
+            gups_windows: vec![1, 2, 4, 8],
             records: 1_000_000,
             ..Options::full(child)
         }

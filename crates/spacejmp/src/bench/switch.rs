@@ -141,6 +141,7 @@ pub(super) fn bench_switch(jmp: &Jmp, opts: &Options, sink: &mut dyn Sink) -> Re
         figures,
         note: "baseline: map, touch one byte, unmap".into(),
     });
+    super::lane::bench_switch_sizes(jmp, opts, sink)?;
     for v in ["sw-vp", "sw-vq", "sw-vpn", "sw-vqn", "sw-vr", "sw-vr2"] {
         jmp.vas_remove(v)?;
     }
