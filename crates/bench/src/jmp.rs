@@ -19,7 +19,12 @@ pub const ABOUT: &str = "SpaceJMP on Linux (issue 5, crate spacejmp): first-clas
     and lockable segments.\n\n\
     switch: vas_switch latency between two disjoint VASes with lockable segments (lock hand-over) and \
     without, between two overlapping VASes (on Linux a process-wide remap, mmap MAP_FIXED, not a CR3 \
-    write: labelled vas-overlap-remap), and mmap+touch+munmap of the same 1 MiB segment file.\n\
+    write: labelled vas-overlap-remap), and mmap+touch+munmap of the same 1 MiB segment file. A size \
+    sweep (2 MiB to 4 GiB; --quick to 1 GiB) sets the in-process remap against the process-per-VAS \
+    backend (vas-process-overlap / -disjoint: one process per VAS keeps its page table, the switch is a \
+    futex hand-off of the thread's execution between two processes pinned to one CPU: the page-table \
+    load is the kernel's, the hand-off user-level), with faults per switch and the hand-off floor \
+    (process-handoff, empty VASes).\n\
     attach: vas_attach + switch + touch of an existing 1 GiB segment, lazy and pre-faulted, 4 KiB pages \
     (tmpfs) and 2 MiB pages (hugetlbfs). With --huge auto (default) memlab uses a mounted hugetlbfs or \
     mounts one next to its scratch store, and raises /proc/sys/vm/nr_hugepages by the pages it lacks \
@@ -27,13 +32,15 @@ pub const ABOUT: &str = "SpaceJMP on Linux (issue 5, crate spacejmp): first-clas
     afterwards. Without the pages a note says why and there are no 2 MiB rows.\n\
     gups: SpaceJMP §5.2, million updates/s over a table split into windows, one random window per batch \
     of 4096: MAP (mmap MAP_FIXED of the window per batch), MP (one process per window, updates over a \
-    shared-memory ring), VAS-overlap (one base, switch = remap) and VAS-disjoint (switch = lock hand-over).\n\
+    shared-memory ring), VAS-overlap (one base, switch = remap), VAS-disjoint (switch = lock hand-over) \
+    and VAS-process (one base, one process per window's VAS and lane, one lane per CPU; counts the page \
+    faults after the first pass).\n\
     persist: SpaceJMP §5.4, an index of string keys -> u64 whose nodes live in a segment; a fresh \
     process's time from spawn to its first answered query vs rebuilding a HashMap from a serde + bincode \
     file and vs an mmap'd file of offset pointers.\n\n\
     Scratch store: /dev/shm/sjmp-bench-PID (removed at the end). --repeat N: median, min, max of N runs \
     per cell.\n\
-    --quick: 200k switch pairs, 16 MiB GUPS windows with 1M updates at 1,2,4 windows, 1M records \
+    --quick: 200k switch pairs, sizes to 1 GiB, 16 MiB GUPS windows with 1M updates at 1,2,4,8 windows, 1M records \
     (not 10M: building and serializing 10M records alone takes longer than the budget), 1 run; \
     the 1 GiB attach stays.\n\n\
     Plot GUPS with: memlab plot FILE.jsonl --bench jmp-gups --x windows --y mups -o gups.png";
@@ -54,6 +61,10 @@ pub struct JmpArgs {
     /// [default: 1000000; --quick: 200000]
     #[arg(long, value_parser = clap::value_parser!(u64).range(100..))]
     switch_iters: Option<u64>,
+    /// Segment sizes of the switch-cost sweep, MiB, comma-separated
+    /// [default: 2,64,1024,4096; --quick: 2,64,1024]
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=65536))]
+    switch_mib: Option<Vec<u64>>,
     /// Size of the attached segment, MiB
     #[arg(long, default_value = "1024", value_parser = clap::value_parser!(u64).range(1..=65536))]
     attach_mib: u64,
@@ -67,7 +78,7 @@ pub struct JmpArgs {
     /// GUPS updates per run [default: 8388608; --quick: 1048576]
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     updates: Option<u64>,
-    /// GUPS window counts, comma-separated [default: 1,2,4,8,16; --quick: 1,2,4]
+    /// GUPS window counts, comma-separated [default: 1,2,4,8,16; --quick: 1,2,4,8]
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=256))]
     windows: Option<Vec<u64>>,
     /// Records of the persisted index [default: 10000000; --quick: 1000000]
@@ -115,7 +126,10 @@ impl Sink for ToReporter<'_> {
 
 pub fn run(a: JmpArgs) -> Result<i32> {
     if a.run.threads.is_some() {
-        eprintln!("memlab jmp: note: --threads is ignored (one driver thread; MP uses processes)");
+        eprintln!(
+            "memlab jmp: note: --threads is ignored (one driver thread; MP uses processes, \
+             VAS-process one lane per CPU)"
+        );
     }
     let exe = std::env::current_exe()
         .map_err(|e| BenchError::io("cannot find the running executable", e))?;
@@ -130,6 +144,9 @@ pub fn run(a: JmpArgs) -> Result<i32> {
     o.workloads = workloads;
     o.repeat = a.run.repeat(1);
     o.switch_iters = a.switch_iters.unwrap_or(o.switch_iters);
+    if let Some(m) = a.switch_mib {
+        o.switch_sizes = m.into_iter().map(|m| m << 20).collect();
+    }
     o.attach_bytes = a.attach_mib << 20;
     o.huge = a.huge;
     o.gups_window_bytes = a.window_kib.map_or(o.gups_window_bytes, |k| k << 10);

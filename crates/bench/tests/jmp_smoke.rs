@@ -14,6 +14,8 @@ fn jmp_every_workload_tiny() {
         "1",
         "--switch-iters",
         "200",
+        "--switch-mib",
+        "1,2",
         "--attach-mib",
         "4",
         "--huge",
@@ -32,14 +34,30 @@ fn jmp_every_workload_tiny() {
     for system in [
         "vas-disjoint+locks",
         "vas-disjoint",
-        "vas-overlap-remap",
         "mmap+munmap",
+        "process-handoff",
     ] {
         assert_eq!(count("jmp-switch", system), 1, "switch {system}: {stdout}");
     }
+    // The 1 MiB pair, then one per size of the sweep.
+    assert_eq!(count("jmp-switch", "vas-overlap-remap"), 3, "{stdout}");
+    for system in ["vas-process-overlap", "vas-process-disjoint"] {
+        assert_eq!(count("jmp-switch", system), 2, "switch {system}: {stdout}");
+    }
+    // Process-per-VAS switches keep page tables: after the warm-up no
+    // switch faults; the remap faults on every switch.
+    for r in rows.iter().filter(|r| {
+        r["bench"] == "jmp-switch"
+            && r["system"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("vas-process")
+    }) {
+        assert_eq!(r["faults_per_switch"].as_f64(), Some(0.0), "{r}");
+    }
     assert_eq!(count("jmp-attach", "vas_attach"), 1, "{stdout}");
     assert_eq!(count("jmp-attach", "vas_attach+populate"), 1, "{stdout}");
-    for system in ["VAS-overlap", "VAS-disjoint", "MAP", "MP"] {
+    for system in ["VAS-overlap", "VAS-disjoint", "VAS-process", "MAP", "MP"] {
         assert_eq!(count("jmp-gups", system), 2, "gups {system}: {stdout}");
     }
     for system in [
@@ -67,5 +85,11 @@ fn jmp_every_workload_tiny() {
         .find(|r| r["system"] == "vas-disjoint+locks")
         .expect("disjoint row");
     assert_eq!(disjoint["remaps_per_switch"].as_f64(), Some(0.0));
+    for r in rows
+        .iter()
+        .filter(|r| r["bench"] == "jmp-gups" && r["system"] == "VAS-process")
+    {
+        assert_eq!(r["faults_after_first_pass"].as_f64(), Some(0.0), "{r}");
+    }
     assert!(rows.iter().all(|r| r["threads"] == 1));
 }

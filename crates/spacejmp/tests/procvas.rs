@@ -263,3 +263,33 @@ fn segment_locks_hold_across_processes_while_the_lane_is_inside() {
     // SAFETY: our own mapping, no longer used.
     unsafe { libc::munmap(flag as *mut libc::c_void, 4096) };
 }
+
+#[test]
+fn a_segment_common_to_two_vases_carries_heap_data_across_switches() {
+    let st = Store::new("pv-common", 45);
+    let jmp = st.open();
+    overlapping(&jmp, 1 << 20);
+    jmp.seg_alloc("common", 1 << 20, &SegOptions::default())
+        .unwrap();
+    for v in ["va", "vb"] {
+        jmp.seg_attach(v, "common", Access::Write).unwrap();
+    }
+    let mut rt = ProcSpaces::start(&jmp, &["va", "vb"], ProcOptions::default()).unwrap();
+    let got = rt
+        .run(|m| {
+            m.switch(0)?;
+            m.with_active(|a| {
+                let p = a.alloc("common", 0xfeed_u64)?;
+                a.set_root("common", p)
+            })??;
+            m.switch(1)?;
+            let v = m.with_active(|a| -> spacejmp::Result<u64> {
+                Ok(*a.root::<u64>("common")?.get(a)?)
+            })??;
+            m.home()?;
+            let refused = m.with_active(|_| ()).is_err();
+            Ok((v, refused))
+        })
+        .unwrap();
+    assert_eq!(got, (0xfeed, true));
+}

@@ -165,6 +165,9 @@ struct Ctl {
     switches: AtomicU64,
     nsegs: AtomicUsize,
     segs: [SegRow; MAX_SEGS_PER_VAS],
+    /// Address of the `Active` guard of the VAS the lane is in, in the
+    /// private memory of the process at `at` (0 when none).
+    active: AtomicUsize,
     msg_len: AtomicUsize,
     msg: [AtomicU8; MSG_BYTES],
 }
@@ -586,6 +589,7 @@ impl ProcSpaces {
         ctl.arrived.store(1, Ordering::Relaxed);
         ctl.entered.store(1, Ordering::Relaxed);
         ctl.nsegs.store(0, Ordering::Relaxed);
+        ctl.active.store(0, Ordering::Relaxed);
         let old = self.cpu.and_then(pin_to);
         let res = loop {
             let ctl = self.ctl();
@@ -609,6 +613,7 @@ impl ProcSpaces {
             ctl.switches.fetch_add(1, Ordering::Relaxed);
             ctl.entered.store(1, Ordering::Relaxed);
             ctl.nsegs.store(0, Ordering::Relaxed);
+            ctl.active.store(0, Ordering::Relaxed);
         };
         if let Some(old) = old {
             restore_affinity(&old);
@@ -770,7 +775,11 @@ fn vas_process(
     loop {
         wait_turn(ctl, me, parent);
         ctl.switches.fetch_add(1, Ordering::Relaxed);
-        let active = enter(ctl, &handle);
+        let mut active = enter(ctl, &handle);
+        ctl.active.store(
+            active.as_mut().map_or(0, |a| a as *mut Active<'_> as usize),
+            Ordering::Relaxed,
+        );
         ctl.at.store(me, Ordering::Relaxed);
         ctl.arrived.store(1, Ordering::Release);
         // SAFETY: lane_sp is the lane's context on the shared lane stack,
@@ -784,6 +793,7 @@ fn vas_process(
         ctl.slots[me]
             .faults
             .store(thread_faults(), Ordering::Relaxed);
+        ctl.active.store(0, Ordering::Relaxed);
         drop(active);
         ctl.hand_off(ctl.next.load(Ordering::Relaxed));
     }
@@ -962,6 +972,25 @@ impl Mover {
         // SAFETY: as in `data`, and the segment is mapped writable; the
         // exclusive borrow of the mover keeps a second slice from existing.
         Ok(unsafe { std::slice::from_raw_parts_mut(p as *mut u8, n as usize) })
+    }
+
+    /// Run `f` with the current VAS's [`Active`] guard: the whole in-VAS
+    /// API (segment heaps, roots, [`crate::SegPtr::get`], `vcast`) of the
+    /// process the lane is in. A segment attached to several VASes is one
+    /// file at one base in each of their processes, so a heap in it is
+    /// common to them: that is where data that crosses switches lives.
+    pub fn with_active<T>(&mut self, f: impl FnOnce(&mut Active<'_>) -> T) -> Result<T> {
+        let p = self.ctl().active.load(Ordering::Relaxed);
+        if p == 0 || self.current().is_none() {
+            return Err(Error::Lane("the lane is in no VAS".into()));
+        }
+        // SAFETY: `p` is the address of the guard the dispatcher of the
+        // process we run in holds on its (suspended) private stack for as
+        // long as the lane is here; the lane cannot leave while `f` runs
+        // (`self` is borrowed), and `f` cannot keep anything tied to the
+        // guard's lifetime, which it cannot name.
+        let a = unsafe { &mut *(p as *mut Active<'_>) };
+        Ok(f(a))
     }
 
     /// Page faults taken so far by the process the lane is in (its carrier
