@@ -6,7 +6,7 @@
 mod common;
 
 use common::Store;
-use spacejmp::procvas::{Mover, ProcOptions, ProcSpaces};
+use spacejmp::procvas::{CommonMem, Mover, ProcOptions, ProcSpaces};
 use spacejmp::{Access, AttachOptions, Error, Jmp, SegOptions};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -213,24 +213,14 @@ fn segment_locks_hold_across_processes_while_the_lane_is_inside() {
         jmp.vas_create(v, 0o600).unwrap();
         jmp.seg_attach(v, "l", Access::Write).unwrap();
     }
-    // A flag page shared with the VAS processes (mapped before the fork).
-    // SAFETY: a fresh shared anonymous page.
-    let flag = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            4096,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    } as usize;
-    assert_ne!(flag, libc::MAP_FAILED as usize);
+    // A flag shared with the VAS processes (mapped before the fork).
+    let common = CommonMem::new(8).unwrap();
+    let flag = common.addr();
     let mut rt = ProcSpaces::start(&jmp, &["vl"], ProcOptions::default()).unwrap();
     std::thread::scope(|s| {
         let jmp = &jmp;
         s.spawn(move || {
-            // SAFETY: the shared page outlives the scope.
+            // SAFETY: the common memory outlives the scope; 8-aligned.
             let f = unsafe { &*(flag as *const AtomicU32) };
             while f.load(Ordering::Acquire) != 1 {
                 std::thread::sleep(Duration::from_millis(1));
@@ -260,8 +250,6 @@ fn segment_locks_hold_across_processes_while_the_lane_is_inside() {
     assert!(h
         .switch_until(Some(Instant::now() + Duration::from_millis(500)))
         .is_ok());
-    // SAFETY: our own mapping, no longer used.
-    unsafe { libc::munmap(flag as *mut libc::c_void, 4096) };
 }
 
 #[test]

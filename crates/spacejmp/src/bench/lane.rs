@@ -4,7 +4,7 @@
 //! with one process per window's VAS ([`crate::procvas`]).
 
 use super::*;
-use crate::procvas::{Mover, ProcOptions, ProcSpaces};
+use crate::procvas::{CommonMem, Mover, ProcOptions, ProcSpaces};
 
 const SWITCH_BENCH: &str = "jmp-switch";
 /// Pages of a segment the switch loop touches, spread over its whole size.
@@ -133,55 +133,68 @@ pub(super) fn bench_switch_sizes(jmp: &Jmp, opts: &Options, sink: &mut dyn Sink)
     }
     for &bytes in &opts.switch_sizes {
         let stride = (bytes / TOUCH_PAGES).max(1) as usize;
-        // In-process remap between overlapping VASes.
-        let names = pair(jmp, "o", bytes, true)?;
-        {
-            let ha = jmp.vas_attach(&names[0], AttachOptions::default())?;
-            let hb = jmp.vas_attach(&names[1], AttachOptions::default())?;
-            let segs = ["pz-oa", "pz-ob"];
-            let n = (opts.switch_iters / 100).max(50);
-            let mut samples = Vec::new();
-            let f0 = my_faults();
-            for _ in 0..repeat {
-                let t = Instant::now();
-                for i in 0..n {
-                    for (h, s) in [(&ha, segs[0]), (&hb, segs[1])] {
-                        let x = h.switch()?;
-                        let d = x.bytes(s)?;
-                        black_box(d[((i % TOUCH_PAGES) as usize * stride).min(d.len() - 1)]);
-                    }
-                }
-                samples.push(t.elapsed().as_nanos() as f64 / (2 * n) as f64);
+        for (tag, overlap, system, note) in [
+            (
+                "o",
+                true,
+                "vas-process-overlap",
+                "one process per VAS, both segments at one base",
+            ),
+            (
+                "d",
+                false,
+                "vas-process-disjoint",
+                "one process per VAS, segments at distinct bases",
+            ),
+        ] {
+            let names = pair(jmp, tag, bytes, overlap)?;
+            if overlap {
+                remap_row(jmp, &names, opts, sink, repeat, bytes, stride)?;
             }
-            let faults = (my_faults() - f0) as f64 / (2 * n * repeat as u64) as f64;
-            sink.row(size_row(
-                "vas-overlap-remap",
-                bytes,
-                stat(samples),
-                faults,
-                "in-process: process-wide remap (mmap MAP_FIXED) per switch",
-            ));
+            let t = lane_switches(jmp, &names, opts, repeat, stride)?;
+            let per = t.faults as f64 / (2 * lane_pairs(opts) * repeat as u64) as f64;
+            sink.row(size_row(system, bytes, t.stat(), per, note));
+            unpair(jmp, tag)?;
         }
-        let t = lane_switches(jmp, &names, opts, repeat, stride)?;
-        sink.row(size_row(
-            "vas-process-overlap",
-            bytes,
-            t.stat(),
-            t.faults as f64 / (2 * lane_pairs(opts) * repeat as u64) as f64,
-            "one process per VAS, both segments at one base",
-        ));
-        unpair(jmp, "o")?;
-        let names = pair(jmp, "d", bytes, false)?;
-        let t = lane_switches(jmp, &names, opts, repeat, stride)?;
-        sink.row(size_row(
-            "vas-process-disjoint",
-            bytes,
-            t.stat(),
-            t.faults as f64 / (2 * lane_pairs(opts) * repeat as u64) as f64,
-            "one process per VAS, segments at distinct bases",
-        ));
-        unpair(jmp, "d")?;
     }
+    Ok(())
+}
+
+/// The in-process switch between the overlapping pair: a remap each time.
+fn remap_row(
+    jmp: &Jmp,
+    names: &[String; 2],
+    opts: &Options,
+    sink: &mut dyn Sink,
+    repeat: usize,
+    bytes: u64,
+    stride: usize,
+) -> Res<()> {
+    let ha = jmp.vas_attach(&names[0], AttachOptions::default())?;
+    let hb = jmp.vas_attach(&names[1], AttachOptions::default())?;
+    let segs = ["pz-oa", "pz-ob"];
+    let n = (opts.switch_iters / 100).max(50);
+    let mut samples = Vec::new();
+    let f0 = my_faults();
+    for _ in 0..repeat {
+        let t = Instant::now();
+        for i in 0..n {
+            for (h, s) in [(&ha, segs[0]), (&hb, segs[1])] {
+                let x = h.switch()?;
+                let d = x.bytes(s)?;
+                black_box(d[((i % TOUCH_PAGES) as usize * stride).min(d.len() - 1)]);
+            }
+        }
+        samples.push(t.elapsed().as_nanos() as f64 / (2 * n) as f64);
+    }
+    let faults = (my_faults() - f0) as f64 / (2 * n * repeat as u64) as f64;
+    sink.row(size_row(
+        "vas-overlap-remap",
+        bytes,
+        stat(samples),
+        faults,
+        "in-process: process-wide remap (mmap MAP_FIXED) per switch",
+    ));
     Ok(())
 }
 
@@ -267,36 +280,6 @@ fn allowed_cpus() -> Vec<usize> {
     }
 }
 
-/// A zeroed shared page (a start barrier the lanes' VAS processes see).
-struct SharedPage(usize);
-
-impl SharedPage {
-    fn new() -> Res<SharedPage> {
-        // SAFETY: a fresh shared anonymous page.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                4096,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err("cannot map the lanes' barrier page".into());
-        }
-        Ok(SharedPage(p as usize))
-    }
-}
-
-impl Drop for SharedPage {
-    fn drop(&mut self) {
-        // SAFETY: our page; the runtimes using it have been dropped.
-        unsafe { libc::munmap(self.0 as *mut libc::c_void, 4096) };
-    }
-}
-
 /// VAS-process GUPS: `w` overlapping windows, one process per window's
 /// VAS and lane; one lane per CPU, each moving between its own VAS
 /// processes per batch (the windows' pages are shared, the page tables are
@@ -313,7 +296,8 @@ pub(super) fn gups_process(
     let names: Vec<&str> = vases.iter().map(|s| s.as_str()).collect();
     let cpus = allowed_cpus();
     let lanes = cpus.len().clamp(1, MAX_LANES);
-    let barrier = SharedPage::new()?;
+    // A start barrier the lanes' VAS processes all see.
+    let barrier = CommonMem::new(8)?;
     let mut rts = Vec::new();
     for &cpu in cpus.iter().take(lanes) {
         let o = ProcOptions {
@@ -324,10 +308,11 @@ pub(super) fn gups_process(
     }
     let words = (win / 8) as usize;
     let per_lane = (updates / lanes as u64).max(batch);
-    let bar = barrier.0;
+    let bar = barrier.addr();
     let body = move |m: &mut Mover| -> crate::Result<GupsLane> {
-        // SAFETY: the barrier page was mapped MAP_SHARED before the
-        // runtimes forked, so it is the same page in every process.
+        // SAFETY: the barrier is common memory mapped before the runtimes
+        // forked (the same page in every process, 8-aligned), dropped after
+        // them.
         let ready = unsafe { &*(bar as *const AtomicU64) };
         // First pass: fault every page of every window (the paper's table
         // is resident), then count what the timed passes fault.

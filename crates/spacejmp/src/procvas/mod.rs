@@ -276,14 +276,21 @@ impl Default for ProcOptions {
     }
 }
 
-/// A shared anonymous mapping (inherited at the same address by forks).
-struct SharedMap {
+/// Memory common to the home process and every VAS process of runtimes
+/// started after it: a zeroed anonymous `MAP_SHARED` mapping, which a fork
+/// inherits at the same address. Use it for what the lane and other threads
+/// of the application share (flags, barriers, results); it is unmapped when
+/// dropped, so drop it only after the runtimes that use it.
+pub struct CommonMem {
     addr: usize,
     len: usize,
 }
 
-impl SharedMap {
-    fn new(len: usize) -> Result<SharedMap> {
+impl CommonMem {
+    /// Map `len` bytes (rounded up to pages), zeroed.
+    pub fn new(len: usize) -> Result<CommonMem> {
+        let page = crate::sys::page_size() as usize;
+        let len = len.max(1).div_ceil(page) * page;
         // SAFETY: a fresh anonymous mapping at a kernel-chosen address.
         let p = unsafe {
             libc::mmap(
@@ -296,28 +303,54 @@ impl SharedMap {
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(Error::last_os("mmap (lane memory)", "anonymous"));
+            return Err(Error::last_os("mmap (common memory)", "anonymous"));
         }
-        Ok(SharedMap {
+        Ok(CommonMem {
             addr: p as usize,
             len,
         })
     }
+
+    /// Its address (the same in every process forked after `new`).
+    pub fn addr(&self) -> usize {
+        self.addr
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it is empty (never: at least one page).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The atomic word at byte `offset` (8-aligned, in bounds).
+    pub fn word(&self, offset: usize) -> &std::sync::atomic::AtomicU64 {
+        assert!(
+            offset.is_multiple_of(8) && offset + 8 <= self.len,
+            "word {offset} outside common memory"
+        );
+        // SAFETY: in bounds and aligned (checked above); the mapping lives
+        // as long as `self`, and the memory is only used atomically here.
+        unsafe { &*((self.addr + offset) as *const std::sync::atomic::AtomicU64) }
+    }
 }
 
-impl Drop for SharedMap {
+impl Drop for CommonMem {
     fn drop(&mut self) {
-        // SAFETY: our own mapping; nothing refers to it any more (the VAS
-        // processes have exited before the runtime drops its maps).
+        // SAFETY: our own mapping; the caller drops it after the runtimes
+        // that use it.
         unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
     }
 }
 
 /// A runtime of one lane and one process per VAS (module essay).
 pub struct ProcSpaces {
-    ctl_map: SharedMap,
+    ctl_map: CommonMem,
     /// The lane stack: mapped for the runtime's life, used through `Ctl`.
-    _stack_map: SharedMap,
+    _stack_map: CommonMem,
     pids: Vec<libc::pid_t>,
     reaped: Vec<bool>,
     cpu: Option<usize>,
@@ -359,9 +392,9 @@ impl ProcSpaces {
             ));
         }
         let page = crate::sys::page_size() as usize;
-        let ctl_map = SharedMap::new(size_of::<Ctl>().div_ceil(page) * page)?;
+        let ctl_map = CommonMem::new(size_of::<Ctl>())?;
         let stack_len = opts.stack_bytes.div_ceil(page) * page;
-        let stack_map = SharedMap::new(stack_len + GUARD_BYTES)?;
+        let stack_map = CommonMem::new(stack_len + GUARD_BYTES)?;
         // SAFETY: the lowest page of our own mapping becomes the guard.
         if unsafe {
             libc::mprotect(
