@@ -280,15 +280,18 @@ pub fn execute(ctx: &mut Ctx, args: &[&[u8]], r: &mut Reply) {
             msg.push_str(&shown(a));
             msg.push_str("' ");
         }
+        WorkerStats::bump(&ctx.stats.rejected_calls, 1);
         r.error(&msg);
         return;
     };
     if !ctx.sess.authed && !spec.flags.contains(&"noauth") {
+        WorkerStats::bump(&ctx.stats.rejected_calls, 1);
         r.error("NOAUTH Authentication required.");
         return;
     }
     let n = args.len() as i32;
     if (spec.arity > 0 && n != spec.arity) || (spec.arity < 0 && n < -spec.arity) {
+        WorkerStats::bump(&ctx.stats.rejected_calls, 1);
         r.error(&format!(
             "ERR wrong number of arguments for '{}' command",
             spec.name
