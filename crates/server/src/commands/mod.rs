@@ -35,6 +35,7 @@
 //! server commands); the table itself ([`COMMANDS`]) is in `table.rs`.
 
 pub mod admin;
+pub mod bits;
 pub mod hash;
 pub mod keys;
 pub mod strings;

@@ -2,7 +2,7 @@
 //! lists them. Dispatch ([`lookup`](super::lookup)) indexes it once into
 //! buckets; COMMAND COUNT/INFO/DOCS read it as is.
 
-use super::{admin, hash, keys, strings, Spec};
+use super::{admin, bits, hash, keys, strings, Spec};
 
 // Flag sets (Redis's command flags, as COMMAND INFO reports them).
 const W: &[&str] = &["write", "denyoom", "fast"];
@@ -367,6 +367,70 @@ pub static COMMANDS: &[Spec] = &[
         "string",
         "Increments a floating point value.",
         strings::incrbyfloat
+    ),
+    // Bitmaps.
+    spec!(
+        "setbit",
+        4,
+        W,
+        K1,
+        "bitmap",
+        "Sets or clears the bit at offset of a string value.",
+        bits::setbit
+    ),
+    spec!(
+        "getbit",
+        3,
+        R,
+        K1,
+        "bitmap",
+        "Returns a bit value by offset.",
+        bits::getbit
+    ),
+    spec!(
+        "bitcount",
+        -2,
+        RS,
+        K1,
+        "bitmap",
+        "Counts the number of set bits in a string.",
+        bits::bitcount
+    ),
+    spec!(
+        "bitpos",
+        -3,
+        RS,
+        K1,
+        "bitmap",
+        "Finds the first set or clear bit in a string.",
+        bits::bitpos
+    ),
+    spec!(
+        "bitop",
+        -4,
+        WS,
+        (2, -1, 1),
+        "bitmap",
+        "Performs bitwise operations on strings and stores the result.",
+        bits::bitop
+    ),
+    spec!(
+        "bitfield",
+        -2,
+        WS,
+        K1,
+        "bitmap",
+        "Performs arbitrary bitfield integer operations on strings.",
+        bits::bitfield
+    ),
+    spec!(
+        "bitfield_ro",
+        -2,
+        R,
+        K1,
+        "bitmap",
+        "Performs arbitrary read-only bitfield integer operations on strings.",
+        bits::bitfield_ro
     ),
     // Keys.
     spec!("del", -2, WD, KALL, "generic", "Deletes keys.", keys::del),
