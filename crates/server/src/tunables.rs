@@ -22,6 +22,8 @@ use std::sync::Mutex;
 enum Kind {
     /// An integer in the inclusive range.
     Int(i64, i64),
+    /// A memory value (`64`, `1kb`, `2m`) of at most `i64::MAX` bytes.
+    Mem,
     /// `yes` or `no`.
     Bool,
 }
@@ -38,7 +40,7 @@ const TUNABLES: &[(&str, Option<&str>, &str, Kind)] = &[
         "hash-max-listpack-value",
         Some("hash-max-ziplist-value"),
         "64",
-        Kind::Int(0, i64::MAX),
+        Kind::Mem,
     ),
     (
         "zset-max-listpack-entries",
@@ -50,7 +52,7 @@ const TUNABLES: &[(&str, Option<&str>, &str, Kind)] = &[
         "zset-max-listpack-value",
         Some("zset-max-ziplist-value"),
         "64",
-        Kind::Int(0, i64::MAX),
+        Kind::Mem,
     ),
     (
         "set-max-intset-entries",
@@ -64,7 +66,7 @@ const TUNABLES: &[(&str, Option<&str>, &str, Kind)] = &[
         "128",
         Kind::Int(0, i64::MAX),
     ),
-    ("set-max-listpack-value", None, "64", Kind::Int(0, i64::MAX)),
+    ("set-max-listpack-value", None, "64", Kind::Mem),
     (
         "list-max-listpack-size",
         Some("list-max-ziplist-size"),
@@ -134,6 +136,16 @@ impl Tunables {
                 }
                 n.to_string()
             }
+            Kind::Mem => match mem_value(value) {
+                Some(n) if n <= i64::MAX as u64 => n.to_string(),
+                Some(_) => {
+                    return Some(Err(failed(&format!(
+                        "argument must be between 0 and {} inclusive",
+                        i64::MAX
+                    ))))
+                }
+                None => return Some(Err(failed("argument must be a memory value"))),
+            },
             Kind::Bool => match value.to_ascii_lowercase().as_str() {
                 v @ ("yes" | "no") => v.to_string(),
                 _ => return Some(Err(failed("argument must be 'yes' or 'no'"))),
@@ -145,6 +157,27 @@ impl Tunables {
             .insert(t.0, stored);
         Some(Ok(()))
     }
+}
+
+/// Redis's `memtoull`: digits and an optional unit (`b`, `k`, `kb`, `m`,
+/// `mb`, `g`, `gb`; the `b` forms are powers of 1024).
+fn mem_value(v: &str) -> Option<u64> {
+    let digits = v.bytes().take_while(u8::is_ascii_digit).count();
+    if digits == 0 {
+        return None;
+    }
+    let n: u64 = v[..digits].parse().ok()?;
+    let mul: u64 = match v[digits..].to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" => 1000,
+        "kb" => 1024,
+        "m" => 1000 * 1000,
+        "mb" => 1024 * 1024,
+        "g" => 1000 * 1000 * 1000,
+        "gb" => 1024 * 1024 * 1024,
+        _ => return None,
+    };
+    n.checked_mul(mul)
 }
 
 #[cfg(test)]
@@ -162,5 +195,10 @@ mod tests {
         assert!(t.set("list-max-ziplist-size", "x").unwrap().is_err());
         assert_eq!(t.set("appendonly", "YES"), Some(Ok(())));
         assert!(t.set("nope", "1").is_none());
+        assert_eq!(t.set("hash-max-listpack-value", "1kb"), Some(Ok(())));
+        assert!(t
+            .get_all()
+            .contains(&("hash-max-ziplist-value", "1024".into())));
+        assert!(t.set("hash-max-listpack-value", "x").unwrap().is_err());
     }
 }

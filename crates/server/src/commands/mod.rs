@@ -38,6 +38,7 @@ pub mod admin;
 pub mod bits;
 pub mod hash;
 pub mod keys;
+pub mod lcs;
 pub mod strings;
 mod table;
 

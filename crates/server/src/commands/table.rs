@@ -2,7 +2,7 @@
 //! lists them. Dispatch ([`lookup`](super::lookup)) indexes it once into
 //! buckets; COMMAND COUNT/INFO/DOCS read it as is.
 
-use super::{admin, bits, hash, keys, strings, Spec};
+use super::{admin, bits, hash, keys, lcs, strings, Spec};
 
 // Flag sets (Redis's command flags, as COMMAND INFO reports them).
 const W: &[&str] = &["write", "denyoom", "fast"];
@@ -368,6 +368,15 @@ pub static COMMANDS: &[Spec] = &[
         "Increments a floating point value.",
         strings::incrbyfloat
     ),
+    spec!(
+        "lcs",
+        -3,
+        RS,
+        (1, 2, 1),
+        "string",
+        "Finds the longest common substring.",
+        lcs::lcs
+    ),
     // Bitmaps.
     spec!(
         "setbit",
@@ -559,6 +568,33 @@ pub static COMMANDS: &[Spec] = &[
         "generic",
         "Renames a key if the new name is free.",
         keys::renamenx
+    ),
+    spec!(
+        "touch",
+        -2,
+        R,
+        KALL,
+        "generic",
+        "Returns the number of existing keys out of those specified.",
+        keys::touch
+    ),
+    spec!(
+        "copy",
+        -3,
+        WS,
+        (1, 2, 1),
+        "generic",
+        "Copies the value of a key to a new key.",
+        keys::copy
+    ),
+    spec!(
+        "object",
+        -2,
+        RS,
+        K0,
+        "generic",
+        "OBJECT ENCODING, REFCOUNT, IDLETIME, FREQ, HELP.",
+        keys::object
     ),
     spec!(
         "keys",
