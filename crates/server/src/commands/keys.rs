@@ -440,22 +440,12 @@ const EMBSTR_MAX_BYTES: usize = 44;
 /// history is not kept here, so such a string reports `embstr`.)
 fn encoding(ctx: &Ctx, m: &nibble::ItemMeta, v: &[u8]) -> &'static str {
     if is_hash(m) {
-        let t = ctx.shared.settings.tunables.get_all();
-        let num = |n: &str| {
-            t.iter()
-                .find(|(k, _)| *k == n)
-                .and_then(|(_, v)| v.parse::<usize>().ok())
-                .unwrap_or(0)
-        };
-        let (max_n, max_len) = (
-            num("hash-max-listpack-entries"),
-            num("hash-max-listpack-value"),
-        );
         let h = crate::types::decode_hash(v).unwrap_or_default();
-        let small = h.len() <= max_n
-            && h.iter()
-                .all(|(f, x)| f.len() <= max_len && x.len() <= max_len);
-        return if small { "listpack" } else { "hashtable" };
+        return if super::dump::hash_is_listpack(ctx, &h) {
+            "listpack"
+        } else {
+            "hashtable"
+        };
     }
     if v.len() <= 20 && super::parse_i64(v).is_some() {
         "int"

@@ -36,6 +36,7 @@
 
 pub mod admin;
 pub mod bits;
+pub mod dump;
 pub mod hash;
 pub mod keys;
 pub mod lcs;

@@ -2,7 +2,7 @@
 //! lists them. Dispatch ([`lookup`](super::lookup)) indexes it once into
 //! buckets; COMMAND COUNT/INFO/DOCS read it as is.
 
-use super::{admin, bits, hash, keys, lcs, strings, Spec};
+use super::{admin, bits, dump, hash, keys, lcs, strings, Spec};
 
 // Flag sets (Redis's command flags, as COMMAND INFO reports them).
 const W: &[&str] = &["write", "denyoom", "fast"];
@@ -595,6 +595,24 @@ pub static COMMANDS: &[Spec] = &[
         "generic",
         "OBJECT ENCODING, REFCOUNT, IDLETIME, FREQ, HELP.",
         keys::object
+    ),
+    spec!(
+        "dump",
+        2,
+        RS,
+        K1,
+        "generic",
+        "Returns a serialized representation of the value stored at a key.",
+        dump::dump
+    ),
+    spec!(
+        "restore",
+        -4,
+        WS,
+        K1,
+        "generic",
+        "Creates a key from the serialized representation of a value.",
+        dump::restore
     ),
     spec!(
         "keys",

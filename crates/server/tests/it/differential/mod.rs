@@ -15,6 +15,7 @@
 //! lists by command group, and [`prop`] (random command sequences).
 
 mod bits;
+mod dump;
 pub mod harness;
 mod keyspace;
 mod prop;
