@@ -451,7 +451,7 @@ fn listpack_entries(lp: &[u8]) -> Option<Vec<Vec<u8>>> {
 /// Fields and values in pairs into a hash: `None` if odd, empty or with
 /// a field twice (Redis refuses all three).
 fn pairs_to_hash(items: Vec<Vec<u8>>) -> Option<Hash> {
-    if items.is_empty() || items.len() % 2 != 0 {
+    if items.is_empty() || !items.len().is_multiple_of(2) {
         return None;
     }
     let mut h: Hash = Vec::with_capacity(items.len() / 2);
