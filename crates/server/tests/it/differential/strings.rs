@@ -131,6 +131,8 @@ fn strings_match_redis() {
             "INCRBYFLOAT e 0.0000000000000000001",
             "INCRBYFLOAT e 123456789.123456789",
             "INCRBYFLOAT z -0",
+            "SETRANGE nul 1 a",
+            "INCRBYFLOAT nul 1",
             "INCR",
             "INCRBY i",
         ],
