@@ -312,3 +312,34 @@ fn expired_keys_are_gone_everywhere() {
         "INFO keyspace after FLUSHALL"
     );
 }
+
+/// Every command of the table, called with too few or too many
+/// arguments, answers redis-server's arity error.
+#[test]
+fn every_command_checks_arity_as_redis() {
+    let Some(mut p) = Pair::start("every_command_checks_arity_as_redis") else {
+        return;
+    };
+    let mut checked = 0;
+    for s in server::commands::COMMANDS {
+        // Not sent: SHUTDOWN and QUIT end the session; DEBUG's subcommands
+        // are this server's own.
+        if matches!(s.name, "shutdown" | "quit" | "debug") {
+            continue;
+        }
+        let name = s.name.to_ascii_uppercase();
+        if s.arity > 1 || s.arity < -1 {
+            p.check(&super::harness::step(&name), s.name);
+            checked += 1;
+        }
+        if s.arity > 0 {
+            let mut line = name.clone();
+            for _ in 0..s.arity {
+                line.push_str(" x");
+            }
+            p.check(&super::harness::step(&line), s.name);
+            checked += 1;
+        }
+    }
+    assert!(checked > 50, "only {checked} arity checks");
+}
