@@ -168,6 +168,16 @@ impl Pair {
         })
     }
 
+    /// nibble's RESP port.
+    pub fn ours_port(&self) -> u16 {
+        self._server.resp_port().unwrap()
+    }
+
+    /// redis-server's port.
+    pub fn theirs_port(&self) -> u16 {
+        self._redis.port
+    }
+
     /// Run one step on both; the two replies, panicking with `ctx` if
     /// they disagree.
     pub fn check(&mut self, s: &Step, ctx: &str) -> (V, V) {

@@ -343,3 +343,32 @@ fn every_command_checks_arity_as_redis() {
     }
     assert!(checked > 50, "only {checked} arity checks");
 }
+
+/// Malformed lengths get redis-server's protocol error (then the
+/// connection closes on both).
+#[test]
+fn protocol_errors_match_redis() {
+    let Some(mut p) = Pair::start("protocol_errors_match_redis") else {
+        return;
+    };
+    for input in [
+        &b"*1\r\n$04\r\nPING\r\n"[..],
+        b"*1\r\n$-0\r\nPING\r\n",
+        b"*1\r\n$+4\r\nPING\r\n",
+        b"*01\r\n$4\r\nPING\r\n",
+        b"*1\r\n$x\r\nPING\r\n",
+    ] {
+        let mut ours = super::harness::Conn::new(p.ours_port());
+        let mut theirs = super::harness::Conn::new(p.theirs_port());
+        ours.0.send(input);
+        theirs.0.send(input);
+        assert_eq!(
+            ours.0.read(),
+            theirs.0.read(),
+            "{}",
+            String::from_utf8_lossy(input)
+        );
+    }
+    // The pair's own connections still work.
+    p.check(&super::harness::step("PING"), "after");
+}
