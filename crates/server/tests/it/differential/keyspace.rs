@@ -272,6 +272,16 @@ fn keyspace_matches_redis() {
             "CONFIG SET list-compress-depth 0",
             "CONFIG SET zset-max-listpack-entries 128",
             "CONFIG SET set-max-intset-entries 512",
+            "CLIENT LIST ID -1",
+            "CLIENT LIST ID 0 99999",
+            "CLIENT LIST ID abc",
+            "CLIENT LIST ID 18446744073709551615",
+            "CLIENT LIST ID",
+            "CLIENT LIST TYPE pubsub",
+            "CLIENT LIST TYPE master",
+            "CLIENT LIST TYPE foo",
+            "CLIENT LIST foo",
+            "CLIENT LIST TYPE",
         ],
     ]);
 }
@@ -371,4 +381,49 @@ fn protocol_errors_match_redis() {
     }
     // The pair's own connections still work.
     p.check(&super::harness::step("PING"), "after");
+}
+
+/// INFO carries the CPU section (getrusage) and `rejected_calls`, and
+/// CLIENT LIST reports the query buffer of the connection.
+#[test]
+fn info_cpu_rejected_calls_and_qbuf() {
+    let s = crate::common::start();
+    let mut r = crate::common::Resp::new(s.resp_port().unwrap());
+    let text = |v: crate::common::V| match v {
+        crate::common::V::Bulk(b) => String::from_utf8(b).unwrap(),
+        v => panic!("{v:?}"),
+    };
+    for section in ["all", "everything", "cpu"] {
+        let info = text(r.cmd(&["INFO", section]));
+        for f in [
+            "used_cpu_sys",
+            "used_cpu_user",
+            "used_cpu_sys_children",
+            "used_cpu_user_children",
+        ] {
+            let v: f64 = info
+                .lines()
+                .find_map(|l| l.strip_prefix(f)?.strip_prefix(':'))
+                .unwrap_or_else(|| panic!("no {f} in INFO {section}"))
+                .parse()
+                .unwrap();
+            assert!(v >= 0.0);
+        }
+    }
+    let before = crate::common::info_u64(&text(r.cmd(&["INFO", "stats"])), "rejected_calls");
+    r.cmd(&["NOSUCHCOMMAND"]);
+    r.cmd(&["GET"]);
+    let after = crate::common::info_u64(&text(r.cmd(&["INFO", "stats"])), "rejected_calls");
+    assert_eq!(after, before + 2);
+    let list = text(r.cmd(&["CLIENT", "LIST"]));
+    let field = |name: &str| -> u64 {
+        list.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    // The request being served is still in the buffer when it runs.
+    assert!(field("qbuf") > 0, "{list}");
+    assert!(field("qbuf-free") > 0, "{list}");
 }

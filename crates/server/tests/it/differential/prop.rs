@@ -6,9 +6,12 @@
 //! Normalized: TTL replies within 1 s (the two servers read the clock at
 //! different instants). Expiries are long (tens of seconds) or already
 //! past (a non-positive EXPIRE deletes at once), so no key expires while
-//! a sequence runs and both servers see the same keys. OBJECT ENCODING
-//! and DUMP are left out: a short string changed by APPEND is `raw` in
-//! Redis and `embstr` here, and Redis may LZF-compress a grown string.
+//! a sequence runs and both servers see the same keys. OBJECT ENCODING,
+//! OBJECT REFCOUNT and DUMP are left out: they depend on how Redis made
+//! the value (a short string changed by APPEND is `raw` there and
+//! `embstr` here; the `1` INCRBYFLOAT writes is not Redis's shared
+//! integer, the `1` SET writes is), and Redis may LZF-compress a grown
+//! string.
 //!
 //! `NIBBLE_DIFF_CASES` sets the number of sequences (default 24, so the
 //! default `cargo test` stays fast); each has up to 60 commands.
@@ -181,6 +184,20 @@ fn command() -> impl Strategy<Value = (Vec<String>, Cmp)> {
             "WITHMATCHLEN".into()
         ])),
         Just(exact(vec!["DBSIZE".into()])),
+        Just((vec!["KEYS".into(), "*".into()], Cmp::Unordered)),
+        (key(), val()).prop_map(move |(k, v)| exact(vec!["SETNX".into(), k, v])),
+        (key(), val()).prop_map(move |(k, v)| exact(vec!["GETSET".into(), k, v])),
+        (key(), val()).prop_map(move |(k, v)| exact(vec!["SETEX".into(), k, "80".into(), v])),
+        (key(), small_int()).prop_map(move |(k, n)| exact(vec!["DECRBY".into(), k, n])),
+        (key(), field(), val()).prop_map(move |(k, f, v)| exact(vec!["HSETNX".into(), k, f, v])),
+        (key(), field(), field()).prop_map(move |(k, f, g)| exact(vec!["HMGET".into(), k, f, g])),
+        (key(), field()).prop_map(move |(k, f)| exact(vec!["HEXISTS".into(), k, f])),
+        (key(), field()).prop_map(move |(k, f)| exact(vec!["HSTRLEN".into(), k, f])),
+        key().prop_map(move |k| exact(vec!["HKEYS".into(), k])),
+        key().prop_map(move |k| exact(vec!["HVALS".into(), k])),
+        key().prop_map(move |k| (vec!["EXPIRETIME".into(), k], Cmp::Near(1))),
+        key().prop_map(move |k| (vec!["PTTL".into(), k], Cmp::Near(250))),
+        (key(), key()).prop_map(move |(a, b)| exact(vec!["TOUCH".into(), a, b])),
     ]
 }
 
