@@ -83,7 +83,7 @@ fn expire_generic(
         return Ok(());
     };
     // Options, against the TTL read just now (see the module notes).
-    let cur = m.expiry_ms.map(|e| e as i64);
+    let cur = redis_expiry(&m);
     let allowed = match cur {
         None => !xx && !gt,
         Some(c) => !nx && (!gt || at > c) && (!lt || at < c),
@@ -121,11 +121,26 @@ pub fn pexpireat(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     expire_generic(ctx, a, r, 1, true, "pexpireat")
 }
 
+/// The expiry as Redis reports it, Unix ms. The engine keeps an expiry
+/// in a 48-bit field, clamping later ones to its largest value
+/// (2^48 - 1 ms, in the year 10889); that value is reported as the i64
+/// maximum, so `PEXPIREAT k 9223372036854775807` reads back as Redis
+/// answers it (any expiry past the field's range reads back so).
+fn redis_expiry(m: &nibble::ItemMeta) -> Option<i64> {
+    m.expiry_ms.map(|e| {
+        if e >= nibble::object::FIELD48_MASK {
+            i64::MAX
+        } else {
+            e as i64
+        }
+    })
+}
+
 fn ttl_generic(ctx: &mut Ctx, key: &[u8], r: &mut Reply, ms: bool, absolute: bool) -> CmdResult {
     let m = ctx.shared.store.meta(key)?;
     let v = match m {
         None => -2,
-        Some(m) => match m.expiry_ms {
+        Some(m) => match redis_expiry(&m).map(|e| e as u64) {
             None => -1,
             Some(at) if absolute => {
                 if ms {
