@@ -16,10 +16,9 @@
 //!
 //! * a string: type 0 and the string with RDB's encodings: a value Redis
 //!   would hold as an integer is written as an 8, 16 or 32-bit integer
-//!   when it fits, anything else as a length-prefixed string. Redis also
-//!   tries LZF compression on strings over 20 bytes; this server writes
-//!   them uncompressed (valid for every reader; the bytes differ from
-//!   redis-server's where LZF would have shrunk the string).
+//!   when it fits, a string over 20 bytes LZF-compressed when that saves
+//!   at least 4 bytes (the `lzf` module, liblzf's algorithm), anything
+//!   else as a length-prefixed string.
 //! * a hash: type 16, one listpack (integers in listpack's integer
 //!   encodings, fields in insertion order) while it is small by the
 //!   `hash-max-listpack-*` tunables, else type 4, the field/value pairs.
@@ -116,8 +115,12 @@ fn put_int(out: &mut Vec<u8>, v: i64) -> bool {
     true
 }
 
+/// Redis tries LZF only on strings longer than this.
+const LZF_MIN_BYTES: usize = 20;
+
 /// A string as Redis saves it (`rdbSaveRawString`, or the integer form
-/// of an int-encoded object), without LZF.
+/// of an int-encoded object): an integer encoding, LZF when it saves at
+/// least 4 bytes, or the bytes as they are.
 fn put_string(out: &mut Vec<u8>, s: &[u8]) {
     // Redis holds a canonical integer of up to 20 characters as an
     // integer, and tries the integer form for raw strings of up to 11;
@@ -127,6 +130,15 @@ fn put_string(out: &mut Vec<u8>, s: &[u8]) {
             if put_int(out, v) {
                 return;
             }
+        }
+    }
+    if s.len() > LZF_MIN_BYTES {
+        if let Some(c) = super::lzf::compress(s, s.len() - 4) {
+            out.push(0xC0 | RDB_ENC_LZF);
+            put_len(out, c.len() as u64);
+            put_len(out, s.len() as u64);
+            out.extend_from_slice(&c);
+            return;
         }
     }
     put_len(out, s.len() as u64);
@@ -341,52 +353,12 @@ impl<'a> Rd<'a> {
                     return None;
                 }
                 let c = self.take(usize::try_from(clen).ok()?)?;
-                return lzf_decompress(c, usize::try_from(len).ok()?);
+                return super::lzf::decompress(c, usize::try_from(len).ok()?);
             }
             _ => return None,
         };
         Some(v.to_string().into_bytes())
     }
-}
-
-/// LZF decompression (liblzf's format, as Redis writes it); `None` unless
-/// the output is exactly `len` bytes.
-fn lzf_decompress(mut c: &[u8], len: usize) -> Option<Vec<u8>> {
-    let mut out: Vec<u8> = Vec::with_capacity(len);
-    while let Some((&ctrl, rest)) = c.split_first() {
-        c = rest;
-        if ctrl < 32 {
-            // A literal run of ctrl + 1 bytes.
-            let n = usize::from(ctrl) + 1;
-            if c.len() < n || out.len() + n > len {
-                return None;
-            }
-            out.extend_from_slice(&c[..n]);
-            c = &c[n..];
-        } else {
-            // A back reference: length (3 bits, or 7 + the next byte) + 2,
-            // offset (5 high bits + the next byte) + 1.
-            let mut n = usize::from(ctrl >> 5);
-            if n == 7 {
-                let (&extra, rest) = c.split_first()?;
-                c = rest;
-                n += usize::from(extra);
-            }
-            n += 2;
-            let (&lo, rest) = c.split_first()?;
-            c = rest;
-            let back = ((usize::from(ctrl & 0x1f) << 8) | usize::from(lo)) + 1;
-            if back > out.len() || out.len() + n > len {
-                return None;
-            }
-            let from = out.len() - back;
-            // Byte by byte: the reference may overlap what it writes.
-            for i in 0..n {
-                out.push(out[from + i]);
-            }
-        }
-    }
-    (out.len() == len).then_some(out)
 }
 
 /// listpack entries as strings; `None` if malformed.
@@ -585,13 +557,7 @@ mod tests {
     }
 
     #[test]
-    fn lzf_and_listpack_roundtrip() {
-        // "aaaaaaaaaa": one literal, then a back reference of 8 at 1.
-        assert_eq!(
-            lzf_decompress(&[0x01, b'a', b'a', 0xC0, 0x01], 10),
-            Some(b"aaaaaaaaaa".to_vec())
-        );
-        assert_eq!(lzf_decompress(&[0x01, b'a', b'a', 0xC0, 0x01], 9), None);
+    fn listpack_roundtrip() {
         let h: Hash = vec![
             (b"f".to_vec(), b"v".to_vec()),
             (b"n".to_vec(), b"-5000".to_vec()),

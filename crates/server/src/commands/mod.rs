@@ -43,6 +43,7 @@ pub mod dump;
 pub mod hash;
 pub mod keys;
 pub mod lcs;
+pub mod lzf;
 pub mod strings;
 mod table;
 
