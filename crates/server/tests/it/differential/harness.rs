@@ -173,6 +173,11 @@ impl Pair {
         self._server.resp_port().unwrap()
     }
 
+    /// Items in nibble's index (expired ones not reclaimed yet included).
+    pub fn ours_indexed(&self) -> u64 {
+        self._server.shared().store.len()
+    }
+
     /// redis-server's port.
     pub fn theirs_port(&self) -> u16 {
         self._redis.port

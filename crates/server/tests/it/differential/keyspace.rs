@@ -325,6 +325,8 @@ fn expired_keys_are_gone_everywhere() {
         let args: Vec<Vec<u8>> = cmd.iter().map(|s| s.as_bytes().to_vec()).collect();
         assert_eq!(ours.run(&args), want, "{cmd:?}");
     }
+    assert_eq!(p.ours_indexed(), 0, "FLUSHALL left expired items indexed");
+    let ours = &mut p.ours;
     let info = ours.run(&[b"INFO".to_vec(), b"keyspace".to_vec()]);
     assert_eq!(
         info,
