@@ -158,3 +158,50 @@ fn dump_restore_match_redis() {
         p.check(c, "restore cases");
     }
 }
+
+/// LZF as Redis writes it: DUMP of strings with repeats (small alphabets,
+/// runs, copies at every distance up to 8 KiB and beyond) is the same
+/// bytes on both servers.
+#[test]
+fn lzf_payloads_match_redis() {
+    let Some(mut p) = Pair::start("lzf_payloads_match_redis") else {
+        return;
+    };
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut rnd = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    for i in 0..150 {
+        let len = match i % 3 {
+            0 => 21 + rnd(60),
+            1 => 80 + rnd(600),
+            _ => 2000 + rnd(20000),
+        } as usize;
+        let alphabet = 1 + rnd(if i % 2 == 0 { 4 } else { 200 });
+        let mut v: Vec<u8> = Vec::with_capacity(len);
+        while v.len() < len {
+            match rnd(4) {
+                // A copy of earlier bytes, near or far.
+                0 if v.len() > 10 => {
+                    let from = rnd(v.len() as u64) as usize;
+                    let n = (3 + rnd(300) as usize).min(v.len() - from);
+                    let chunk = v[from..from + n].to_vec();
+                    v.extend_from_slice(&chunk);
+                }
+                // A run.
+                1 => {
+                    let b = b'a'.wrapping_add(rnd(alphabet) as u8);
+                    v.extend(std::iter::repeat_n(b, 1 + rnd(40) as usize));
+                }
+                _ => v.push(b'a'.wrapping_add(rnd(alphabet) as u8)),
+            }
+        }
+        v.truncate(len);
+        let key = format!("z{i}");
+        p.check(&args(&[b"SET", key.as_bytes(), &v]), "set");
+        p.check(&step(&format!("DUMP {key}")), &format!("lzf {len} bytes"));
+    }
+}
