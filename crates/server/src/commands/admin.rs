@@ -1,6 +1,12 @@
 //! Connection and server commands: PING, HELLO, AUTH, CLIENT, COMMAND,
 //! CONFIG, INFO, DBSIZE, FLUSHALL, SHUTDOWN, DEBUG POPULATE, TIME.
 //!
+//! DBSIZE and INFO keyspace count live keys by a cursor walk, so an item
+//! that expired but was not reclaimed yet is never counted (Redis may
+//! count one until its expiry cycle runs), and FLUSHALL deletes expired
+//! items too. INFO's CPU section is getrusage(2) of the process and its
+//! children.
+//!
 //! INFO tells the truth about memory: `used_memory` is what the engine
 //! holds (blocks in segments, the index, fixed metadata), `used_memory_rss`
 //! is the process's VmRSS from /proc/self/status, and
@@ -465,10 +471,11 @@ pub fn info_text(ctx: &Ctx, section: &str) -> String {
 /// children, from getrusage(2).
 fn cpu_times() -> (f64, f64, f64, f64) {
     let get = |who| {
-        // SAFETY: rusage is plain data; getrusage fills it and only reads
-        // `who`.
+        // SAFETY: rusage is integers and timevals, for which all-zero
+        // bytes are a valid value.
         let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: a valid pointer to a rusage we own.
+        // SAFETY: `ru` is a live, writable rusage owned by this frame;
+        // getrusage writes only that struct.
         if unsafe { libc::getrusage(who, &mut ru) } != 0 {
             return (0.0, 0.0);
         }
