@@ -59,6 +59,10 @@ pub trait KvEngine {
     /// the end. A key present for the whole walk is returned.
     fn scan(&self, cursor: u64, count: usize) -> Result<(u64, Vec<Vec<u8>>), Error>;
 
+    /// As [`scan`](KvEngine::scan), but also returns items that expired
+    /// and were not reclaimed yet (so FLUSHALL can remove them).
+    fn scan_with_expired(&self, cursor: u64, count: usize) -> Result<(u64, Vec<Vec<u8>>), Error>;
+
     /// Keys in the index (expired ones not yet reclaimed included).
     fn len(&self) -> u64;
 
@@ -159,6 +163,11 @@ impl KvEngine for Store {
     #[inline]
     fn scan(&self, cursor: u64, count: usize) -> Result<(u64, Vec<Vec<u8>>), Error> {
         Store::scan(self, cursor, count)
+    }
+
+    #[inline]
+    fn scan_with_expired(&self, cursor: u64, count: usize) -> Result<(u64, Vec<Vec<u8>>), Error> {
+        Store::scan_with_expired(self, cursor, count)
     }
 
     #[inline]

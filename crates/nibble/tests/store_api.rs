@@ -121,3 +121,28 @@ fn compaction_skips_marked_dead_objects() {
         }
     }
 }
+
+/// `scan` skips expired items; `scan_with_expired` returns them too, so a
+/// flush can delete them and `len` drops to 0.
+#[test]
+fn scan_with_expired_sees_expired_items() {
+    for mode in [Mode::Nibble, Mode::Nibble2] {
+        let s = store(mode);
+        let past = PutOptions {
+            expiry: Expiry::At(1),
+            ..Default::default()
+        };
+        s.put_with(b"gone", b"x", past).unwrap();
+        s.put(b"live", b"y").unwrap();
+        let (next, keys) = s.scan(0, 1 << 20).unwrap();
+        assert_eq!((next, keys), (0, vec![b"live".to_vec()]));
+        let mut all = s.scan_with_expired(0, 1 << 20).unwrap().1;
+        all.sort();
+        assert_eq!(all, vec![b"gone".to_vec(), b"live".to_vec()]);
+        assert_eq!(s.len(), 2, "the expired item is still indexed");
+        for k in &all {
+            s.delete(k).unwrap();
+        }
+        assert_eq!(s.len(), 0);
+    }
+}

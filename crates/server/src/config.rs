@@ -477,6 +477,8 @@ pub struct Settings {
     pub mc_users: Option<McUsers>,
     /// The engine's largest value (fixed).
     pub engine_max_value: u64,
+    /// Redis's encoding tunables and `appendonly` (stored, no effect).
+    pub tunables: crate::tunables::Tunables,
 }
 
 impl Settings {
@@ -498,6 +500,7 @@ impl Settings {
             requirepass: RwLock::new(c.requirepass.clone()),
             mc_users,
             engine_max_value,
+            tunables: Default::default(),
         })
     }
 
@@ -621,7 +624,6 @@ impl Settings {
             ("threads", fixed.threads.to_string()),
             ("io-threads", fixed.threads.to_string()),
             ("databases", "1".into()),
-            ("appendonly", "no".into()),
             ("save", String::new()),
             (
                 "maxclients",
@@ -635,6 +637,7 @@ impl Settings {
         ]
         .into_iter()
         .chain(fixed.tls.config_get())
+        .chain(self.tunables.get_all())
         .collect()
     }
 
@@ -652,6 +655,9 @@ impl Settings {
             parse_size(v).map_err(|_| failed("argument couldn't be parsed into an integer"))
         };
         let floor = |v: u64, min: u64| at_least(name, v, min).map_err(|e| failed(&e));
+        if let Some(done) = self.tunables.set(name, value) {
+            return done;
+        }
         match name {
             "maxclients" => {
                 let v = floor(int(value)?, MIN_MAXCLIENTS)? as usize;
@@ -692,7 +698,7 @@ impl Settings {
                 *self.requirepass.write().unwrap_or_else(|e| e.into_inner()) = probe.requirepass;
             }
             "maxmemory-policy" if value == "noeviction" => {}
-            "save" | "appendonly" if value.is_empty() || value == "no" => {}
+            "save" if value.is_empty() => {}
             n if n.starts_with("tls-") => {
                 return Err(format!(
                     "ERR CONFIG SET failed (possibly related to argument '{n}') - can't set immutable config"

@@ -278,6 +278,10 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         }
         info.last_ms
             .store(info.created.elapsed().as_millis() as u64, Ordering::Relaxed);
+        info.qbuf
+            .store((inb.filled - inb.start) as u64, Ordering::Relaxed);
+        info.qbuf_free
+            .store((inb.data.len() - inb.filled) as u64, Ordering::Relaxed);
         let mut close = false;
         // Execute every complete request in the buffer. The parser's
         // limits are read once per batch (a CONFIG SET applies from the

@@ -175,6 +175,15 @@ impl Engine {
         dispatch!(self, scan(cursor, count))
     }
 
+    /// [`scan`](Engine::scan) with expired keys not reclaimed yet.
+    pub fn scan_with_expired(
+        &self,
+        cursor: u64,
+        count: usize,
+    ) -> Result<(u64, Vec<Vec<u8>>), Error> {
+        dispatch!(self, scan_with_expired(cursor, count))
+    }
+
     /// Keys in the index (expired ones not yet reclaimed included).
     pub fn len(&self) -> u64 {
         dispatch!(self, len())

@@ -27,7 +27,9 @@ fn class(p: &[u8], c: u8) -> (bool, usize) {
                 }
                 i += 2;
             }
-            Some(&lo) if p.get(i + 1) == Some(&b'-') && i + 2 < p.len() && p[i + 2] != b']' => {
+            // As stringmatchlen: a range needs three bytes left, and its end
+            // may be `]` (`[a-]` is a..=']').
+            Some(&lo) if p.get(i + 1) == Some(&b'-') && i + 2 < p.len() => {
                 let hi = p[i + 2];
                 let (a, b) = if lo <= hi { (lo, hi) } else { (hi, lo) };
                 if a <= c && c <= b {
@@ -106,5 +108,10 @@ mod tests {
         assert!(matches(b"a\\*b", b"a*b"));
         assert!(!matches(b"abc", b"ab"));
         assert!(matches(b"*a*a*b", b"aaaaaaab"));
+        // Unterminated class and a range ending in `]`, as stringmatchlen.
+        assert!(matches(b"[a-", b"a"));
+        assert!(matches(b"[a-", b"-"));
+        assert!(!matches(b"[a-", b"b"));
+        assert!(matches(b"[a-]", b"_"));
     }
 }

@@ -46,11 +46,13 @@ pub mod config;
 pub mod conn;
 pub mod engine;
 pub mod glob;
+pub mod longdouble;
 pub mod mc_exec;
 pub mod memcache;
 pub mod resp;
 pub mod state;
 pub mod tls;
+pub mod tunables;
 pub mod types;
 pub mod worker;
 

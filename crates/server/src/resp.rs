@@ -203,6 +203,10 @@ fn parse_len(s: &[u8]) -> Option<i64> {
     if digits.is_empty() || digits.len() > 18 {
         return None;
     }
+    // As redis-server's string2ll: no leading zero (`$04`), no `-0`.
+    if digits[0] == b'0' && (digits.len() > 1 || neg) {
+        return None;
+    }
     let mut v: i64 = 0;
     for &c in digits {
         if !c.is_ascii_digit() {

@@ -44,6 +44,8 @@ pub struct WorkerStats {
     pub net_out: AtomicU64,
     /// Connections closed for protocol errors.
     pub proto_errors: AtomicU64,
+    /// Commands refused before they ran (unknown, wrong arity, NOAUTH).
+    pub rejected_calls: AtomicU64,
 }
 
 impl WorkerStats {
@@ -75,6 +77,8 @@ pub struct StatTotals {
     pub net_out: u64,
     /// Protocol errors.
     pub proto_errors: u64,
+    /// Commands refused before they ran.
+    pub rejected_calls: u64,
 }
 
 /// What CLIENT LIST shows about one client.
@@ -93,6 +97,10 @@ pub struct ClientInfo {
     pub resp: AtomicU8,
     /// CLIENT SETNAME, SETINFO lib-name, lib-ver, last command.
     pub text: Mutex<ClientText>,
+    /// Bytes in the query buffer not yet consumed (at the last read).
+    pub qbuf: AtomicU64,
+    /// Free bytes in the query buffer (at the last read).
+    pub qbuf_free: AtomicU64,
 }
 
 /// Mutable strings of a client.
@@ -117,13 +125,15 @@ impl ClientInfo {
                 .load(Ordering::Relaxed)
                 .min(age.as_millis() as u64);
         format!(
-            "id={} addr={} laddr={} fd=-1 name={} age={} idle={} flags=N db=0 sub=0 psub=0 ssub=0 multi=-1 watch=0 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd=NULL user=default redir=-1 resp={} lib-name={} lib-ver={}",
+            "id={} addr={} laddr={} fd=-1 name={} age={} idle={} flags=N db=0 sub=0 psub=0 ssub=0 multi=-1 watch=0 qbuf={} qbuf-free={} argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd=NULL user=default redir=-1 resp={} lib-name={} lib-ver={}",
             self.id,
             self.addr,
             self.laddr,
             t.name,
             age.as_secs(),
             idle / 1000,
+            self.qbuf.load(Ordering::Relaxed),
+            self.qbuf_free.load(Ordering::Relaxed),
             self.resp.load(Ordering::Relaxed),
             t.lib_name,
             t.lib_ver
@@ -185,6 +195,7 @@ impl Shared {
             t.net_in += l(&s.net_in);
             t.net_out += l(&s.net_out);
             t.proto_errors += l(&s.proto_errors);
+            t.rejected_calls += l(&s.rejected_calls);
         }
         t
     }

@@ -160,6 +160,8 @@ fn admit(
         last_ms: Default::default(),
         resp: Default::default(),
         text: std::sync::Mutex::new(ClientText::default()),
+        qbuf: Default::default(),
+        qbuf_free: Default::default(),
     });
     shared.clients[worker]
         .map

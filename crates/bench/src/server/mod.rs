@@ -127,8 +127,8 @@ pub const ABOUT: &str = "The nibble server against redis-server and memcached ov
     same memory limit --memory-mib, stopped afterwards): preload --keys keys of --value-size bytes, then GET, \
     SET and mixed (--read-ratio) phases of --seconds each over --connections connections with --pipeline \
     requests in flight per connection, keys uniform or zipfian (--dist); rows: ops_per_sec, p50/p99/p999_ns, \
-    server RSS (VmRSS) against live bytes. Then redis-benchmark -t set,get -P 16 -c 50 against the RESP \
-    systems, and on a fresh server a churn phase (insert 64-256 B values to --churn-mib, delete 90%, insert \
+    server RSS (VmRSS) against live bytes. Then redis-benchmark -t set,get -P 16 -c 50 (and SETBIT, GETBIT, \
+    BITCOUNT on -r 100000 keys) against the RESP systems, and on a fresh server a churn phase (insert 64-256 B values to --churn-mib, delete 90%, insert \
     512-1024 B values back to it) after which RSS / live bytes is reported. server-ratio: nibble and nibble2 \
     relative to redis and memcached (throughput, p99, churn bloat) with issue 4's goals.\n\n\
     Peers: redis-server, redis-benchmark and memcached from PATH (Debian: apt-get install redis-server \
@@ -530,9 +530,11 @@ fn notes(o: &Opts, rep: &mut Reporter, rb: bool) {
         rep.note(CHURN, &churn);
     }
     let rb_text = format!(
-        "redis-benchmark -t set,get -P 16 -c 50 -n {} -q (3-byte values, one key), after the measured \
-         phases on the same server; ops_per_sec is its requests per second, median [min, max].",
-        o.rb_requests
+        "redis-benchmark -t set,get -P 16 -c 50 -n {} -q (3-byte values, one key), then with -r {} \
+         SETBIT bit__rand_int__ 7 1, GETBIT bit__rand_int__ 7 and BITCOUNT bit__rand_int__, after the \
+         measured phases on the same server; ops_per_sec is its requests per second, median [min, max].",
+        o.rb_requests,
+        sut::RB_BIT_KEYS
     );
     if rb {
         rep.note(RB, &rb_text);

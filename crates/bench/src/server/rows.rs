@@ -96,7 +96,8 @@ pub(super) fn emit(
         rep.emit(row)?;
     }
     // redis-benchmark.
-    for test in ["rb:SET", "rb:GET"] {
+    for test in sut::RB_TESTS.iter().map(|t| format!("rb:{t}")) {
+        let test = test.as_str();
         for &sys in &names {
             let v = of(sys, test, None);
             let Some(ops) = spread(v.iter().map(|s| s.ops_per_sec)) else {
@@ -160,7 +161,8 @@ pub(super) fn emit(
                 }
             }
             if peer == "redis" {
-                for test in ["rb:SET", "rb:GET"] {
+                for test in sut::RB_TESTS.iter().map(|t| format!("rb:{t}")) {
+                    let test = test.as_str();
                     if let Some(ops) = paired(sys, peer, test, None, |s| Some(s.ops_per_sec)) {
                         let name = format!("redis-benchmark {}", &test[3..]);
                         rows.push(ratio_row(sys, peer, &name, 1, ops, None));

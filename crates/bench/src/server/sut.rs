@@ -613,17 +613,55 @@ pub fn parse_redis_benchmark(text: &str) -> Vec<RbResult> {
     v
 }
 
-/// `redis-benchmark -t set,get -P 16 -c 50 -n N -q` against 127.0.0.1:`port`.
+/// Key space of the bitmap tests (`-r`).
+pub const RB_BIT_KEYS: u64 = 100_000;
+
+/// The bitmap tests, run after SET and GET (SETBIT first, so the keys
+/// GETBIT and BITCOUNT read exist): (test name, command line).
+pub const RB_BIT_TESTS: &[(&str, &str)] = &[
+    ("SETBIT", "SETBIT bit__rand_int__ 7 1"),
+    ("GETBIT", "GETBIT bit__rand_int__ 7"),
+    ("BITCOUNT", "BITCOUNT bit__rand_int__"),
+];
+
+/// Every redis-benchmark test, in the order run.
+pub const RB_TESTS: &[&str] = &["SET", "GET", "SETBIT", "GETBIT", "BITCOUNT"];
+
+/// `redis-benchmark -t set,get -P 16 -c 50 -n N -q` against 127.0.0.1:`port`,
+/// then each of [`RB_BIT_TESTS`] with `-r` [`RB_BIT_KEYS`].
 pub fn redis_benchmark(
     bin: &Path,
     port: u16,
     requests: u64,
     timeout: Duration,
 ) -> Result<Vec<RbResult>> {
+    let mut all = redis_benchmark_args(bin, port, requests, timeout, &["-t", "set,get"])?;
+    for (name, line) in RB_BIT_TESTS {
+        let keys = RB_BIT_KEYS.to_string();
+        let mut args = vec!["-r", keys.as_str()];
+        args.extend(line.split(' '));
+        let mut v = redis_benchmark_args(bin, port, requests, timeout, &args)?;
+        for x in &mut v {
+            x.test = name.to_string();
+        }
+        all.extend(v);
+    }
+    Ok(all)
+}
+
+/// `redis-benchmark ARGS -P 16 -c 50 -n N -q` against 127.0.0.1:`port`.
+fn redis_benchmark_args(
+    bin: &Path,
+    port: u16,
+    requests: u64,
+    timeout: Duration,
+    args: &[&str],
+) -> Result<Vec<RbResult>> {
     let mut child = Command::new(bin)
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(["-t", "set,get", "-P", "16", "-c", "50"])
+        .args(["-P", "16", "-c", "50"])
         .args(["-n", &requests.to_string(), "-q"])
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

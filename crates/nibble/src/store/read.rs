@@ -94,6 +94,25 @@ impl Store {
     /// present for the whole iteration is returned at least once; it may be
     /// returned more than once). Start with cursor 0; 0 comes back at the end.
     pub fn scan(&self, cursor: u64, count: usize) -> Result<(u64, Vec<Vec<u8>>), Error> {
+        self.scan_inner(cursor, count, false)
+    }
+
+    /// As [`scan`](Store::scan), but items that expired and were not
+    /// reclaimed yet are returned too (FLUSHALL deletes them).
+    pub fn scan_with_expired(
+        &self,
+        cursor: u64,
+        count: usize,
+    ) -> Result<(u64, Vec<Vec<u8>>), Error> {
+        self.scan_inner(cursor, count, true)
+    }
+
+    fn scan_inner(
+        &self,
+        cursor: u64,
+        count: usize,
+        with_expired: bool,
+    ) -> Result<(u64, Vec<Vec<u8>>), Error> {
         let inner = &*self.inner;
         let mem = &inner.mem;
         let _guard = inner.epochs.try_pin()?;
@@ -104,7 +123,7 @@ impl Store {
         for l in locs {
             let off = off_of(l);
             let Some(h) = mem.header(off) else { continue };
-            if h.expired_at(now) || h.key_len as usize > MAX_KEY_BYTES {
+            if (!with_expired && h.expired_at(now)) || h.key_len as usize > MAX_KEY_BYTES {
                 continue;
             }
             let mut k = vec![0u8; h.key_len as usize];

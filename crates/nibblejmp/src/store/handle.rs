@@ -132,6 +132,11 @@ impl SharedStore {
         self.inner.scan(cursor, count, false)
     }
 
+    /// As [`scan`](SharedStore::scan), with expired keys not yet reclaimed.
+    pub fn scan_with_expired(&self, cursor: u64, count: usize) -> Result<(u64, Vec<Vec<u8>>)> {
+        self.inner.scan(cursor, count, true)
+    }
+
     /// Number of keys in the index, from striped counters (no scan).
     /// Items that expired but were not reclaimed yet are included, as in
     /// `nibble::Store::len`.
@@ -325,6 +330,11 @@ impl nibble::KvEngine for SharedStore {
     #[inline]
     fn scan(&self, cursor: u64, count: usize) -> nibble::Result<(u64, Vec<Vec<u8>>)> {
         Ok(SharedStore::scan(self, cursor, count)?)
+    }
+
+    #[inline]
+    fn scan_with_expired(&self, cursor: u64, count: usize) -> nibble::Result<(u64, Vec<Vec<u8>>)> {
+        Ok(SharedStore::scan_with_expired(self, cursor, count)?)
     }
 
     #[inline]

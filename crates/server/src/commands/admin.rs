@@ -1,6 +1,12 @@
 //! Connection and server commands: PING, HELLO, AUTH, CLIENT, COMMAND,
 //! CONFIG, INFO, DBSIZE, FLUSHALL, SHUTDOWN, DEBUG POPULATE, TIME.
 //!
+//! DBSIZE and INFO keyspace count live keys by a cursor walk, so an item
+//! that expired but was not reclaimed yet is never counted (Redis may
+//! count one until its expiry cycle runs), and FLUSHALL deletes expired
+//! items too. INFO's CPU section is getrusage(2) of the process and its
+//! children.
+//!
 //! INFO tells the truth about memory: `used_memory` is what the engine
 //! holds (blocks in segments, the index, fixed metadata), `used_memory_rss`
 //! is the process's VmRSS from /proc/self/status, and
@@ -188,8 +194,15 @@ pub fn client(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     } else if eq(sub, "info") && a.len() == 2 {
         r.verbatim(&(info.line() + "\n"));
     } else if eq(sub, "list") {
+        let ids = client_list_filter(&a[2..])?;
         let mut s = String::new();
         for c in ctx.shared.client_list() {
+            if ids
+                .as_ref()
+                .is_some_and(|ids| !ids.contains(&(c.id as i64)))
+            {
+                continue;
+            }
             s.push_str(&c.line());
             s.push('\n');
         }
@@ -202,6 +215,29 @@ pub fn client(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
         .into());
     }
     Ok(())
+}
+
+/// CLIENT LIST's options, `[TYPE type] [ID id ...]`: `None` lists every
+/// client, `Some(ids)` those ids only (an empty list: none, as for a type
+/// other than `normal`; every client here is a normal one).
+fn client_list_filter(o: &[&[u8]]) -> Result<Option<Vec<i64>>, CmdError> {
+    match o {
+        [] => Ok(None),
+        [t, ty] if eq(t, "type") => {
+            let ty = String::from_utf8_lossy(ty).to_ascii_lowercase();
+            match ty.as_str() {
+                "normal" => Ok(None),
+                "master" | "replica" | "slave" | "pubsub" => Ok(Some(Vec::new())),
+                _ => Err(format!("ERR Unknown client type '{ty}'").into()),
+            }
+        }
+        [i, ids @ ..] if eq(i, "id") && !ids.is_empty() => ids
+            .iter()
+            .map(|b| super::parse_i64(b).ok_or(CmdError::from("ERR Invalid client ID")))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some),
+        _ => Err(SYNTAX.into()),
+    }
 }
 
 fn command_info(s: &Spec, r: &mut Reply) {
@@ -315,6 +351,7 @@ pub fn config(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
                 &s.sets,
                 &s.net_in,
                 &s.net_out,
+                &s.rejected_calls,
             ] {
                 c.store(0, Ordering::Relaxed);
             }
@@ -402,18 +439,52 @@ pub fn info_text(ctx: &Ctx, section: &str) -> String {
     if want("stats") {
         let _ = write!(
             o,
-            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\nrejected_connections:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nprotocol_errors:{}\r\nexpired_reclaimed:{}\r\n\r\n",
-            t.connections, t.commands, t.rejected, t.hits, t.misses, t.net_in, t.net_out, t.proto_errors, st.expired_reclaimed
+            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\nrejected_connections:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nprotocol_errors:{}\r\nexpired_reclaimed:{}\r\nrejected_calls:{}\r\n\r\n",
+            t.connections, t.commands, t.rejected, t.hits, t.misses, t.net_in, t.net_out, t.proto_errors, st.expired_reclaimed, t.rejected_calls
+        );
+    }
+    if want("cpu") {
+        let (s, u, cs, cu) = cpu_times();
+        let _ = write!(
+            o,
+            "# CPU\r\nused_cpu_sys:{s:.6}\r\nused_cpu_user:{u:.6}\r\nused_cpu_sys_children:{cs:.6}\r\nused_cpu_user_children:{cu:.6}\r\n\r\n"
         );
     }
     if want("keyspace") {
         o.push_str("# Keyspace\r\n");
-        if st.items > 0 {
-            let _ = write!(o, "db0:keys={},expires=0,avg_ttl=0\r\n", st.items);
+        match keyspace(&sh.store, true) {
+            Ok(k) if k.keys > 0 => {
+                let _ = write!(
+                    o,
+                    "db0:keys={},expires={},avg_ttl={}\r\n",
+                    k.keys, k.expires, k.avg_ttl_ms
+                );
+            }
+            _ => {}
         }
         o.push_str("\r\n");
     }
     o
+}
+
+/// CPU seconds (system, user) of this process and of its waited-for
+/// children, from getrusage(2).
+fn cpu_times() -> (f64, f64, f64, f64) {
+    let get = |who| {
+        // SAFETY: rusage is integers and timevals, for which all-zero
+        // bytes are a valid value.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `ru` is a live, writable rusage owned by this frame;
+        // getrusage writes only that struct.
+        if unsafe { libc::getrusage(who, &mut ru) } != 0 {
+            return (0.0, 0.0);
+        }
+        let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+        (t(ru.ru_stime), t(ru.ru_utime))
+    };
+    let (s, u) = get(libc::RUSAGE_SELF);
+    let (cs, cu) = get(libc::RUSAGE_CHILDREN);
+    (s, u, cs, cu)
 }
 
 /// INFO [section...].
@@ -433,17 +504,63 @@ pub fn info(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     Ok(())
 }
 
-/// DBSIZE.
+/// DBSIZE: the live keys (a cursor walk, so an expired item the engine
+/// has not reclaimed yet is not counted).
 pub fn dbsize(ctx: &mut Ctx, _a: &[&[u8]], r: &mut Reply) -> CmdResult {
-    r.int(ctx.shared.store.len() as i64);
+    r.int(keyspace(&ctx.shared.store, false)?.keys as i64);
     Ok(())
+}
+
+/// What INFO keyspace reports.
+#[derive(Default)]
+pub struct Keyspace {
+    /// Live keys.
+    pub keys: u64,
+    /// Live keys with an expiry.
+    pub expires: u64,
+    /// Mean time to live of those, ms.
+    pub avg_ttl_ms: u64,
+}
+
+/// Count the live keys (and, with `ttls`, those with an expiry and their
+/// mean TTL) by a cursor walk; expired items are skipped.
+pub fn keyspace(store: &crate::engine::Engine, ttls: bool) -> Result<Keyspace, CmdError> {
+    let mut k = Keyspace::default();
+    let mut ttl_sum: u128 = 0;
+    let now = crate::state::unix_ms();
+    let mut cursor = 0;
+    loop {
+        let (next, keys) = store.scan(cursor, 1024)?;
+        if !ttls {
+            k.keys += keys.len() as u64;
+        } else {
+            for key in keys {
+                let Some(m) = store.meta(&key)? else { continue };
+                k.keys += 1;
+                if let Some(at) = m.expiry_ms {
+                    k.expires += 1;
+                    ttl_sum += u128::from(at.saturating_sub(now));
+                }
+            }
+        }
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    if k.expires > 0 {
+        k.avg_ttl_ms = (ttl_sum / u128::from(k.expires)) as u64;
+    }
+    Ok(k)
 }
 
 /// Delete every key (FLUSHALL, FLUSHDB, memcached flush_all).
 pub fn flush(store: &crate::engine::Engine) -> Result<(), nibble::Error> {
     let mut cursor = 0;
     loop {
-        let (next, keys) = store.scan(cursor, 1024)?;
+        // Expired items not yet reclaimed go too: FLUSHALL empties the
+        // index, and DBSIZE after it is 0.
+        let (next, keys) = store.scan_with_expired(cursor, 1024)?;
         for k in keys {
             store.delete(&k)?;
         }

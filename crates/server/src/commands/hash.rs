@@ -10,8 +10,9 @@ use std::collections::HashMap;
 
 use nibble::{Condition, Expiry, PutOptions};
 
-use super::{int_arg, is_race, parse_f64, parse_i64, CmdError, CmdResult, Ctx, WRONGTYPE};
-use crate::resp::{format_double, Reply};
+use super::{int_arg, is_race, parse_i64, CmdError, CmdResult, Ctx, WRONGTYPE};
+use crate::longdouble::IncrError;
+use crate::resp::Reply;
 use crate::types::{decode_hash, encode_hash, is_hash, Hash, HASH_FLAGS};
 
 /// The hash at `key` and its version; `WRONGTYPE` for a string.
@@ -238,17 +239,19 @@ pub fn hincrby(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
 
 /// HINCRBYFLOAT key field f.
 pub fn hincrbyfloat(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
-    let by = parse_f64(a[3]).ok_or(CmdError::from("ERR value is not a valid float"))?;
+    // The increment is checked before the key (redis-server's order).
+    match crate::longdouble::incr(None, a[3], true) {
+        Err(IncrError::Increment) => return Err("ERR value is not a valid float".into()),
+        Err(IncrError::IncrementNotFinite) => return Err("ERR value is NaN or Infinity".into()),
+        _ => {}
+    }
     let s = modify(ctx, a[1], |h| {
-        let old = match find(h, a[2]) {
-            Some(v) => parse_f64(v).ok_or(CmdError::from("ERR hash value is not a float"))?,
-            None => 0.0,
-        };
-        let new = old + by;
-        if !new.is_finite() {
-            return Err("ERR increment would produce NaN or Infinity".into());
-        }
-        let s = format_double(new);
+        let s = crate::longdouble::incr(find(h, a[2]), a[3], true).map_err(|e| match e {
+            IncrError::Current => CmdError::from("ERR hash value is not a float"),
+            IncrError::Increment => CmdError::from("ERR value is not a valid float"),
+            IncrError::IncrementNotFinite => CmdError::from("ERR value is NaN or Infinity"),
+            IncrError::Result => CmdError::from("ERR increment would produce NaN or Infinity"),
+        })?;
         upsert(h, a[2], s.clone().into_bytes());
         Ok((s, true))
     })?;

@@ -1,5 +1,5 @@
 //! Key commands: DEL, EXISTS, the EXPIRE family, TTL, TYPE, RENAME, KEYS,
-//! SCAN, RANDOMKEY.
+//! SCAN, RANDOMKEY, TOUCH, COPY, OBJECT.
 //!
 //! Expiry is the engine's: an item carries a Unix-ms deadline, reads treat
 //! it as absent after that, and compaction reclaims it. EXPIRE with a
@@ -83,7 +83,7 @@ fn expire_generic(
         return Ok(());
     };
     // Options, against the TTL read just now (see the module notes).
-    let cur = m.expiry_ms.map(|e| e as i64);
+    let cur = redis_expiry(&m);
     let allowed = match cur {
         None => !xx && !gt,
         Some(c) => !nx && (!gt || at > c) && (!lt || at < c),
@@ -121,17 +121,33 @@ pub fn pexpireat(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     expire_generic(ctx, a, r, 1, true, "pexpireat")
 }
 
+/// The expiry as Redis reports it, Unix ms. The engine keeps an expiry
+/// in a 48-bit field, clamping later ones to its largest value
+/// (2^48 - 1 ms, in the year 10889); that value is reported as the i64
+/// maximum, so `PEXPIREAT k 9223372036854775807` reads back as Redis
+/// answers it (any expiry past the field's range reads back so).
+fn redis_expiry(m: &nibble::ItemMeta) -> Option<i64> {
+    m.expiry_ms.map(|e| {
+        if e >= nibble::object::FIELD48_MASK {
+            i64::MAX
+        } else {
+            e as i64
+        }
+    })
+}
+
 fn ttl_generic(ctx: &mut Ctx, key: &[u8], r: &mut Reply, ms: bool, absolute: bool) -> CmdResult {
     let m = ctx.shared.store.meta(key)?;
     let v = match m {
         None => -2,
-        Some(m) => match m.expiry_ms {
+        Some(m) => match redis_expiry(&m).map(|e| e as u64) {
             None => -1,
             Some(at) if absolute => {
                 if ms {
                     at as i64
                 } else {
-                    (at / 1000) as i64
+                    // Rounded, as redis-server's EXPIRETIME.
+                    (at.saturating_add(500) / 1000) as i64
                 }
             }
             Some(at) => {
@@ -266,6 +282,9 @@ pub fn keys(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     Ok(())
 }
 
+/// How many more cursor steps SCAN takes while they return no key.
+const SCAN_EMPTY_STEPS: usize = 64;
+
 /// SCAN cursor [MATCH pattern] [COUNT n] [TYPE t].
 pub fn scan(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     let cursor: u64 = std::str::from_utf8(a[1])
@@ -294,7 +313,20 @@ pub fn scan(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
         i += 2;
     }
     let store = &ctx.shared.store;
-    let (next, keys) = store.scan(cursor, count)?;
+    // An empty keyspace ends the walk at once, as in Redis; otherwise a
+    // few steps are taken until one returns keys (Redis, too, may answer
+    // a non-zero cursor with no keys after bounded work).
+    let (mut next, mut keys) = if store.is_empty() {
+        (0, Vec::new())
+    } else {
+        store.scan(cursor, count)?
+    };
+    for _ in 0..SCAN_EMPTY_STEPS {
+        if !keys.is_empty() || next == 0 {
+            break;
+        }
+        (next, keys) = store.scan(next, count)?;
+    }
     let mut out = Vec::with_capacity(keys.len());
     for k in keys {
         if pat.is_some_and(|p| p != b"*" && !glob::matches(p, &k)) {
@@ -333,4 +365,150 @@ pub fn randomkey(ctx: &mut Ctx, _a: &[&[u8]], r: &mut Reply) -> CmdResult {
         }
         cursor = next;
     }
+}
+
+/// TOUCH key...: how many of the keys exist (there is no access time to
+/// update; see OBJECT IDLETIME).
+pub fn touch(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    exists(ctx, a, r)
+}
+
+/// COPY source destination [DB 0] [REPLACE]. There is one database, so a
+/// `DB` other than 0 is Redis's "DB index is out of range".
+pub fn copy(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    let mut replace = false;
+    let mut j = 3;
+    while j < a.len() {
+        if eq(a[j], "replace") {
+            replace = true;
+        } else if eq(a[j], "db") && j + 1 < a.len() {
+            let db = int_arg(a[j + 1])?;
+            if i32::try_from(db).is_err() {
+                return Err(
+                    "ERR value is out of range, value must between -2147483648 and 2147483647"
+                        .into(),
+                );
+            }
+            if db != 0 {
+                return Err("ERR DB index is out of range".into());
+            }
+            j += 1;
+        } else {
+            return Err(SYNTAX.into());
+        }
+        j += 1;
+    }
+    let (src, dst) = (a[1], a[2]);
+    if src == dst {
+        return Err("ERR source and destination objects are the same".into());
+    }
+    let store = &ctx.shared.store;
+    let Some(m) = store.get_into(src, ctx.buf)? else {
+        r.int(0);
+        return Ok(());
+    };
+    let opts = PutOptions {
+        condition: if replace {
+            Condition::Always
+        } else {
+            Condition::IfAbsent
+        },
+        expiry: m.expiry_ms.map_or(Expiry::Never, Expiry::At),
+        flags: m.flags,
+    };
+    match store.put_with(dst, ctx.buf, opts) {
+        Ok(_) => r.int(1),
+        Err(nibble::Error::Exists) => r.int(0),
+        Err(e) => return Err(e.into()),
+    }
+    Ok(())
+}
+
+/// OBJECT HELP's text (redis-server 7.0's).
+const OBJECT_HELP: &[&str] = &[
+    "OBJECT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+    "ENCODING <key>",
+    "    Return the kind of internal representation used in order to store the value",
+    "    associated with a <key>.",
+    "FREQ <key>",
+    "    Return the access frequency index of the <key>. The returned integer is",
+    "    proportional to the logarithm of the recent access frequency of the key.",
+    "IDLETIME <key>",
+    "    Return the idle time of the <key>, that is the approximated number of",
+    "    seconds elapsed since the last access to the key.",
+    "REFCOUNT <key>",
+    "    Return the number of references of the value associated with the specified",
+    "    <key>.",
+    "HELP",
+    "    Prints this help.",
+];
+
+/// Redis's shared integers: values 0..10000 are one shared object.
+const SHARED_INTEGERS: i64 = 10_000;
+/// Longest string Redis keeps as `embstr`.
+const EMBSTR_MAX_BYTES: usize = 44;
+
+/// The encoding Redis would report for a value written by SET: `int`,
+/// `embstr` or `raw` for strings; `listpack` or `hashtable` for hashes,
+/// by the hash-max-listpack-* tunables. (Redis also reports `raw` for a
+/// short string changed in place by APPEND, SETRANGE or SETBIT; the
+/// history is not kept here, so such a string reports `embstr`.)
+fn encoding(ctx: &Ctx, m: &nibble::ItemMeta, v: &[u8]) -> &'static str {
+    if is_hash(m) {
+        let h = crate::types::decode_hash(v).unwrap_or_default();
+        return if super::dump::hash_is_listpack(ctx, &h) {
+            "listpack"
+        } else {
+            "hashtable"
+        };
+    }
+    if v.len() <= 20 && super::parse_i64(v).is_some() {
+        "int"
+    } else if v.len() <= EMBSTR_MAX_BYTES {
+        "embstr"
+    } else {
+        "raw"
+    }
+}
+
+/// OBJECT ENCODING|REFCOUNT|IDLETIME|FREQ key, OBJECT HELP.
+pub fn object(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    let sub = a[1];
+    if eq(sub, "help") && a.len() == 2 {
+        r.array(OBJECT_HELP.len());
+        for l in OBJECT_HELP {
+            r.simple(l);
+        }
+        return Ok(());
+    }
+    let name = ["encoding", "refcount", "idletime", "freq", "help"]
+        .into_iter()
+        .find(|n| eq(sub, n));
+    let Some(name) = name else {
+        return Err(format!(
+            "ERR unknown subcommand '{}'. Try OBJECT HELP.",
+            super::shown(sub)
+        )
+        .into());
+    };
+    if a.len() != 3 || name == "help" {
+        return Err(format!("ERR wrong number of arguments for 'object|{name}' command").into());
+    }
+    let Some(m) = ctx.shared.store.get_into(a[2], ctx.buf)? else {
+        r.null();
+        return Ok(());
+    };
+    match name {
+        "encoding" => r.bulk(encoding(ctx, &m, ctx.buf).as_bytes()),
+        "refcount" => {
+            let shared_int = !is_hash(&m)
+                && ctx.buf.len() <= 20
+                && super::parse_i64(ctx.buf).is_some_and(|n| (0..SHARED_INTEGERS).contains(&n));
+            r.int(if shared_int { i64::from(i32::MAX) } else { 1 });
+        }
+        // No access clock is kept: every key reads as just used.
+        "idletime" => r.int(0),
+        _ => return Err("ERR An LFU maxmemory policy is not selected, access frequency not tracked. Please note that when switching between policies at runtime LRU and LFU data will take some time to adjust.".into()),
+    }
+    Ok(())
 }

@@ -12,7 +12,8 @@
 //! Handlers run on the worker thread that read the request, straight
 //! against the engine; there is no command queue and no lock of the
 //! server's own. Commands that read and then write one key (INCR, APPEND,
-//! SETRANGE, SET ... GET, GETSET, HSET and the other hash writes) are
+//! SETRANGE, SETBIT, BITFIELD, SET ... GET, GETSET, HSET and the other
+//! hash writes) are
 //! made atomic with a compare-and-swap loop on the item's version:
 //!
 //! ```text
@@ -25,18 +26,24 @@
 //! atomically, a concurrent reader may see some new and some old), MSETNX
 //! (all-or-nothing is checked key by key; if a key appears concurrently the
 //! keys already written are removed again, which another client may
-//! observe), RENAME (the destination is written before the source is
+//! observe), COPY and BITOP (the sources are read, then the destination
+//! written), RENAME (the destination is written before the source is
 //! deleted), GETDEL (the value returned is the one read just before the
 //! delete) and the emptying HDEL (a concurrent HSET between the last HDEL's
 //! read and its delete can be lost). EXPIRE's NX/XX/GT/LT options check
 //! the current TTL before setting it, with the same window.
 //!
-//! Modules: [`strings`], [`keys`], [`hash`], [`admin`] (connection and
-//! server commands); the table itself ([`COMMANDS`]) is in `table.rs`.
+//! Modules: [`strings`], [`lcs`], [`bits`] (bitmaps), [`keys`], [`dump`]
+//! (DUMP/RESTORE), [`hash`], [`admin`] (connection and server commands);
+//! the table itself ([`COMMANDS`]) is in `table.rs`.
 
 pub mod admin;
+pub mod bits;
+pub mod dump;
 pub mod hash;
 pub mod keys;
+pub mod lcs;
+pub mod lzf;
 pub mod strings;
 mod table;
 
@@ -280,15 +287,18 @@ pub fn execute(ctx: &mut Ctx, args: &[&[u8]], r: &mut Reply) {
             msg.push_str(&shown(a));
             msg.push_str("' ");
         }
+        WorkerStats::bump(&ctx.stats.rejected_calls, 1);
         r.error(&msg);
         return;
     };
     if !ctx.sess.authed && !spec.flags.contains(&"noauth") {
+        WorkerStats::bump(&ctx.stats.rejected_calls, 1);
         r.error("NOAUTH Authentication required.");
         return;
     }
     let n = args.len() as i32;
     if (spec.arity > 0 && n != spec.arity) || (spec.arity < 0 && n < -spec.arity) {
+        WorkerStats::bump(&ctx.stats.rejected_calls, 1);
         r.error(&format!(
             "ERR wrong number of arguments for '{}' command",
             spec.name

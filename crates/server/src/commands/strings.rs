@@ -11,10 +11,10 @@
 use nibble::{Condition, Expiry, ItemMeta, PutOptions};
 
 use super::{
-    eq, int_arg, is_race, parse_f64, parse_i64, CmdError, CmdResult, Ctx, SYNTAX, TOO_BIG,
-    WRONGTYPE,
+    eq, int_arg, is_race, parse_i64, CmdError, CmdResult, Ctx, SYNTAX, TOO_BIG, WRONGTYPE,
 };
-use crate::resp::{format_double, Reply};
+use crate::longdouble::IncrError;
+use crate::resp::Reply;
 use crate::state::unix_ms;
 use crate::types::is_hash;
 
@@ -322,14 +322,20 @@ pub fn mset(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     Ok(())
 }
 
-/// MSETNX key value [key value ...].
+/// MSETNX key value [key value ...]. A key named twice is written once,
+/// with its last value (as Redis, whose later SET overwrites the earlier).
 pub fn msetnx(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     check_pairs(a, "msetnx")?;
     let store = &ctx.shared.store;
+    let mut pairs: Vec<(&[u8], &[u8])> = Vec::with_capacity(a.len() / 2);
     for kv in a[1..].chunks(2) {
         if store.contains(kv[0])? {
             r.int(0);
             return Ok(());
+        }
+        match pairs.iter_mut().find(|(k, _)| *k == kv[0]) {
+            Some(p) => p.1 = kv[1],
+            None => pairs.push((kv[0], kv[1])),
         }
     }
     let mut written: Vec<(&[u8], u64)> = Vec::new();
@@ -337,15 +343,13 @@ pub fn msetnx(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
         condition: Condition::IfAbsent,
         ..Default::default()
     };
-    for kv in a[1..].chunks(2) {
-        match store.put_with(kv[0], kv[1], opts) {
-            Ok(v) => written.push((kv[0], v)),
+    for (k, v) in pairs {
+        match store.put_with(k, v, opts) {
+            Ok(ver) => written.push((k, ver)),
             Err(e) => {
                 // Undo: remove what we wrote, if nobody changed it since.
-                for (k, v) in written {
-                    if store.meta(k)?.is_some_and(|m| m.version == v) {
-                        store.delete(k)?;
-                    }
+                for (k, ver) in written {
+                    let _ = store.delete_if(k, Condition::IfVersion(ver));
                 }
                 if matches!(e, nibble::Error::Exists) {
                     r.int(0);
@@ -482,20 +486,13 @@ pub fn decrby(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     incr_by(ctx, a[1], neg, r)
 }
 
-/// INCRBYFLOAT key f.
+/// INCRBYFLOAT key f (in `long double`, as redis-server; see `longdouble`).
 pub fn incrbyfloat(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
-    let by = parse_f64(a[2]).ok_or(CmdError::from("ERR value is not a valid float"))?;
     let s = rmw(ctx, a[1], |m, cur| {
-        let old = if m.is_none() {
-            0.0
-        } else {
-            parse_f64(cur).ok_or(CmdError::from("ERR value is not a valid float"))?
-        };
-        let new = old + by;
-        if !new.is_finite() {
-            return Err("ERR increment would produce NaN or Infinity".into());
-        }
-        let s = format_double(new);
+        let s = crate::longdouble::incr(m.map(|_| cur), a[2], false).map_err(|e| match e {
+            IncrError::Result => CmdError::from("ERR increment would produce NaN or Infinity"),
+            _ => CmdError::from("ERR value is not a valid float"),
+        })?;
         Ok(Update::Write(s.clone().into_bytes(), s))
     })?;
     r.bulk(s.as_bytes());

@@ -2,7 +2,7 @@
 //! lists them. Dispatch ([`lookup`](super::lookup)) indexes it once into
 //! buckets; COMMAND COUNT/INFO/DOCS read it as is.
 
-use super::{admin, hash, keys, strings, Spec};
+use super::{admin, bits, dump, hash, keys, lcs, strings, Spec};
 
 // Flag sets (Redis's command flags, as COMMAND INFO reports them).
 const W: &[&str] = &["write", "denyoom", "fast"];
@@ -368,6 +368,79 @@ pub static COMMANDS: &[Spec] = &[
         "Increments a floating point value.",
         strings::incrbyfloat
     ),
+    spec!(
+        "lcs",
+        -3,
+        RS,
+        (1, 2, 1),
+        "string",
+        "Finds the longest common substring.",
+        lcs::lcs
+    ),
+    // Bitmaps.
+    spec!(
+        "setbit",
+        4,
+        W,
+        K1,
+        "bitmap",
+        "Sets or clears the bit at offset of a string value.",
+        bits::setbit
+    ),
+    spec!(
+        "getbit",
+        3,
+        R,
+        K1,
+        "bitmap",
+        "Returns a bit value by offset.",
+        bits::getbit
+    ),
+    spec!(
+        "bitcount",
+        -2,
+        RS,
+        K1,
+        "bitmap",
+        "Counts the number of set bits in a string.",
+        bits::bitcount
+    ),
+    spec!(
+        "bitpos",
+        -3,
+        RS,
+        K1,
+        "bitmap",
+        "Finds the first set or clear bit in a string.",
+        bits::bitpos
+    ),
+    spec!(
+        "bitop",
+        -4,
+        WS,
+        (2, -1, 1),
+        "bitmap",
+        "Performs bitwise operations on strings and stores the result.",
+        bits::bitop
+    ),
+    spec!(
+        "bitfield",
+        -2,
+        WS,
+        K1,
+        "bitmap",
+        "Performs arbitrary bitfield integer operations on strings.",
+        bits::bitfield
+    ),
+    spec!(
+        "bitfield_ro",
+        -2,
+        R,
+        K1,
+        "bitmap",
+        "Performs arbitrary read-only bitfield integer operations on strings.",
+        bits::bitfield_ro
+    ),
     // Keys.
     spec!("del", -2, WD, KALL, "generic", "Deletes keys.", keys::del),
     spec!(
@@ -495,6 +568,51 @@ pub static COMMANDS: &[Spec] = &[
         "generic",
         "Renames a key if the new name is free.",
         keys::renamenx
+    ),
+    spec!(
+        "touch",
+        -2,
+        R,
+        KALL,
+        "generic",
+        "Returns the number of existing keys out of those specified.",
+        keys::touch
+    ),
+    spec!(
+        "copy",
+        -3,
+        WS,
+        (1, 2, 1),
+        "generic",
+        "Copies the value of a key to a new key.",
+        keys::copy
+    ),
+    spec!(
+        "object",
+        -2,
+        RS,
+        K0,
+        "generic",
+        "OBJECT ENCODING, REFCOUNT, IDLETIME, FREQ, HELP.",
+        keys::object
+    ),
+    spec!(
+        "dump",
+        2,
+        RS,
+        K1,
+        "generic",
+        "Returns a serialized representation of the value stored at a key.",
+        dump::dump
+    ),
+    spec!(
+        "restore",
+        -4,
+        WS,
+        K1,
+        "generic",
+        "Creates a key from the serialized representation of a value.",
+        dump::restore
     ),
     spec!(
         "keys",

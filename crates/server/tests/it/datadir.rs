@@ -186,6 +186,23 @@ fn commands_on_the_shared_engine() {
     });
     assert_eq!(q::<i64>(&mut c, &["GET", "race"]), 600);
     assert_eq!(q::<i64>(&mut c, &["HGET", "hrace", "f"]), 600);
+    // Bitmaps and DUMP/RESTORE on the shared engine.
+    assert_eq!(q::<i64>(&mut c, &["SETBIT", "bits", "9", "1"]), 0);
+    assert_eq!(q::<i64>(&mut c, &["BITCOUNT", "bits"]), 1);
+    let dump: Vec<u8> = q(&mut c, &["DUMP", "bits"]);
+    let mut r = redis::cmd("RESTORE");
+    r.arg("bits2").arg(0).arg(dump);
+    assert_eq!(r.query::<String>(&mut c).unwrap(), "OK");
+    assert_eq!(q::<i64>(&mut c, &["GETBIT", "bits2", "9"]), 1);
+    // An expired item is neither counted nor left behind by FLUSHALL.
+    assert_eq!(q::<String>(&mut c, &["PSETEX", "gone", "1", "v"]), "OK");
+    std::thread::sleep(Duration::from_millis(20));
+    let live = q::<i64>(&mut c, &["DBSIZE"]);
+    assert_eq!(
+        live,
+        q::<Vec<String>>(&mut c, &["KEYS", "*"]).len() as i64,
+        "DBSIZE counts an expired key"
+    );
     // FLUSHALL empties it.
     assert_eq!(q::<String>(&mut c, &["FLUSHALL"]), "OK");
     assert_eq!(q::<i64>(&mut c, &["DBSIZE"]), 0);
@@ -193,6 +210,10 @@ fn commands_on_the_shared_engine() {
         q::<Vec<String>>(&mut c, &["KEYS", "*"]),
         Vec::<String>::new()
     );
+    // The expired item went too: nothing is left in the index.
+    assert_eq!(s.shared().store.len(), 0);
+    let keyspace: String = q(&mut c, &["INFO", "keyspace"]);
+    assert!(!keyspace.contains("db0:"), "{keyspace}");
 }
 
 #[test]

@@ -5,6 +5,7 @@
 mod commands;
 mod common;
 mod datadir;
+mod differential;
 mod hashes_admin;
 mod limits;
 mod memcached;
