@@ -22,6 +22,17 @@
 //! the worker's other tasks keep running. The input is bounded by
 //! `client-query-buffer-limit`, and each request by the parser's limits.
 //!
+//! Fair turns within a batch: a batch of pipelined requests runs without
+//! interruption only for [`EXEC_SLICE`]. Past that (checked every
+//! [`SLICE_CHECK_EVERY`] requests) the replies so far are written, the
+//! socket is polled once without waiting, and the task yields to the
+//! worker's other connections. A client that has gone (a failed write or
+//! read: its socket was reset) has its remaining requests dropped, as
+//! redis-server drops the query buffer of a client it frees, so a pipeline
+//! of slow requests from a vanished client does not hold its worker. A
+//! client that only closed its sending side (`nc` piping a file) still gets
+//! every request it sent executed and answered.
+//!
 //! A protocol error (RESP) or an unrecoverable one (memcached) is answered
 //! with one error line, then this connection alone is closed. The idle
 //! `timeout` closes a connection that sent nothing for that long; shutdown
@@ -42,6 +53,10 @@ use crate::state::{ClientInfo, Shared, WorkerStats};
 pub const OUT_SOFT: usize = 64 << 10;
 /// Read at least this much at a time.
 const READ_CHUNK: usize = 16 << 10;
+/// Longest stretch of one connection's batch before it yields the worker.
+pub const EXEC_SLICE: std::time::Duration = std::time::Duration::from_millis(1);
+/// Requests executed between two looks at the clock.
+const SLICE_CHECK_EVERY: u32 = 16;
 
 /// Which protocol a listener speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,6 +163,50 @@ async fn flush<S: AsyncWrite + Unpin>(
         out.shrink_to(OUT_SOFT);
     }
     Ok(())
+}
+
+/// What one look at the socket, without waiting, found.
+enum Peek {
+    /// Nothing to read now (or no room under the query buffer limit).
+    Nothing,
+    /// More request bytes, appended to the input buffer.
+    Data,
+    /// The socket failed (reset by a client that has gone).
+    Gone,
+}
+
+/// Poll the socket once, without waiting, for more input or a failure.
+async fn peek_input<S: AsyncRead + Unpin>(
+    s: &mut S,
+    inb: &mut InBuf,
+    cap: usize,
+    stats: &WorkerStats,
+) -> Peek {
+    if inb.filled - inb.start >= cap {
+        return Peek::Nothing;
+    }
+    inb.reserve(1, cap);
+    let buf = &mut inb.data[inb.filled..];
+    let r = std::future::poll_fn(|cx| {
+        let mut rb = tokio::io::ReadBuf::new(&mut *buf);
+        match std::pin::Pin::new(&mut *s).poll_read(cx, &mut rb) {
+            std::task::Poll::Ready(Ok(())) => std::task::Poll::Ready(Some(Ok(rb.filled().len()))),
+            std::task::Poll::Ready(Err(e)) => std::task::Poll::Ready(Some(Err(e))),
+            std::task::Poll::Pending => std::task::Poll::Ready(None),
+        }
+    })
+    .await;
+    match r {
+        // End of stream: the client closed its sending side and may still
+        // read; its buffered requests run.
+        None | Some(Ok(0)) => Peek::Nothing,
+        Some(Err(_)) => Peek::Gone,
+        Some(Ok(n)) => {
+            inb.filled += n;
+            WorkerStats::bump(&stats.net_in, n as u64);
+            Peek::Data
+        }
+    }
 }
 
 /// Drop up to `skip` pending bytes; true if more remain to be dropped.
@@ -287,6 +346,8 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         // limits are read once per batch (a CONFIG SET applies from the
         // next one) and again when AUTH lifts the pre-AUTH bounds.
         let mut limits = shared.settings.limits(sess.authed);
+        let mut slice_start = std::time::Instant::now();
+        let mut since_check = 0u32;
         loop {
             let step = match protocol {
                 Protocol::Resp => {
@@ -383,6 +444,24 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                     }
                     if out.len() >= OUT_SOFT && flush(&mut s, &mut out, stats).await.is_err() {
                         return;
+                    }
+                    since_check += 1;
+                    if since_check >= SLICE_CHECK_EVERY {
+                        since_check = 0;
+                        if slice_start.elapsed() >= EXEC_SLICE {
+                            if flush(&mut s, &mut out, stats).await.is_err() {
+                                return;
+                            }
+                            if let Peek::Gone = peek_input(&mut s, &mut inb, cap, stats).await {
+                                log::debug!(
+                                    "client {} gone with requests pending; dropped",
+                                    info.id
+                                );
+                                return;
+                            }
+                            tokio::task::yield_now().await;
+                            slice_start = std::time::Instant::now();
+                        }
                     }
                 }
                 Err(Some(n)) => {

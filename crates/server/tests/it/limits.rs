@@ -246,3 +246,59 @@ fn oom_then_recovery() {
     let info: String = q(&mut c, &["INFO", "memory"]);
     assert!(info_u64(&info, "used_memory_rss") > 0);
 }
+
+/// A pipeline of slow requests (HGET on a large hash reads the whole
+/// encoded hash) neither starves the worker's other connections nor
+/// outlives its client: the batch yields every `EXEC_SLICE`, and once the
+/// client is gone (its socket reset) the rest of its requests are dropped.
+#[test]
+fn slow_pipeline_yields_the_worker_and_stops_with_its_client() {
+    let s = start_with(|c| {
+        c.threads = 1;
+        c.capacity = 256 << 20;
+    });
+    let port = s.resp_port().unwrap();
+    let mut con = client(&s);
+    let fields: Vec<String> = (0..8000)
+        .flat_map(|i| [format!("field:{i:06}"), "v".repeat(16)])
+        .collect();
+    let mut c = redis::cmd("HSET");
+    c.arg("h");
+    for f in &fields {
+        c.arg(f.as_str());
+    }
+    let _: i64 = c.query(&mut con).unwrap();
+    let t = Instant::now();
+    let _: String = q(&mut con, &["HGET", "h", "field:007999"]);
+    let one = t.elapsed();
+    // Enough requests for seconds of work, within what the socket buffers
+    // take at once (the writer never blocks).
+    let n = ((3.0 / one.as_secs_f64().max(1e-6)) as usize).clamp(500, 6000);
+    let req = "*3\r\n$4\r\nHGET\r\n$1\r\nh\r\n$12\r\nfield:007999\r\n".repeat(n);
+    let mut a = raw(port);
+    a.write_all(req.as_bytes()).unwrap();
+    sleep(Duration::from_millis(100));
+    let t = Instant::now();
+    let _: String = q(&mut con, &["PING"]);
+    let ping = t.elapsed();
+    let work = one * n as u32;
+    assert!(
+        ping < Duration::from_millis(500).max(one * 40),
+        "PING waited {ping:?} behind a pipeline of {n} HGETs of {one:?} each ({work:?} of work)"
+    );
+    // The client vanishes with replies unread: closing resets the socket.
+    drop(a);
+    sleep(Duration::from_millis(300).max(one * 40));
+    let info = |con: &mut redis::Connection| {
+        let i: String = q(con, &["INFO", "stats"]);
+        info_u64(&i, "total_commands_processed")
+    };
+    let c0 = info(&mut con);
+    sleep(Duration::from_millis(300).max(one * 20));
+    let c1 = info(&mut con);
+    assert!(
+        c1 - c0 <= 2,
+        "the vanished client's requests still run: {} commands in the pause",
+        c1 - c0
+    );
+}
