@@ -32,6 +32,9 @@ pub struct Stats {
     pub lease_takeovers: u64,
     /// Expired objects removed by compaction.
     pub expired_reclaimed: u64,
+    /// Objects found damaged (checksum mismatch) and not served, since
+    /// creation.
+    pub damaged_objects: u64,
     pub clean_flag: bool,
     /// Compaction lease holder: (pid, alive).
     pub lease_holder: Option<(u32, bool)>,
@@ -242,6 +245,7 @@ impl SharedStore {
         st.compactions = h.compactions.load(Ordering::Relaxed);
         st.lease_takeovers = h.lease_takeovers.load(Ordering::Relaxed);
         st.expired_reclaimed = h.expired_reclaimed.load(Ordering::Relaxed);
+        st.damaged_objects = h.damaged_objects.load(Ordering::Relaxed);
         st.clean_flag = h.clean.load(Ordering::Relaxed) != 0;
         let lo = i.meta().lease.owner.load(Ordering::Relaxed);
         if lo != 0 {
@@ -358,6 +362,7 @@ impl nibble::KvEngine for SharedStore {
             compaction_passes: st.compactions,
             bytes_relocated: 0,
             expired_reclaimed: st.expired_reclaimed,
+            damaged_objects: st.damaged_objects,
             items: st.objects,
             processes: st.processes.iter().filter(|p| p.2).count(),
         }
