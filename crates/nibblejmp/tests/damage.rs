@@ -123,6 +123,8 @@ fn a_flipped_value_byte_is_refused_never_served() {
     // The damaged object is not listed by SCAN either.
     assert!(!s.keys().unwrap().contains(&key(43)));
     s.close().unwrap();
+    let clean_copy = TempDir::new("flip1-copy");
+    copy_dir(&d.0, &clean_copy.0);
 
     // A rebuild from the log leaves it out and keeps every other key.
     let s = common::attach_rebuilt(&d.0, quiet());
@@ -130,6 +132,14 @@ fn a_flipped_value_byte_is_refused_never_served() {
     assert_eq!(r.damaged_objects, 1, "{r:?}");
     assert_eq!(s.get(&key(43)).unwrap(), None);
     assert_eq!(audit(&s, &others), (others.len(), 0, 0));
+    s.close().unwrap();
+
+    // FLUSHALL removes the damaged entry too (it cannot be named).
+    let s = SharedStore::attach(&clean_copy.0, &quiet()).unwrap();
+    assert!(!s.recovery_report().ran);
+    s.flush().unwrap();
+    assert_eq!(s.get(&key(43)).unwrap(), None);
+    assert_eq!(s.len(), 0);
     s.close().unwrap();
 }
 

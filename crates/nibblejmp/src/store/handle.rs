@@ -148,8 +148,9 @@ impl SharedStore {
     }
 
     /// Delete every key, expired ones included (a scan and a delete per
-    /// key; keys written concurrently may survive). Returns the number of
-    /// live keys deleted.
+    /// key; keys written concurrently may survive), then every entry whose
+    /// object is damaged (which no scan lists). Returns the number of live
+    /// keys deleted.
     pub fn flush(&self) -> Result<u64> {
         let mut n = 0;
         let mut cursor = 0;
@@ -159,6 +160,7 @@ impl SharedStore {
                 n += u64::from(self.inner.delete(&k)?);
             }
             if next == 0 {
+                self.inner.drop_damaged_entries()?;
                 return Ok(n);
             }
             cursor = next;

@@ -159,6 +159,43 @@ impl Inner {
         n
     }
 
+    /// Remove every index entry whose object fails its checksum (a
+    /// damaged key cannot be deleted by name: `flush` calls this after
+    /// deleting the keys it could list). Each removal is a delete under the
+    /// entry's bucket lock with a DEL intent. Returns how many.
+    pub(crate) fn drop_damaged_entries(&self) -> Result<u64> {
+        const BUCKETS_PER_PIN: usize = 256;
+        let intact = |e: u64| {
+            self.obj_header(e & LOC_MASK)
+                .is_some_and(|h| self.obj_intact(&h))
+        };
+        let n_buckets = self.geo.index_buckets as usize;
+        let mut n = 0;
+        for first in (0..n_buckets).step_by(BUCKETS_PER_PIN) {
+            let op = self.begin();
+            for b in first..(first + BUCKETS_PER_PIN).min(n_buckets) {
+                for i in 0..ENTRIES_PER_BUCKET {
+                    let e = self.bucket(b).entries[i].load(Ordering::Acquire);
+                    if e == 0 || intact(e) {
+                        continue;
+                    }
+                    self.set_intent(&op, INTENT_DEL, b, b, 0, 0);
+                    self.lock_pair(&op, b, b)?;
+                    if self.bucket(b).entries[i].load(Ordering::Acquire) == e {
+                        let loc = e & LOC_MASK;
+                        self.set_intent_old(&op, loc);
+                        self.bucket(b).entries[i].store(0, Ordering::Release);
+                        self.mark(loc, OBJ_DEAD);
+                        self.count_items(&op, -1);
+                        n += 1;
+                    }
+                    self.unlock_pair(b, b);
+                }
+            }
+        }
+        Ok(n)
+    }
+
     /// Whether an intact object (magic, length inside `limit`, checksum)
     /// starts at offset `off` of the segment at log offset `base`.
     fn intact_at(&self, base: u64, off: u64, limit: u64) -> bool {
