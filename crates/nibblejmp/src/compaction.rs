@@ -68,6 +68,10 @@ pub(crate) enum Pass {
     NoSpace,
     /// A lock wait timed out.
     Busy,
+    /// The victim had a damaged region: its live objects were moved, it
+    /// stays CLOSED and tagged quarantined (never picked again until an
+    /// index rebuild); other victims may be compacted.
+    Quarantined,
 }
 
 impl Inner {
@@ -263,7 +267,7 @@ impl Inner {
             );
             ve.state
                 .store(seg_state(SEG_CLOSED, TAG_QUARANTINED), Ordering::Release);
-            return Pass::Futile;
+            return Pass::Quarantined;
         }
         ve.live.store(0, Ordering::Relaxed);
         ve.stamp
@@ -425,6 +429,7 @@ impl Inner {
         while start.elapsed() < Duration::from_secs(10) {
             match self.pass(&mut dest, true) {
                 Pass::Compacted => n += 1,
+                Pass::Quarantined => {}
                 Pass::Busy => {
                     st.dest = dest;
                     return Err(Error::Busy("a bucket lock stayed held".into()));

@@ -338,3 +338,69 @@ fn a_store_of_an_older_layout_is_refused() {
         "{e}"
     );
 }
+
+#[test]
+fn compaction_drops_damaged_objects_and_quarantines_unparseable_segments() {
+    let d = TempDir::new("compact");
+    let s = SharedStore::create(&d.0, 16 << 20, &quiet()).unwrap();
+    for i in 0..KEYS {
+        s.put(&key(i), &value(i)).unwrap();
+    }
+    // Filler after them, so the segments holding them are closed.
+    let filler = |i: usize| format!("filler:{i}").into_bytes();
+    for i in 0..3000 {
+        s.put(&filler(i), &[b'f'; 2048]).unwrap();
+    }
+    s.close().unwrap();
+    let log = seg_file(&d.0, "log");
+    let mut b = std::fs::read(&log).unwrap();
+    let find = |b: &[u8], v: &[u8]| b.windows(v.len()).position(|w| w == v).unwrap();
+    // Key 43: a value byte (the object parses, its checksum fails).
+    let at = find(&b, &value(43));
+    b[at + 8] ^= 0x20;
+    // Key 77: its object's magic (the state word's top two bytes, 32
+    // bytes of prefix before the key): nothing parses there.
+    let at = find(&b, &key(77));
+    b[at - 32 + 7] ^= 0xFF;
+    std::fs::write(&log, b).unwrap();
+
+    let s = SharedStore::attach(&d.0, &quiet()).unwrap();
+    let keep: Vec<usize> = (100..110).chain([43, 77]).collect();
+    for i in 0..KEYS {
+        if !keep.contains(&i) {
+            s.delete(&key(i)).unwrap();
+        }
+    }
+    for i in 0..3000 {
+        s.delete(&filler(i)).unwrap();
+    }
+    let before = s.stats().damaged_objects;
+    assert!(s.compact_now().unwrap() > 0);
+    // The damaged object was dropped, not moved: the key is gone.
+    assert_eq!(s.get(&key(43)).unwrap(), None);
+    // The unparseable one is still named by the index: reads report it.
+    assert!(matches!(s.get(&key(77)), Err(Error::Damaged { .. })));
+    for i in 100..110 {
+        assert_eq!(s.get(&key(i)).unwrap(), Some(value(i)));
+    }
+    let st = s.stats();
+    assert!(st.damaged_objects >= before + 2, "{st:?}");
+    // Its segment is quarantined (CLOSED, never a victim) until a rebuild.
+    assert_eq!(st.segments_quarantined, 1, "{st:?}");
+    assert!(s.compact_now().is_ok());
+    assert!(matches!(s.get(&key(77)), Err(Error::Damaged { .. })));
+    s.close().unwrap();
+
+    let s = common::attach_rebuilt(&d.0, quiet());
+    assert_eq!(s.stats().segments_quarantined, 0);
+    assert_eq!(s.get(&key(77)).unwrap(), None);
+    for i in 100..110 {
+        assert_eq!(s.get(&key(i)).unwrap(), Some(value(i)));
+    }
+    assert!(s.compact_now().is_ok());
+    for i in 100..110 {
+        assert_eq!(s.get(&key(i)).unwrap(), Some(value(i)));
+    }
+    assert_eq!(s.len(), 10);
+    s.close().unwrap();
+}

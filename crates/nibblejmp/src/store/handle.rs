@@ -35,6 +35,9 @@ pub struct Stats {
     /// Objects found damaged (checksum mismatch) and not served, since
     /// creation.
     pub damaged_objects: u64,
+    /// Closed segments compaction leaves alone because of a damaged region
+    /// (counted in `segments_closed` too) until an index rebuild.
+    pub segments_quarantined: u64,
     pub clean_flag: bool,
     /// Compaction lease holder: (pid, alive).
     pub lease_holder: Option<(u32, bool)>,
@@ -227,7 +230,11 @@ impl SharedStore {
             ..Stats::default()
         };
         for s in 0..i.geo.log_segments as usize {
-            match i.seg(s).state.load(Ordering::Relaxed) & 0xFF {
+            let state = i.seg(s).state.load(Ordering::Relaxed);
+            if state == seg_state(SEG_CLOSED, TAG_QUARANTINED) {
+                st.segments_quarantined += 1;
+            }
+            match state & 0xFF {
                 SEG_FREE => st.segments_free += 1,
                 SEG_OPEN => st.segments_open += 1,
                 SEG_CLOSED => st.segments_closed += 1,
