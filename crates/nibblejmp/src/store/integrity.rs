@@ -38,7 +38,7 @@
 //!   index once (6.2 % of the capacity, faulted in with
 //!   `MADV_POPULATE_READ` and checksummed over up to 16 threads), so a
 //!   clean restart stays a map plus one pass over the index, not a log
-//!   scan: 30-100 ms for a 4 GiB store (256 MiB index) on 2 busy CPUs,
+//!   scan: 30-100 ms for 4 GiB of data (a 128-256 MiB index) on 2 busy CPUs,
 //!   where mapping alone took 0.5-6 ms.
 //! * **Geometry** (CRC-32C of the header's geometry words, written at
 //!   creation): checked at every attach; a mismatch is refused, since
