@@ -78,10 +78,8 @@ pub(crate) struct SegWalk {
     pub(crate) damaged: u64,
     /// Unparseable regions among those.
     pub(crate) regions: u64,
-    /// End of the last object that parsed (intact or skipped by length).
+    /// End of the last intact object.
     pub(crate) end: u64,
-    /// The callback asked to stop.
-    pub(crate) stopped: bool,
 }
 
 /// The outcome of checking the clean-shutdown seal.
@@ -246,7 +244,6 @@ impl Inner {
                         off = next;
                         w.end = off;
                         if !f(&h, size, true) {
-                            w.stopped = true;
                             return w;
                         }
                         continue;
@@ -259,7 +256,6 @@ impl Inner {
                         w.damaged += 1;
                     }
                     if !f(&h, size, false) {
-                        w.stopped = true;
                         return w;
                     }
                     off = self.resync(base, off + 8, limit);
