@@ -123,6 +123,9 @@ pub struct EngineStats {
     pub bytes_relocated: u64,
     /// Expired items reclaimed by compaction.
     pub expired_reclaimed: u64,
+    /// Items found damaged (checksum mismatch) and not served (shared
+    /// store only).
+    pub damaged_objects: u64,
     /// Keys.
     pub items: u64,
     /// Processes attached to a shared store (this one included).
@@ -198,6 +201,7 @@ impl KvEngine for Store {
             compaction_passes: st.compaction_passes,
             bytes_relocated: st.bytes_relocated,
             expired_reclaimed: st.expired_reclaimed,
+            damaged_objects: 0,
             items: st.items,
             processes: 1,
         }

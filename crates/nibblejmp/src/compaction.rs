@@ -68,6 +68,10 @@ pub(crate) enum Pass {
     NoSpace,
     /// A lock wait timed out.
     Busy,
+    /// The victim had a damaged region: its live objects were moved, it
+    /// stays CLOSED and tagged quarantined (never picked again until an
+    /// index rebuild); other victims may be compacted.
+    Quarantined,
 }
 
 impl Inner {
@@ -216,38 +220,54 @@ impl Inner {
             return Pass::Futile;
         }
         let used = ve.used.load(Ordering::Acquire).min(self.geo.seg_bytes);
-        let base = v as u64 * self.geo.seg_bytes;
-        let mut off = 0;
-        while off + OBJ_PREFIX_BYTES <= used {
-            let loc = base + off + 1;
-            let Some(h) = self.obj_header(loc) else {
-                break; // damaged tail: nothing after it can be found
-            };
-            let size = object_bytes(h.key_len as usize, h.value_cap as usize);
-            off += size;
+        // The walk verifies every object's checksum and gets past damage
+        // (`store/integrity.rs`): a damaged object is dropped from the
+        // index, not moved.
+        let mut failed = None;
+        let mut unlocated = 0u64;
+        let w = self.walk_intact(v, used, false, |h, size, intact| {
             let st = self.obj_state(h.loc()).load(Ordering::Acquire);
             if st & OBJ_COMMITTED == 0 || st & OBJ_DEAD != 0 {
-                continue;
+                return true;
             }
-            let dropped = if h.expired() {
-                self.drop_expired(&h)
+            let r = if !intact {
+                self.note_damaged(h.loc().get(), "compaction");
+                self.drop_object(h, false)
+                    .map(|found| unlocated += u64::from(!found))
+            } else if h.expired() {
+                self.drop_object(h, true).and_then(|d| {
+                    if d {
+                        Ok(())
+                    } else {
+                        self.move_object(h, size, dest)
+                    }
+                })
             } else {
-                Ok(false)
+                self.move_object(h, size, dest)
             };
-            let moved = dropped.and_then(|d| {
-                if d {
-                    Ok(())
-                } else {
-                    self.move_object(&h, size, dest)
-                }
-            });
-            match moved {
-                Ok(()) => {}
+            match r {
+                Ok(()) => true,
                 Err(p) => {
-                    ve.state.store(SEG_CLOSED, Ordering::Release);
-                    return p;
+                    failed = Some(p);
+                    false
                 }
             }
+        });
+        if let Some(p) = failed {
+            ve.state.store(SEG_CLOSED, Ordering::Release);
+            return p;
+        }
+        if w.regions > 0 || unlocated > 0 {
+            // Index entries may name objects inside an unparseable region,
+            // or a damaged object under its original key's buckets: keep
+            // the segment (never picked again) until an index rebuild.
+            self.note_damaged(
+                v as u64 * self.geo.seg_bytes + 1,
+                "compaction (unparseable region)",
+            );
+            ve.state
+                .store(seg_state(SEG_CLOSED, TAG_QUARANTINED), Ordering::Release);
+            return Pass::Quarantined;
         }
         ve.live.store(0, Ordering::Relaxed);
         ve.stamp
@@ -280,17 +300,19 @@ impl Inner {
         Ok((op, b0, b1, tag))
     }
 
-    /// Remove an expired object from the index (a delete under the key's
-    /// bucket locks, with a DEL intent, so a death halfway is resolved like
-    /// any delete's) instead of moving it. False if, under the locks, it is
-    /// indexed but no longer expired (a `set_expiry` came first): the
-    /// caller moves it instead.
-    fn drop_expired(&self, h: &Obj) -> std::result::Result<bool, Pass> {
+    /// Remove an expired (`expired`) or damaged object from the index (a
+    /// delete under the key's bucket locks, with a DEL intent, so a death
+    /// halfway is resolved like any delete's) instead of moving it. False
+    /// if, under the locks, an expired object is indexed but no longer
+    /// expired (a `set_expiry` came first): the caller moves it instead.
+    /// For a damaged object, whether its entry was found: the buckets
+    /// searched are those of its key as stored, which may be damaged.
+    fn drop_object(&self, h: &Obj, expired: bool) -> std::result::Result<bool, Pass> {
         let loc = h.loc().get();
         let (op, b0, b1, _) = self.lock_key_of(h, INTENT_DEL)?;
         let found = self.find_entry(b0, b1, loc);
         let still_expired = self.obj_header(loc).is_some_and(|h| h.expired());
-        if found.is_some() && !still_expired {
+        if expired && found.is_some() && !still_expired {
             self.unlock_pair(b0, b1);
             return Ok(false);
         }
@@ -298,10 +320,12 @@ impl Inner {
             self.bucket(b).entries[i].store(0, Ordering::Release);
             self.mark(loc, OBJ_DEAD);
             self.count_items(&op, -1);
-            self.hdr().expired_reclaimed.fetch_add(1, Ordering::Relaxed);
+            if expired {
+                self.hdr().expired_reclaimed.fetch_add(1, Ordering::Relaxed);
+            }
         }
         self.unlock_pair(b0, b1);
-        Ok(true)
+        Ok(expired || found.is_some())
     }
 
     /// Move one live object into the destination segment.
@@ -405,6 +429,7 @@ impl Inner {
         while start.elapsed() < Duration::from_secs(10) {
             match self.pass(&mut dest, true) {
                 Pass::Compacted => n += 1,
+                Pass::Quarantined => {}
                 Pass::Busy => {
                     st.dest = dest;
                     return Err(Error::Busy("a bucket lock stayed held".into()));

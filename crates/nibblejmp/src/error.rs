@@ -59,6 +59,10 @@ pub enum Error {
     Closed,
     /// Recovery found damage it could not repair.
     Corrupt(String),
+    /// The stored object of this key fails its checksum (the store's files
+    /// were damaged): it is not served. The key (lossy UTF-8, at most 64
+    /// bytes) is named; other keys are unaffected.
+    Damaged { key: String },
     /// An error from the SpaceJMP layer (segments, registry, window).
     Jmp(spacejmp::Error),
     /// An I/O error with context.
@@ -117,6 +121,10 @@ impl fmt::Display for Error {
             Error::Busy(s) => write!(f, "busy: {s}"),
             Error::Closed => write!(f, "the store is closed"),
             Error::Corrupt(s) => write!(f, "store damaged: {s}"),
+            Error::Damaged { key } => write!(
+                f,
+                "the stored object of key `{key}` is damaged (checksum mismatch); not served"
+            ),
             Error::Jmp(e) => write!(f, "spacejmp: {e}"),
             Error::Io { what, path, source } => {
                 write!(f, "{what} {}: {source}", path.display())

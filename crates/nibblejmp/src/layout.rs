@@ -19,7 +19,7 @@
 //! ```text
 //!  0                 8                                  32
 //!  | state (u64)     | nibble::object header (24 bytes) | key … | value … | pad to 8 |
-//!  state = OBJ_MAGIC | COMMITTED? | DEAD?
+//!  state = magic (16 bits) << 48 | crc32c (32 bits) << 16 | DEAD? << 1 | COMMITTED?
 //! ```
 //!
 //! The 24-byte header is `nibble::object::Header` in its wide layout
@@ -27,6 +27,21 @@
 //! flags, 48-bit version, expiry). The state word in front is what makes the
 //! log self-describing after a crash: an object is part of the store's
 //! contents iff it is COMMITTED and not DEAD (see the crate essay).
+//!
+//! The checksum in the state word ([`obj_crc`]) is CRC-32C over the key,
+//! the value and the header's first [`OBJ_CRC_HEADER_BYTES`] bytes
+//! (lengths, flags, version): everything of the object that never changes
+//! once it is published. It leaves out the state bits (set by `fetch_or`
+//! as the object is committed and killed) and the expiry (stored in place
+//! by `set_expiry`), which a checksum could only cover if every change
+//! rewrote it atomically with them. It costs no space: the magic was cut
+//! from 32 to 16 bits to make room (see `crate::store::integrity`).
+//!
+//! The meta header also carries checksums of the store's structure:
+//! `geometry_crc` over the geometry words (set at creation, checked at
+//! every attach) and, written by a clean shutdown only, `seal_meta_crc`
+//! over the rest of the meta segment (lease, slots, heads, counters,
+//! segment table) and `seal_index_crc` over the index segment.
 //!
 //! Lock words (a bucket's version word, a head's lock) are
 //! `seq << 8 | holder`, holder = epoch slot + 1 (0 = free). The sequence
@@ -39,8 +54,10 @@ use std::sync::atomic::AtomicU64;
 /// `"NIBJMP\0\x01"`: the meta segment's magic.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"NIBJMP\0\x01");
 /// Layout version; bumped on any change to this file (2: per-segment
-/// earliest expiry, striped item counters, expired-reclaim counter).
-pub const LAYOUT_VERSION: u64 = 2;
+/// earliest expiry, striped item counters, expired-reclaim counter; 3:
+/// object checksums in the state word, geometry and shutdown-seal
+/// checksums in the meta header). Another version is refused at attach.
+pub const LAYOUT_VERSION: u64 = 3;
 /// Log block size; a log segment is a whole number of blocks.
 pub const BLOCK_BYTES: u64 = 64 << 10;
 /// Epoch-table slots (each process claims up to 4; at most 252 threads
@@ -61,10 +78,17 @@ pub const LOC_MASK: u64 = (1 << LOC_BITS) - 1;
 /// the stripe of its epoch slot, so processes rarely share a line).
 pub const COUNT_STRIPES: usize = 16;
 
-/// High half of every object's state word ("NJOB").
-pub const OBJ_MAGIC: u64 = 0x4E4A_4F42 << 32;
-/// Mask of the magic half of the state word.
-pub const OBJ_MAGIC_MASK: u64 = 0xFFFF_FFFF << 32;
+/// Top 16 bits of every object's state word ("NJ").
+pub const OBJ_MAGIC: u64 = 0x4E4A << 48;
+/// Mask of the magic in the state word.
+pub const OBJ_MAGIC_MASK: u64 = 0xFFFF << 48;
+/// Shift of the object checksum ([`obj_crc`]) in the state word.
+pub const OBJ_CRC_SHIFT: u32 = 16;
+/// Mask of the object checksum in the state word.
+pub const OBJ_CRC_MASK: u64 = 0xFFFF_FFFF << OBJ_CRC_SHIFT;
+/// Header bytes the object checksum covers: the wide header up to its
+/// expiry (key length, capacity slack, value length, flags, version).
+pub const OBJ_CRC_HEADER_BYTES: usize = 18;
 /// State bit: the object's index update happened (it is, or was, the
 /// key's value).
 pub const OBJ_COMMITTED: u64 = 1;
@@ -86,6 +110,10 @@ pub const SEG_COMPACTING: u64 = 3;
 pub const SEG_RETIRED: u64 = 4;
 /// Owner tag of a segment opened by compaction.
 pub const TAG_COMPACTOR: u64 = 0xFF;
+/// Tag of a CLOSED segment that compaction found an unparseable (damaged)
+/// region in: never picked as a victim, since index entries may still name
+/// objects in the region; recovery's index rebuild untags it.
+pub const TAG_QUARANTINED: u64 = 0xFE;
 
 /// Intent kinds recorded in an epoch slot before locking buckets.
 pub const INTENT_NONE: u64 = 0;
@@ -128,6 +156,58 @@ pub struct MetaHeader {
     pub alloc_hint: AtomicU64,
     /// Expired objects removed by compaction.
     pub expired_reclaimed: AtomicU64,
+    /// CRC-32C of the geometry words (`magic` .. `reserve_segments`),
+    /// written at creation, checked at every attach.
+    pub geometry_crc: AtomicU64,
+    /// Written by a clean shutdown with `clean`: [`SEAL_VALID`] | CRC-32C
+    /// of the meta segment after this header ([`Meta`]'s other parts and
+    /// the segment table); 0 = none.
+    pub seal_meta_crc: AtomicU64,
+    /// As `seal_meta_crc`, over the whole index segment.
+    pub seal_index_crc: AtomicU64,
+    /// Objects found damaged (checksum mismatch) by reads, scans,
+    /// compaction and recovery.
+    pub damaged_objects: AtomicU64,
+}
+
+/// Bit of a seal word that says a checksum is present.
+pub const SEAL_VALID: u64 = 1 << 32;
+
+/// Words of [`MetaHeader`] the geometry checksum covers (`magic` to
+/// `reserve_segments`).
+pub const GEOMETRY_WORDS: usize = 8;
+
+/// CRC-32C of an object: key, value, then the first
+/// [`OBJ_CRC_HEADER_BYTES`] bytes of its wide header (in that order, so a
+/// put whose version is decided under the locks rechecksums only the
+/// header: `crc32c_append` onto the key-and-value checksum).
+#[inline]
+pub fn obj_crc(header: &[u8; nibble::object::WIDE_HEADER_BYTES], key: &[u8], value: &[u8]) -> u32 {
+    obj_crc_finish(obj_crc_kv(key, value), header)
+}
+
+/// The key-and-value part of [`obj_crc`].
+#[inline]
+pub fn obj_crc_kv(key: &[u8], value: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(key), value)
+}
+
+/// [`obj_crc`] from its key-and-value part.
+#[inline]
+pub fn obj_crc_finish(kv: u32, header: &[u8; nibble::object::WIDE_HEADER_BYTES]) -> u32 {
+    crc32c::crc32c_append(kv, &header[..OBJ_CRC_HEADER_BYTES])
+}
+
+/// The state word of a fresh, uncommitted object with checksum `crc`.
+#[inline]
+pub fn obj_state_word(crc: u32) -> u64 {
+    OBJ_MAGIC | (u64::from(crc) << OBJ_CRC_SHIFT)
+}
+
+/// The checksum recorded in a state word.
+#[inline]
+pub fn state_crc(state: u64) -> u32 {
+    ((state & OBJ_CRC_MASK) >> OBJ_CRC_SHIFT) as u32
 }
 
 /// The compaction lease: one process at a time compacts.

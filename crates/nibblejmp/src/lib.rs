@@ -137,7 +137,20 @@
 //! segments before and after setting the clean flag, so a cleanly closed
 //! store survives a reboot; a machine crash while the store is in use keeps
 //! only what the kernel had written back, in no promised order, so recovery
-//! may then find damaged segments (reported, scan stops there).
+//! may then find damaged objects (reported, skipped; the walk goes on).
+//!
+//! ## Damaged files (`store/integrity.rs`)
+//!
+//! Bytes of a stopped store's files can be damaged. Every object carries a
+//! CRC-32C of its key, value and immutable header bytes in its state word
+//! (no extra byte); reads, scans, compaction and recovery verify it, and a
+//! damaged object is never served (an [`Error::Damaged`] for its key,
+//! counted and logged), never indexed by a rebuild, and never hides the
+//! intact objects after it. A clean shutdown seals the index and meta
+//! segment with checksums that the next attach verifies before trusting
+//! the clean flag (a mismatch rebuilds from the log). Segment files are
+//! size-checked before they are mapped, so a truncated file is an error,
+//! not a SIGBUS.
 //!
 //! ## What is real and what is emulated on Linux
 //!
@@ -155,7 +168,7 @@
 //! | [`layout`] | the bytes in the three segments; lock words; object format |
 //! | [`store`] | attach/create, epoch slots, breakable locks, segments, put/get/delete (one file each under `store/`) |
 //! | [`compaction`] | the lease and the cleaner |
-//! | [`recovery`] | what an attach after a crash does |
+//! | [`recovery`] | what an attach after a crash (or a failed shutdown seal) does |
 //! | [`proc_id`] | pid + start time in one word |
 //! | [`testing`] | deterministic crash points for the crash-guarantee tests |
 //!

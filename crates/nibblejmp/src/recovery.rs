@@ -27,6 +27,18 @@
 //! 4. sets the live-byte counters and each segment's earliest expiry
 //!    (from the walk, over the indexed objects) and the item counter.
 //!
+//! Damage (see `store/integrity.rs`): every walk verifies each object's
+//! checksum and skips a damaged one (resynchronizing on the next intact
+//! object when its length cannot be trusted), so a damaged object is never
+//! indexed and the intact ones around it survive; the damaged ones that
+//! were live are counted in the report. A clean attach whose shutdown seal
+//! fails runs this recovery too: a bad index seal forces the rebuild; a bad
+//! meta seal also distrusts the segment table and heads, so every segment
+//! is walked to its end (stopping at a zero word) and its state and used
+//! bytes are re-derived: CLOSED up to its last parsed object if it holds a
+//! live object, FREE otherwise (a segment's stale bytes past its end hold
+//! only DEAD or uncommitted objects: compaction kills what it moves).
+//!
 //! Objects keep their whole nibble header (version, flags, expiry) in the
 //! log, so a rebuilt index serves the same items with the same metadata;
 //! expired objects stay invisible and compaction reclaims them.
@@ -41,7 +53,7 @@ use std::sync::atomic::Ordering;
 use crate::error::{Error, Result};
 use crate::layout::*;
 use crate::proc_id;
-use crate::store::{Inner, Obj};
+use crate::store::{Inner, Obj, SealCheck, SegWalk};
 
 /// Most threads recovery's log walk uses.
 const MAX_RECOVERY_THREADS: usize = 16;
@@ -55,8 +67,10 @@ struct Tally {
     live: u64,
     /// Of those, the ones the index names.
     indexed: u64,
-    /// Segments whose walk stopped at a damaged object.
+    /// Segments with damage.
     damaged: u64,
+    /// Damaged objects (that were live) and unparseable regions.
+    damaged_objects: u64,
 }
 
 /// What recovery found and did.
@@ -79,21 +93,41 @@ pub struct RecoveryReport {
     pub unindexed_objects: u64,
     /// Duplicate live copies of a key resolved by version in the rebuild.
     pub duplicates: u64,
-    /// Segments whose scan stopped at a damaged object.
+    /// Segments in which the walk found damage (objects failing their
+    /// checksum, unparseable regions); the walk goes on past it.
     pub damaged_segments: u64,
+    /// Damaged live objects (and unparseable regions) skipped: their keys
+    /// are lost (not indexed), every intact object is kept.
+    pub damaged_objects: u64,
+    /// The attach found a clean shutdown but the index failed its seal
+    /// checksum: the index was rebuilt from the log.
+    pub index_seal_bad: bool,
+    /// The attach found a clean shutdown but the meta segment failed its
+    /// seal checksum: segment states were re-derived from the log.
+    pub meta_seal_bad: bool,
 }
 
 impl Inner {
     /// Run recovery; the caller holds the attach lock and no other live
     /// process is attached.
-    pub(crate) fn recover(&self, unclean: bool, force_rebuild: bool) -> Result<RecoveryReport> {
+    pub(crate) fn recover(
+        &self,
+        unclean: bool,
+        force_rebuild: bool,
+        seal: SealCheck,
+    ) -> Result<RecoveryReport> {
         let mut r = RecoveryReport {
             ran: true,
             unclean,
+            index_seal_bad: !seal.index_ok,
+            meta_seal_bad: !seal.meta_ok,
             ..RecoveryReport::default()
         };
-        if unclean {
+        if unclean || !seal.index_ok || !seal.meta_ok {
             self.hdr().recoveries.fetch_add(1, Ordering::Relaxed);
+        }
+        if !seal.meta_ok {
+            r.segments_repaired += self.rederive_segments();
         }
         // 1. Locks and segment states.
         for b in 0..self.geo.index_buckets as usize {
@@ -149,6 +183,7 @@ impl Inner {
         let t = self.verify_walk();
         let entries = self.count_entries();
         r.damaged_segments = t.damaged;
+        r.damaged_objects = t.damaged_objects;
         r.unindexed_objects = t.live - t.indexed;
         r.bad_entries = entries.saturating_sub(t.indexed);
         // 3. Rebuild if needed (the walk's per-segment figures are redone).
@@ -156,11 +191,30 @@ impl Inner {
             r.damaged_segments = 0;
             self.rebuild_index(&mut r)?;
             self.hdr().rebuilds.fetch_add(1, Ordering::Relaxed);
+            // No entry names a damaged region now: quarantined segments
+            // may be compacted again.
+            for s in 0..self.geo.log_segments as usize {
+                let e = self.seg(s);
+                if e.state.load(Ordering::Acquire) == seg_state(SEG_CLOSED, TAG_QUARANTINED) {
+                    e.state.store(SEG_CLOSED, Ordering::Release);
+                }
+            }
             self.verify_walk();
             self.count_entries()
         } else {
             entries
         };
+        if r.damaged_objects > 0 {
+            self.hdr()
+                .damaged_objects
+                .fetch_add(r.damaged_objects, Ordering::Relaxed);
+            log::error!(
+                "nibblejmp store {}: recovery skipped {} damaged objects or regions in {} segments (checksum mismatch); their keys are not indexed",
+                self.dir.display(),
+                r.damaged_objects,
+                t.damaged
+            );
+        }
         // 4. The item counter (live bytes and earliest expiries were set by
         //    the walk).
         for (i, c) in self.meta().counts.iter().enumerate() {
@@ -198,13 +252,13 @@ impl Inner {
                 // rebuilt rather than trusted.
                 let b = h.join().unwrap_or(Tally {
                     live: 1,
-                    indexed: 0,
-                    damaged: 0,
+                    ..Tally::default()
                 });
                 Tally {
                     live: a.live + b.live,
                     indexed: a.indexed + b.indexed,
                     damaged: a.damaged + b.damaged,
+                    damaged_objects: a.damaged_objects + b.damaged_objects,
                 }
             })
         })
@@ -215,7 +269,7 @@ impl Inner {
         for s in segs {
             let e = self.seg(s);
             let (mut live_bytes, mut min_expiry) = (0u64, 0u64);
-            let damaged = self.walk_segment(s, |loc, h| {
+            let w = self.walk_segment(s, |loc, h| {
                 t.live += 1;
                 let key = self.obj_key(h);
                 let (b0, b1, tag) = self.buckets_of(nibble::hash_key(key));
@@ -234,7 +288,8 @@ impl Inner {
                     }
                 }
             });
-            t.damaged += u64::from(damaged);
+            t.damaged += u64::from(w.damaged > 0);
+            t.damaged_objects += w.damaged;
             e.live.store(live_bytes, Ordering::Relaxed);
             e.min_expiry_ms.store(min_expiry, Ordering::Relaxed);
         }
@@ -254,49 +309,79 @@ impl Inner {
             .sum()
     }
 
-    /// Walk segment `s` if in use (OPEN or CLOSED): calls `f(loc, header)`
-    /// for each committed, not-dead object; true if the walk stopped at a
-    /// damaged object.
-    fn walk_segment(&self, s: usize, mut f: impl FnMut(u64, &Obj)) -> bool {
+    /// Walk segment `s` if in use (OPEN or CLOSED) up to its used bytes:
+    /// calls `f(loc, header)` for each intact, committed, not-dead object
+    /// (damaged ones are skipped and counted, see
+    /// [`Inner::walk_intact`]).
+    fn walk_segment(&self, s: usize, mut f: impl FnMut(u64, &Obj)) -> SegWalk {
         let e = self.seg(s);
         let st = e.state.load(Ordering::Acquire) & 0xFF;
         if st != SEG_OPEN && st != SEG_CLOSED {
-            return false;
+            return SegWalk::default();
         }
         let used = e.used.load(Ordering::Acquire).min(self.geo.seg_bytes);
-        let base = s as u64 * self.geo.seg_bytes;
-        let mut off = 0;
-        while off + OBJ_PREFIX_BYTES <= used {
-            let loc = base + off + 1;
-            let Some(h) = self.obj_header(loc) else {
-                return true;
-            };
-            let size = object_bytes(h.key_len as usize, h.value_cap as usize);
-            if off + size > used {
-                return true;
-            }
-            off += size;
+        self.walk_intact(s, used, false, |h, _, intact| {
             let os = self.obj_state(h.loc()).load(Ordering::Acquire);
-            if os & OBJ_COMMITTED == 0 || os & OBJ_DEAD != 0 {
-                continue;
+            if intact && os & OBJ_COMMITTED != 0 && os & OBJ_DEAD == 0 {
+                f(h.loc().get(), h);
             }
-            f(loc, &h);
+            true
+        })
+    }
+
+    /// With an untrusted meta segment: clear heads and lease, and re-derive
+    /// every segment's state and used bytes from the log (see the module
+    /// essay). Returns the segments whose entry changed.
+    fn rederive_segments(&self) -> u64 {
+        for h in 0..MAX_HEADS {
+            let hd = self.head(h);
+            hd.lock.store(0, Ordering::Relaxed);
+            hd.seg.store(0, Ordering::Relaxed);
+            hd.off.store(0, Ordering::Relaxed);
         }
-        false
+        let lease = &self.meta().lease;
+        lease.owner.store(0, Ordering::Relaxed);
+        lease.dest.store(0, Ordering::Relaxed);
+        let mut changed = 0;
+        for s in 0..self.geo.log_segments as usize {
+            let mut live = false;
+            let w = self.walk_intact(s, self.geo.seg_bytes, true, |h, _, intact| {
+                let os = self.obj_state(h.loc()).load(Ordering::Acquire);
+                live |= intact && os & OBJ_COMMITTED != 0 && os & OBJ_DEAD == 0;
+                true
+            });
+            let (state, used) = if live {
+                (SEG_CLOSED, w.end)
+            } else {
+                (SEG_FREE, 0)
+            };
+            let e = self.seg(s);
+            if e.state.load(Ordering::Relaxed) != state || e.used.load(Ordering::Relaxed) != used {
+                changed += 1;
+            }
+            e.state.store(state, Ordering::Relaxed);
+            e.used.store(used, Ordering::Relaxed);
+            e.live.store(0, Ordering::Relaxed);
+            e.stamp.store(0, Ordering::Relaxed);
+            e.min_expiry_ms.store(0, Ordering::Relaxed);
+        }
+        self.hdr().alloc_hint.store(0, Ordering::Relaxed);
+        changed
     }
 
     /// Walk every segment in use (see [`walk_segment`](Self::walk_segment));
     /// stops at the first error of `f`. Returns the number of segments
-    /// whose walk stopped at a damaged object.
+    /// in which the walk found damage.
     fn walk_log(&self, mut f: impl FnMut(u64, &Obj) -> Result<()>) -> Result<u64> {
         let mut damaged = 0;
         let mut res = Ok(());
         for s in 0..self.geo.log_segments as usize {
-            damaged += u64::from(self.walk_segment(s, |loc, h| {
+            let w = self.walk_segment(s, |loc, h| {
                 if res.is_ok() {
                     res = f(loc, h);
                 }
-            }));
+            });
+            damaged += u64::from(w.damaged > 0);
             if res.is_err() {
                 break;
             }

@@ -13,6 +13,7 @@
 //! | `store/segments.rs` | segment claim and close, the append, object writes |
 //! | `store/ops.rs` | put / get / delete / set_expiry / scan |
 //! | `store/attach.rs` | create, attach, detach, remove; the attach `flock` |
+//! | `store/integrity.rs` | object checksums on read, the damage-tolerant log walk, the clean-shutdown seal |
 //! | `store/handle.rs` | [`SharedStore`], the public handle, and [`Stats`] |
 //! | [`crate::compaction`] | the lease and the cleaner |
 //! | [`crate::recovery`] | what attach does after a crash |
@@ -46,6 +47,7 @@ use crate::testing::{point, CrashPoint};
 
 mod attach;
 mod handle;
+mod integrity;
 mod locks;
 mod ops;
 mod segments;
@@ -53,6 +55,7 @@ mod slots;
 
 pub use attach::default_dir;
 pub use handle::{SharedStore, Stats};
+pub(crate) use integrity::{SealCheck, SegWalk};
 use segments::Append;
 use slots::Intent;
 pub(crate) use slots::{ordered_stamp, Op};
@@ -315,6 +318,11 @@ impl ValidLoc {
 pub(crate) struct Obj {
     loc: ValidLoc,
     h: Header,
+    /// The header's bytes as read (the checksum covers them, not a
+    /// re-encoding of `h`).
+    raw: [u8; HEADER_BYTES],
+    /// The checksum recorded in the state word.
+    pub(crate) crc: u32,
 }
 
 impl Obj {
@@ -433,7 +441,8 @@ impl Inner {
     /// it fits its segment.
     pub(crate) fn obj_header(&self, loc: u64) -> Option<Obj> {
         let loc = self.valid_loc(loc)?;
-        if self.obj_state(loc).load(Ordering::Acquire) & OBJ_MAGIC_MASK != OBJ_MAGIC {
+        let st = self.obj_state(loc).load(Ordering::Acquire);
+        if st & OBJ_MAGIC_MASK != OBJ_MAGIC {
             return None;
         }
         // Word by word, atomically: the expiry word may be stored by
@@ -446,7 +455,18 @@ impl Inner {
         let h = Header::decode_wide(&b);
         let end = (loc.0 - 1) % self.geo.seg_bytes
             + object_bytes(h.key_len as usize, h.value_cap as usize);
-        (end <= self.geo.seg_bytes).then_some(Obj { loc, h })
+        (end <= self.geo.seg_bytes).then_some(Obj {
+            loc,
+            h,
+            raw: b,
+            crc: state_crc(st),
+        })
+    }
+
+    /// Whether a checked object's key, value and immutable header bytes
+    /// match its checksum (see `store/integrity.rs`).
+    pub(crate) fn obj_intact(&self, o: &Obj) -> bool {
+        obj_crc(&o.raw, self.obj_key(o), self.obj_value(o)) == o.crc
     }
 
     /// The key bytes of a checked object.

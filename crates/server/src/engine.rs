@@ -228,14 +228,24 @@ fn open_shared(dir: &Path, cfg: &ServerConfig) -> Result<SharedEngine, String> {
             .map_err(|e| format!("attaching the shared store in {}: {e}", dir.display()))?;
         let r = s.recovery_report().clone();
         let start = if r.ran {
+            let why = if r.unclean {
+                "unclean shutdown"
+            } else if r.meta_seal_bad {
+                "clean shutdown, but the meta segment fails its checksum"
+            } else if r.index_seal_bad {
+                "clean shutdown, but the index fails its checksum"
+            } else {
+                "rebuild requested"
+            };
             format!(
-                "recovered (unclean shutdown; segments_repaired={} bad_entries={} unindexed={} rebuilt={} objects_indexed={} damaged_segments={})",
+                "recovered ({why}; segments_repaired={} bad_entries={} unindexed={} rebuilt={} objects_indexed={} damaged_segments={} damaged_objects={})",
                 r.segments_repaired,
                 r.bad_entries,
                 r.unindexed_objects,
                 if r.rebuilt { "yes" } else { "no" },
                 r.objects_indexed,
-                r.damaged_segments
+                r.damaged_segments,
+                r.damaged_objects
             )
         } else {
             // Recovery is skipped when the last process closed cleanly, or

@@ -46,6 +46,14 @@ pub enum Error {
     /// The backing store has no room for the segment (tmpfs or hugetlbfs
     /// full); reported at creation instead of a SIGBUS later.
     NoSpace { path: PathBuf, size: u64 },
+    /// A segment file is shorter than the size its registry entry and
+    /// header record (truncated): refused before it is mapped, since
+    /// touching a mapped page past the end of a file raises SIGBUS.
+    ShortFile {
+        path: PathBuf,
+        file_bytes: u64,
+        expected_bytes: u64,
+    },
     /// A segment could not be mapped at its fixed address.
     MapFailed { name: String, base: u64, errno: i32 },
     /// Switching needs to remap a range that another thread of this process
@@ -145,6 +153,16 @@ impl fmt::Display for Error {
             Error::NoSpace { path, size } => write!(
                 f,
                 "no space for {size} bytes in {} (tmpfs/hugetlbfs full?)",
+                path.display()
+            ),
+            Error::ShortFile {
+                path,
+                file_bytes,
+                expected_bytes,
+            } => write!(
+                f,
+                "segment file {} is {file_bytes} bytes but its registry entry needs \
+                 {expected_bytes} bytes (truncated?); refusing to map it",
                 path.display()
             ),
             Error::MapFailed { name, base, errno } => write!(

@@ -21,6 +21,16 @@
 //! reserved at creation with `fallocate`, so a full tmpfs is an error at
 //! creation ([`Error::NoSpace`]) rather than a SIGBUS on first touch.
 //!
+//! A file is checked against its registry entry before any page of it is
+//! mapped ([`check_file_size`]): shorter than the recorded size is refused
+//! ([`Error::ShortFile`], naming the file and both sizes) because a load
+//! or store to a mapped page past the end of a file is a SIGBUS, not an
+//! error; longer is accepted (only the recorded size is mapped, the rest
+//! is ignored); a file with holes (copied sparse, or punched) gets its
+//! blocks reserved again with `fallocate`, so a full file system is an
+//! error at attach ([`Error::NoSpace`]) rather than a SIGBUS on a later
+//! store.
+//!
 //! The header is the authority on what the file is: attaching validates
 //! magic, version, base, size and name against the registry entry and
 //! refuses a mismatch ([`Error::HeaderMismatch`]). Permissions are checked
@@ -329,12 +339,57 @@ pub(crate) fn open_file(dir: &Path, info: &SegInfo, access: Access) -> Result<Fi
         }
         Err(e) => return Err(Error::io("open", &path, e)),
     };
+    check_file_size(&file, &path, info)?;
     let hm = HeaderMap::new(&file, info.header_size, false)
         .map_err(|e| Error::io("map header", &path, e))?;
     check_header(hm.get(), info)?;
     check_mode(hm.get(), &info.name, access)?;
     Ok(file)
 }
+
+/// Refuse a file shorter than `info.size` ([`Error::ShortFile`]) and
+/// reserve the blocks of one with holes, before anything maps it (see the
+/// module essay).
+pub(crate) fn check_file_size(file: &File, path: &Path, info: &SegInfo) -> Result<()> {
+    // SAFETY: `stat` is plain old data; zeroed is a valid initial value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `file` is an open descriptor and `st` a valid out-pointer.
+    if unsafe { libc::fstat(file.as_raw_fd(), &mut st) } != 0 {
+        return Err(Error::last_os("fstat", path));
+    }
+    let file_bytes = st.st_size.max(0) as u64;
+    if file_bytes < info.size {
+        return Err(Error::ShortFile {
+            path: path.to_path_buf(),
+            file_bytes,
+            expected_bytes: info.size,
+        });
+    }
+    // Fewer allocated blocks than bytes: a sparse file. Reserve its
+    // blocks now (cheap when few are missing; skipped for a fully
+    // allocated file, so a clean attach of a large store stays fast).
+    let allocated_bytes = (st.st_blocks.max(0) as u64).saturating_mul(STAT_BLOCK_BYTES);
+    if allocated_bytes < info.size && info.flags & FLAG_HUGE == 0 {
+        // SAFETY: valid fd; reserves blocks for the recorded size.
+        let r = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, info.size as libc::off_t) };
+        if r != 0 {
+            let errno = sys::errno();
+            if errno == libc::ENOSPC || errno == libc::EFBIG || errno == libc::ENOMEM {
+                return Err(Error::NoSpace {
+                    path: path.to_path_buf(),
+                    size: info.size,
+                });
+            }
+            if errno != libc::EOPNOTSUPP {
+                return Err(Error::last_os("fallocate", path));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Unit of `st_blocks` (POSIX: 512 bytes, whatever the file system).
+const STAT_BLOCK_BYTES: u64 = 512;
 
 pub(crate) fn check_header(h: &Header, info: &SegInfo) -> Result<()> {
     let mismatch = |what: String| {
@@ -400,6 +455,18 @@ impl HeaderView {
     /// Map the header of the segment file `path` (header size `header_size`).
     pub fn open_path(path: &Path, header_size: u64) -> Result<HeaderView> {
         let file = open_raw(path, libc::O_RDWR, 0).map_err(|e| Error::io("open", path, e))?;
+        let file_bytes = file
+            .metadata()
+            .map_err(|e| Error::io("stat", path, e))?
+            .len();
+        if file_bytes < header_size {
+            // Reading a mapped header page past the end would be a SIGBUS.
+            return Err(Error::ShortFile {
+                path: path.to_path_buf(),
+                file_bytes,
+                expected_bytes: header_size,
+            });
+        }
         let map = HeaderMap::new(&file, header_size, true)
             .map_err(|e| Error::io("map header", path, e))?;
         Ok(HeaderView { map, _file: file })
@@ -416,6 +483,17 @@ pub(crate) fn clone_file(dir: &Path, from: &SegInfo, to: &SegInfo) -> Result<()>
     let src = seg_path(dir, &from.name);
     let dst = seg_path(dir, &to.name);
     let mut inp = open_raw(&src, libc::O_RDONLY, 0).map_err(|e| Error::io("open", &src, e))?;
+    let src_bytes = inp
+        .metadata()
+        .map_err(|e| Error::io("stat", &src, e))?
+        .len();
+    if src_bytes < from.size {
+        return Err(Error::ShortFile {
+            path: src,
+            file_bytes: src_bytes,
+            expected_bytes: from.size,
+        });
+    }
     create_file(dir, to, 0o660)?;
     // Copy data after the header; the header of the clone stays fresh
     // (unlocked, own name) except for the root pointer and heap state.

@@ -160,6 +160,8 @@ impl SharedStore {
         h.created_unix_ms
             .store(nibble::object::now_ms(), Ordering::Relaxed);
         h.attaches.store(1, Ordering::Relaxed);
+        h.geometry_crc
+            .store(inner.geometry_crc(), Ordering::Relaxed);
         // Magic last: a creator killed before this leaves "not a store".
         h.magic.store(MAGIC, Ordering::Release);
         let mut inner = inner;
@@ -280,6 +282,33 @@ impl SharedStore {
         let lock = AttachLock::take(&dir)?;
         let jmp = Box::new(Jmp::open(Config::with_store(&dir))?);
         let mut inner = Self::map(&dir, jmp, opts, None)?;
+        if inner.hdr().geometry_crc.load(Ordering::Acquire) != inner.geometry_crc() {
+            return Err(Error::NotAStore {
+                path: dir.clone(),
+                what: "the geometry in the meta header fails its checksum (damaged header)".into(),
+            });
+        }
+        let unclean = inner.hdr().clean.load(Ordering::Acquire) == 0;
+        // After a clean shutdown nobody is attached (every attach clears
+        // the flag under the attach lock, which we hold): check the seal
+        // before anything here changes the meta segment.
+        let seal = if unclean {
+            SealCheck {
+                meta_ok: true,
+                index_ok: true,
+            }
+        } else {
+            // SAFETY: we hold the attach lock and the clean flag says no
+            // process is attached, so nobody writes the meta or index
+            // segment while they are read.
+            unsafe { inner.check_seal() }
+        };
+        if !seal.meta_ok {
+            // Lease, slots, heads and the segment table are not to be
+            // trusted; no process is attached, so the slots can be freed
+            // outright and recovery re-derives the rest from the log.
+            inner.clear_slots();
+        }
         inner.hdr().attaches.fetch_add(1, Ordering::Relaxed);
         inner.reclaim_dead_slots();
         let others = inner.others_alive();
@@ -288,9 +317,9 @@ impl SharedStore {
                 "rebuild needs exclusive use; other processes are attached".into(),
             ));
         }
-        let unclean = inner.hdr().clean.load(Ordering::Acquire) == 0;
-        let report = if !others && (unclean || opts.rebuild) {
-            inner.recover(unclean, opts.rebuild)?
+        let rebuild = opts.rebuild || !seal.index_ok || !seal.meta_ok;
+        let report = if !others && (unclean || rebuild) {
+            inner.recover(unclean, rebuild, seal)?
         } else {
             RecoveryReport::default()
         };
@@ -330,7 +359,13 @@ impl SharedStore {
         let lock = lock?;
         if !i.others_alive() {
             // On a disk directory the files must reach the disk before the
-            // store is called clean (a no-op cost on tmpfs).
+            // store is called clean (a no-op cost on tmpfs). The seal
+            // (checksums of the index and the meta segment) is written
+            // with the flag; the next attach trusts neither without it.
+            // SAFETY: we hold the attach lock, no other process is
+            // attached, and every operation of this process has ended
+            // (all local slots taken above, the compaction thread joined).
+            unsafe { i.write_seal() };
             i.sync()?;
             i.hdr().clean.store(1, Ordering::Release);
             i.sync()?;
@@ -374,6 +409,17 @@ impl Inner {
             }
         }
         Ok(())
+    }
+
+    /// Free every epoch slot (attach with an untrusted meta segment, when
+    /// no process is attached).
+    fn clear_slots(&self) {
+        for i in 0..EPOCH_SLOTS {
+            let s = self.slot(i);
+            s.tsc.store(0, Ordering::Relaxed);
+            s.intent_kind.store(INTENT_NONE, Ordering::Relaxed);
+            s.owner.store(0, Ordering::Release);
+        }
     }
 
     /// Claim this process's epoch slots.

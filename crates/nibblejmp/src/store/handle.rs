@@ -32,6 +32,12 @@ pub struct Stats {
     pub lease_takeovers: u64,
     /// Expired objects removed by compaction.
     pub expired_reclaimed: u64,
+    /// Objects found damaged (checksum mismatch) and not served, since
+    /// creation.
+    pub damaged_objects: u64,
+    /// Closed segments compaction leaves alone because of a damaged region
+    /// (counted in `segments_closed` too) until an index rebuild.
+    pub segments_quarantined: u64,
     pub clean_flag: bool,
     /// Compaction lease holder: (pid, alive).
     pub lease_holder: Option<(u32, bool)>,
@@ -150,8 +156,9 @@ impl SharedStore {
     }
 
     /// Delete every key, expired ones included (a scan and a delete per
-    /// key; keys written concurrently may survive). Returns the number of
-    /// live keys deleted.
+    /// key; keys written concurrently may survive), then every entry whose
+    /// object is damaged (which no scan lists). Returns the number of live
+    /// keys deleted.
     pub fn flush(&self) -> Result<u64> {
         let mut n = 0;
         let mut cursor = 0;
@@ -161,6 +168,7 @@ impl SharedStore {
                 n += u64::from(self.inner.delete(&k)?);
             }
             if next == 0 {
+                self.inner.drop_damaged_entries()?;
                 return Ok(n);
             }
             cursor = next;
@@ -227,7 +235,11 @@ impl SharedStore {
             ..Stats::default()
         };
         for s in 0..i.geo.log_segments as usize {
-            match i.seg(s).state.load(Ordering::Relaxed) & 0xFF {
+            let state = i.seg(s).state.load(Ordering::Relaxed);
+            if state == seg_state(SEG_CLOSED, TAG_QUARANTINED) {
+                st.segments_quarantined += 1;
+            }
+            match state & 0xFF {
                 SEG_FREE => st.segments_free += 1,
                 SEG_OPEN => st.segments_open += 1,
                 SEG_CLOSED => st.segments_closed += 1,
@@ -247,6 +259,7 @@ impl SharedStore {
         st.compactions = h.compactions.load(Ordering::Relaxed);
         st.lease_takeovers = h.lease_takeovers.load(Ordering::Relaxed);
         st.expired_reclaimed = h.expired_reclaimed.load(Ordering::Relaxed);
+        st.damaged_objects = h.damaged_objects.load(Ordering::Relaxed);
         st.clean_flag = h.clean.load(Ordering::Relaxed) != 0;
         let lo = i.meta().lease.owner.load(Ordering::Relaxed);
         if lo != 0 {
@@ -368,6 +381,7 @@ impl nibble::KvEngine for SharedStore {
             compaction_passes: st.compactions,
             bytes_relocated: 0,
             expired_reclaimed: st.expired_reclaimed,
+            damaged_objects: st.damaged_objects,
             items: st.objects,
             processes: st.processes.iter().filter(|p| p.2).count(),
         }

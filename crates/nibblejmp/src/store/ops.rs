@@ -130,8 +130,9 @@ impl Inner {
             slack_slot: true,
         };
         let deadline = Instant::now() + self.opts.oom_wait;
+        let kv_crc = obj_crc_kv(key, value);
         let loc = loop {
-            match self.append(op, key, value, &hdr)? {
+            match self.append(op, key, value, &hdr, kv_crc)? {
                 Append::Done(loc) => break loc,
                 Append::NoSpace => {
                     // Holding our pin would keep retired segments from
@@ -178,7 +179,7 @@ impl Inner {
             hdr.expiry_ms = live_old.map_or(0, |h| h.expiry_ms);
         }
         if hdr.version != version || hdr.expiry_ms != expiry {
-            self.rewrite_header(new, &hdr);
+            self.rewrite_header(new, &hdr, kv_crc);
         }
         let entry = (tag << LOC_BITS) | loc;
         let old = match found {
@@ -220,18 +221,27 @@ impl Inner {
         Ok(hdr.version)
     }
 
-    /// Rewrite the header of an unpublished object this operation appended.
-    /// (It is not published, so nobody reads it; the stores are atomic
-    /// anyway, as every access to header words after the append. Key and
-    /// value lengths are unchanged, so scans that size it agree.)
-    fn rewrite_header(&self, loc: ValidLoc, hdr: &Header) {
+    /// Rewrite the header of an unpublished object this operation appended,
+    /// and its checksum (`kv_crc`: that of its key and value). (It is not
+    /// published, so nobody reads it; the stores are atomic anyway, as
+    /// every access to header words after the append. Key and value
+    /// lengths are unchanged, so scans that size it agree. A death between
+    /// the header and the checksum leaves an uncommitted object with a bad
+    /// checksum, which intent resolution kills and scans skip.)
+    fn rewrite_header(&self, loc: ValidLoc, hdr: &Header, kv_crc: u32) {
         let hb = hdr.encode_wide();
+        let crc = obj_crc_finish(kv_crc, &hb);
         for (i, chunk) in hb.chunks_exact(8).enumerate() {
             let mut w = [0u8; 8];
             w.copy_from_slice(chunk);
             self.obj_word(loc, 1 + i)
                 .store(u64::from_le_bytes(w), Ordering::Relaxed);
         }
+        let _ = self
+            .obj_state(loc)
+            .fetch_update(Ordering::Release, Ordering::Relaxed, |st| {
+                Some((st & !OBJ_CRC_MASK) | (u64::from(crc) << OBJ_CRC_SHIFT))
+            });
     }
 
     /// Record that the object at `loc` expires at `expiry_ms` (0 = never)
@@ -279,18 +289,25 @@ impl Inner {
         // No seqlock validation is needed: an entry is one word, read
         // atomically; the object it names has an immutable key and value
         // (header words are loaded atomically) and stays mapped while we
-        // are pinned (see the crate essay).
-        Ok(self.find_live(key, b0, b1, tag).map(|o| {
-            buf.extend_from_slice(self.obj_value(&o));
-            ItemMeta::of(&o)
-        }))
+        // are pinned (see the crate essay). Its checksum is verified before
+        // a byte is returned (`integrity.rs`).
+        Ok(self
+            .find_checked(key, b0, b1, tag)?
+            .filter(|o| !o.expired())
+            .map(|o| {
+                buf.extend_from_slice(self.obj_value(&o));
+                ItemMeta::of(&o)
+            }))
     }
 
     pub(crate) fn meta_of(&self, key: &[u8]) -> Result<Option<ItemMeta>> {
         self.check_key(key)?;
         let (b0, b1, tag) = self.buckets_of(nibble::hash_key(key));
         let _op = self.begin();
-        Ok(self.find_live(key, b0, b1, tag).map(|o| ItemMeta::of(&o)))
+        Ok(self
+            .find_checked(key, b0, b1, tag)?
+            .filter(|o| !o.expired())
+            .map(|o| ItemMeta::of(&o)))
     }
 
     /// Delete `key` if `cond` holds (an expired item is removed either way
@@ -406,9 +423,13 @@ impl Inner {
                 }
                 let loc = e & LOC_MASK;
                 if let Some(h) = self.obj_header(loc) {
-                    if with_expired || !h.expired_at(now) {
+                    if !self.obj_intact(&h) {
+                        self.note_damaged(loc, "a scan");
+                    } else if with_expired || !h.expired_at(now) {
                         keys.push(self.obj_key(&h).to_vec());
                     }
+                } else {
+                    self.note_damaged(loc, "a scan");
                 }
             }
             b += 1;
@@ -450,8 +471,9 @@ impl Inner {
                         continue;
                     }
                     let loc = e & LOC_MASK;
-                    if let Some(h) = self.obj_header(loc) {
-                        f(self.obj_key(&h), &h);
+                    match self.obj_header(loc) {
+                        Some(h) if self.obj_intact(&h) => f(self.obj_key(&h), &h),
+                        _ => self.note_damaged(loc, "key iteration"),
                     }
                 }
             }

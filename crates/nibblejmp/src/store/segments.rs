@@ -73,6 +73,7 @@ impl Inner {
         key: &[u8],
         value: &[u8],
         hdr: &Header,
+        kv_crc: u32,
     ) -> Result<Append> {
         let size = object_bytes(key.len(), value.len());
         let h = self.lock_head(op)?;
@@ -88,7 +89,7 @@ impl Inner {
                 // SAFETY: `size` bytes at `off` fit the head's segment
                 // (checked above) and we hold the head's lock: nobody else
                 // appends there, and nothing names the space yet.
-                unsafe { self.write_object(loc, key, value, hdr) };
+                unsafe { self.write_object(loc, key, value, hdr, kv_crc) };
                 point(CrashPoint::AppendMidCopy);
                 head.off.store(off + size, Ordering::Release);
                 self.seg(s).used.store(off + size, Ordering::Release);
@@ -113,7 +114,9 @@ impl Inner {
         }
     }
 
-    /// Write state word (uncommitted), header, key and value at `loc`.
+    /// Write state word (uncommitted, with the object's checksum; `kv_crc`
+    /// is [`obj_crc_kv`] of `key` and `value`), header, key and value at
+    /// `loc`.
     ///
     /// # Safety
     /// The caller reserved `object_bytes(key.len(), value.len())` bytes at
@@ -126,14 +129,19 @@ impl Inner {
         key: &[u8],
         value: &[u8],
         hdr: &Header,
+        kv_crc: u32,
     ) {
         debug_assert!(
             (loc.0 - 1) % self.geo.seg_bytes + object_bytes(key.len(), value.len())
                 <= self.geo.seg_bytes
         );
+        debug_assert_eq!(kv_crc, obj_crc_kv(key, value));
         let p = self.obj(loc);
-        self.obj_state(loc).store(OBJ_MAGIC, Ordering::Relaxed);
         let hb = hdr.encode_wide();
+        self.obj_state(loc).store(
+            obj_state_word(obj_crc_finish(kv_crc, &hb)),
+            Ordering::Relaxed,
+        );
         // SAFETY: the bytes lie in one segment of the log mapping and only
         // this thread accesses them (this function's contract); header,
         // key and value follow each other without overlapping the
@@ -162,6 +170,9 @@ impl Inner {
         // segment; `to` has `bytes` bytes of room in another segment (the
         // contract), so the ranges are in the mapping and do not overlap.
         unsafe { std::ptr::copy_nonoverlapping(self.obj(from.loc), self.obj(to), bytes as usize) };
-        self.obj_state(to).store(OBJ_MAGIC, Ordering::Release);
+        // Uncommitted, with the checksum `from` was verified against: the
+        // covered bytes are the same.
+        self.obj_state(to)
+            .store(obj_state_word(from.crc), Ordering::Release);
     }
 }
