@@ -281,3 +281,46 @@ fn a_segment_common_to_two_vases_carries_heap_data_across_switches() {
         .unwrap();
     assert_eq!(got, (0xfeed, true));
 }
+
+#[test]
+fn two_lanes_move_at_once_through_one_process_per_vas() {
+    let st = Store::new("pv-lanes", 46);
+    let jmp = st.open();
+    overlapping(&jmp, 1 << 20);
+    let opts = ProcOptions {
+        lanes: 2,
+        ..ProcOptions::default()
+    };
+    let rt = ProcSpaces::start(&jmp, &["va", "vb"], opts).unwrap();
+    assert_eq!(rt.lanes(), 2);
+    let body = |m: &mut Mover| {
+        let mut pids = [0i32; 2];
+        for r in 0..300 {
+            let v = r % 2;
+            m.switch(v)?;
+            // SAFETY: getpid has no preconditions.
+            pids[v] = unsafe { libc::getpid() };
+            // Each lane counts in its own word of the segment.
+            // SAFETY: sched_getcpu has no preconditions.
+            let slot = 1 + (unsafe { libc::sched_getcpu() } as usize % 2);
+            *word(m, slot * 8)? += 1;
+        }
+        m.home()?;
+        Ok(pids)
+    };
+    let (a, b) = std::thread::scope(|s| {
+        let rt = &rt;
+        let h0 = s.spawn(move || rt.run_lane(0, body));
+        let h1 = s.spawn(move || rt.run_lane(1, body));
+        (h0.join().unwrap().unwrap(), h1.join().unwrap().unwrap())
+    });
+    // Both lanes ran in the same process of each VAS: one page table per
+    // VAS, whichever lane is in it.
+    assert_eq!(a, b);
+    assert_eq!(a.to_vec(), rt.pids().to_vec());
+    assert!(rt.switches() >= 600, "switches: {}", rt.switches());
+    assert!(matches!(
+        rt.run_lane(2, |_| Ok(())),
+        Err(Error::InvalidArgument(_))
+    ));
+}

@@ -4,7 +4,7 @@
 //! with one process per window's VAS ([`crate::procvas`]).
 
 use super::*;
-use crate::procvas::{CommonMem, Mover, ProcOptions, ProcSpaces};
+use crate::procvas::{CommonMem, Mover, ProcOptions, ProcSpaces, MAX_LANES};
 
 const SWITCH_BENCH: &str = "jmp-switch";
 /// Pages of a segment the switch loop touches, spread over its whole size.
@@ -243,9 +243,6 @@ fn lane_switches(
     Ok(out)
 }
 
-/// Most lanes the GUPS cell runs (one per CPU).
-const MAX_LANES: usize = 8;
-
 /// What a GUPS lane brings home: per repeat, when its timed pass started
 /// and ended (CLOCK_MONOTONIC, ns), and the faults after the first pass.
 #[derive(Clone, Copy)]
@@ -266,24 +263,9 @@ fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// CPUs this process may run on, in order.
-fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: a zeroed cpu_set_t is valid; sched_getaffinity fills it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return vec![0];
-        }
-        (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| libc::CPU_ISSET(c, &set))
-            .collect()
-    }
-}
-
 /// VAS-process GUPS: `w` overlapping windows, one process per window's
-/// VAS and lane; one lane per CPU, each moving between its own VAS
-/// processes per batch (the windows' pages are shared, the page tables are
-/// per process).
+/// VAS (one page table each) with a carrier thread per lane; one lane per
+/// CPU, each moving between the VAS processes per batch.
 pub(super) fn gups_process(
     jmp: &Jmp,
     opts: &Options,
@@ -294,18 +276,20 @@ pub(super) fn gups_process(
     let (win, batch, updates) = gups_sizes(opts);
     let repeat = opts.repeat.clamp(1, MAX_REPEATS);
     let names: Vec<&str> = vases.iter().map(|s| s.as_str()).collect();
-    let cpus = allowed_cpus();
-    let lanes = cpus.len().clamp(1, MAX_LANES);
+    let lanes = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, MAX_LANES);
     // A start barrier the lanes' VAS processes all see.
     let barrier = CommonMem::new(8)?;
-    let mut rts = Vec::new();
-    for &cpu in cpus.iter().take(lanes) {
-        let o = ProcOptions {
-            cpu: Some(cpu),
+    let rt = ProcSpaces::start(
+        jmp,
+        &names,
+        ProcOptions {
+            lanes,
             ..ProcOptions::default()
-        };
-        rts.push(ProcSpaces::start(jmp, &names, o)?);
-    }
+        },
+    )?;
     let words = (win / 8) as usize;
     let per_lane = (updates / lanes as u64).max(batch);
     let bar = barrier.addr();
@@ -373,9 +357,9 @@ pub(super) fn gups_process(
         Ok(out)
     };
     let results: Vec<crate::Result<GupsLane>> = std::thread::scope(|s| {
-        let hs: Vec<_> = rts
-            .iter_mut()
-            .map(|rt| s.spawn(move || rt.run(body)))
+        let rt = &rt;
+        let hs: Vec<_> = (0..lanes)
+            .map(|l| s.spawn(move || rt.run_lane(l, body)))
             .collect();
         hs.into_iter()
             .map(|h| {
@@ -394,15 +378,15 @@ pub(super) fn gups_process(
         })
         .collect();
     let faults: u64 = lanes_out.iter().map(|l| l.faults).sum();
-    let switches: u64 = rts.iter().map(|rt| rt.switches()).sum();
-    drop(rts);
+    let switches = rt.switches();
+    drop(rt);
     let mut row = gups_row(
         "VAS-process",
         w,
         opts,
         mups,
-        "overlapping windows, one process per VAS and lane (page tables kept); one lane \
-         per CPU, each moving between its own processes pinned to its CPU",
+        "overlapping windows, one process per VAS (page tables kept) with a carrier thread \
+         per lane; one lane per CPU",
     );
     row.figures.push(fig("lanes", lanes as f64, 0));
     row.figures

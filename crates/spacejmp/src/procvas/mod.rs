@@ -13,18 +13,24 @@
 //! the application, so code, globals and everything built before the fork
 //! sit at the same addresses in each. A VAS process attaches its VAS
 //! ([`Jmp::vas_attach`]), keeps it attached for its whole life (its page
-//! table fills on first touch and stays filled), pins itself to the lane's
-//! CPU and sleeps on a futex. Memory common to all of them is mapped before
-//! the fork, `MAP_SHARED`, at one address: the lane's stack and the lane's
-//! control block.
+//! table fills on first touch and stays filled), and runs one carrier
+//! thread per lane, pinned to that lane's CPU and asleep on a futex. Memory
+//! common to all of them is mapped before the fork, `MAP_SHARED`, at one
+//! address: each lane's stack and control block ([`CommonMem`]).
 //!
-//! *The lane.* [`ProcSpaces::run`] runs a closure on the lane stack. The
+//! *The lanes.* A lane is a thread of the application that moves through
+//! the VASes; a runtime has one or more ([`ProcOptions::lanes`]), each on
+//! its own CPU, run by [`ProcSpaces::run_lane`] from as many threads. Lanes
+//! in the same VAS are threads of the same process, so a VAS has one page
+//! table whichever lanes are in it, as in the paper.
+//!
+//! *A switch.* [`ProcSpaces::run`] runs a closure on the lane stack. The
 //! closure gets a [`Mover`]; `Mover::switch(k)` saves the callee-saved
 //! registers and the stack pointer in the shared control block
 //! ([`ctx::swap`]), returns to the current process's dispatcher (on that
 //! process's private stack), which releases the VAS it leaves (its segment
-//! locks), wakes VAS process `k` and goes to sleep. Process `k`'s
-//! dispatcher wakes, enters its VAS (takes the segment locks), and swaps to
+//! locks), wakes VAS process `k`'s carrier of this lane and goes to sleep.
+//! That carrier wakes, enters its VAS (takes the segment locks), and swaps to
 //! the saved context: the closure continues after `switch` on the same
 //! stack, in the other process. The kernel's context switch between the
 //! two processes (pinned to one CPU) is the page-table load.
@@ -67,7 +73,15 @@
 //! between two kernel threads over a futex (two system calls per switch).
 //! x86-64 only (the context swap is assembly).
 
+mod carrier;
+mod common;
 mod ctx;
+mod mover;
+
+use carrier::vas_process;
+pub use common::CommonMem;
+pub use mover::Mover;
+use mover::{decode_error, lane_entry};
 
 use crate::error::{Error, Result};
 use crate::vas::{Active, AttachOptions, VasHandle};
@@ -81,6 +95,8 @@ use std::time::{Duration, Instant};
 
 /// Most VASes one runtime holds.
 pub const MAX_VASES: usize = 64;
+/// Most lanes (moving threads) one runtime holds.
+pub const MAX_LANES: usize = 64;
 /// Most segments of one VAS visible through [`Mover::data`].
 pub const MAX_SEGS_PER_VAS: usize = 16;
 /// Default lane stack.
@@ -251,9 +267,15 @@ fn restore_affinity(old: &libc::cpu_set_t) {
 /// Options of [`ProcSpaces::start`].
 #[derive(Clone, Copy, Debug)]
 pub struct ProcOptions {
-    /// CPU the lane and every VAS process run on (default: the CPU the
-    /// caller of `start` is on). `None` leaves placement to the kernel.
+    /// CPU of lane 0 (default: the CPU the caller of `start` is on); lane
+    /// `i` runs on the `i`-th CPU after it in the process's affinity mask
+    /// (wrapping). Every VAS process has one carrier thread per lane,
+    /// pinned to that lane's CPU.
     pub cpu: Option<usize>,
+    /// Lanes: threads that can move through the VASes at once, each on its
+    /// own CPU (default 1). All lanes share each VAS's process, so a VAS has
+    /// one page table whichever lanes run in it.
+    pub lanes: usize,
     /// Pin at all (default true).
     pub pin: bool,
     /// Bytes of the lane stack (default 1 MiB, plus a guard page).
@@ -268,6 +290,7 @@ impl Default for ProcOptions {
     fn default() -> Self {
         ProcOptions {
             cpu: None,
+            lanes: 1,
             pin: true,
             stack_bytes: DEFAULT_STACK_BYTES,
             prefault: false,
@@ -276,85 +299,32 @@ impl Default for ProcOptions {
     }
 }
 
-/// Memory common to the home process and every VAS process of runtimes
-/// started after it: a zeroed anonymous `MAP_SHARED` mapping, which a fork
-/// inherits at the same address. Use it for what the lane and other threads
-/// of the application share (flags, barriers, results); it is unmapped when
-/// dropped, so drop it only after the runtimes that use it.
-pub struct CommonMem {
-    addr: usize,
-    len: usize,
-}
-
-impl CommonMem {
-    /// Map `len` bytes (rounded up to pages), zeroed.
-    pub fn new(len: usize) -> Result<CommonMem> {
-        let page = crate::sys::page_size() as usize;
-        let len = len.max(1).div_ceil(page) * page;
-        // SAFETY: a fresh anonymous mapping at a kernel-chosen address.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(Error::last_os("mmap (common memory)", "anonymous"));
-        }
-        Ok(CommonMem {
-            addr: p as usize,
-            len,
-        })
-    }
-
-    /// Its address (the same in every process forked after `new`).
-    pub fn addr(&self) -> usize {
-        self.addr
-    }
-
-    /// Its length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether it is empty (never: at least one page).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The atomic word at byte `offset` (8-aligned, in bounds).
-    pub fn word(&self, offset: usize) -> &std::sync::atomic::AtomicU64 {
-        assert!(
-            offset.is_multiple_of(8) && offset + 8 <= self.len,
-            "word {offset} outside common memory"
-        );
-        // SAFETY: in bounds and aligned (checked above); the mapping lives
-        // as long as `self`, and the memory is only used atomically here.
-        unsafe { &*((self.addr + offset) as *const std::sync::atomic::AtomicU64) }
-    }
-}
-
-impl Drop for CommonMem {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping; the caller drops it after the runtimes
-        // that use it.
-        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
-    }
-}
-
-/// A runtime of one lane and one process per VAS (module essay).
+/// A runtime of one process per VAS and one or more lanes (module essay).
+/// `Sync`: different threads may run different lanes at once.
 pub struct ProcSpaces {
-    ctl_map: CommonMem,
-    /// The lane stack: mapped for the runtime's life, used through `Ctl`.
-    _stack_map: CommonMem,
+    /// One control block per lane.
+    ctls: Vec<CommonMem>,
+    /// The lane stacks: mapped for the runtime's life, used through `Ctl`.
+    _stacks: Vec<CommonMem>,
     pids: Vec<libc::pid_t>,
-    reaped: Vec<bool>,
-    cpu: Option<usize>,
-    lost: bool,
+    reaped: std::sync::Mutex<Vec<bool>>,
+    cpus: Vec<Option<usize>>,
+    lost: Vec<std::sync::atomic::AtomicBool>,
+    busy: Vec<std::sync::atomic::AtomicBool>,
+}
+
+/// CPUs this process may run on, in order.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is valid; sched_getaffinity fills it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
 }
 
 // Where the lane starts: the closure, its result, and the control block, at
@@ -391,72 +361,108 @@ impl ProcSpaces {
                 "the lane stack needs at least 64 KiB".into(),
             ));
         }
+        if opts.lanes == 0 || opts.lanes > MAX_LANES {
+            return Err(Error::InvalidArgument(format!(
+                "a process-per-VAS runtime has 1 to {MAX_LANES} lanes, not {}",
+                opts.lanes
+            )));
+        }
         let page = crate::sys::page_size() as usize;
-        let ctl_map = CommonMem::new(size_of::<Ctl>())?;
         let stack_len = opts.stack_bytes.div_ceil(page) * page;
-        let stack_map = CommonMem::new(stack_len + GUARD_BYTES)?;
-        // SAFETY: the lowest page of our own mapping becomes the guard.
-        if unsafe {
-            libc::mprotect(
-                stack_map.addr as *mut libc::c_void,
-                GUARD_BYTES,
-                libc::PROT_NONE,
-            )
-        } != 0
-        {
-            return Err(Error::last_os("mprotect (lane stack guard)", "anonymous"));
-        }
-        // SAFETY: the mapping is zeroed, page-aligned and as large as Ctl;
-        // all-zero is a valid Ctl (atomics and arrays of atomics).
-        let ctl: &Ctl = unsafe { &*(ctl_map.addr as *const Ctl) };
-        ctl.stack_lo
-            .store(stack_map.addr + GUARD_BYTES, Ordering::Relaxed);
-        ctl.stack_hi
-            .store(stack_map.addr + stack_map.len, Ordering::Relaxed);
-        ctl.nslots.store(vases.len() + 1, Ordering::Relaxed);
-        ctl.slots[HOME].state.store(READY, Ordering::Relaxed);
-        for (k, v) in vases.iter().enumerate() {
-            for (d, s) in ctl.slots[k + 1].name.iter().zip(v.bytes()) {
-                d.store(s, Ordering::Relaxed);
+        let mut ctls = Vec::new();
+        let mut stacks = Vec::new();
+        for _ in 0..opts.lanes {
+            let ctl_map = CommonMem::new(size_of::<Ctl>())?;
+            let stack_map = CommonMem::new(stack_len + GUARD_BYTES)?;
+            // SAFETY: the lowest page of our own mapping becomes the guard.
+            if unsafe {
+                libc::mprotect(
+                    stack_map.addr() as *mut libc::c_void,
+                    GUARD_BYTES,
+                    libc::PROT_NONE,
+                )
+            } != 0
+            {
+                return Err(Error::last_os("mprotect (lane stack guard)", "anonymous"));
             }
+            // SAFETY: the mapping is zeroed, page-aligned and as large as
+            // Ctl; all-zero is a valid Ctl (atomics and arrays of atomics).
+            let ctl: &Ctl = unsafe { &*(ctl_map.addr() as *const Ctl) };
+            ctl.stack_lo
+                .store(stack_map.addr() + GUARD_BYTES, Ordering::Relaxed);
+            ctl.stack_hi
+                .store(stack_map.addr() + stack_map.len(), Ordering::Relaxed);
+            ctl.nslots.store(vases.len() + 1, Ordering::Relaxed);
+            ctl.slots[HOME].state.store(READY, Ordering::Relaxed);
+            for (k, v) in vases.iter().enumerate() {
+                for (d, s) in ctl.slots[k + 1].name.iter().zip(v.bytes()) {
+                    d.store(s, Ordering::Relaxed);
+                }
+            }
+            ctls.push(ctl_map);
+            stacks.push(stack_map);
         }
-        let cpu = if opts.pin {
+        let cpus: Vec<Option<usize>> = if opts.pin {
             // SAFETY: sched_getcpu has no preconditions.
-            opts.cpu
-                .or_else(|| usize::try_from(unsafe { libc::sched_getcpu() }).ok())
+            let first = opts
+                .cpu
+                .or_else(|| usize::try_from(unsafe { libc::sched_getcpu() }).ok());
+            let allowed = allowed_cpus();
+            let at = first.and_then(|c| allowed.iter().position(|&a| a == c));
+            (0..opts.lanes)
+                .map(|i| match (i, at) {
+                    (0, _) => first,
+                    (_, Some(at)) => Some(allowed[(at + i) % allowed.len()]),
+                    _ => None,
+                })
+                .collect()
         } else {
-            None
+            vec![None; opts.lanes]
         };
         // Buffered output would be written once per process.
         let _ = std::io::stdout().flush();
         let _ = std::io::stderr().flush();
         // SAFETY: getpid has no preconditions.
         let parent = unsafe { libc::getpid() };
+        let lane_ctls: Vec<&Ctl> = ctls
+            .iter()
+            // SAFETY: each map holds a Ctl set up above.
+            .map(|m| unsafe { &*(m.addr() as *const Ctl) })
+            .collect();
         let mut rt = ProcSpaces {
-            ctl_map,
-            _stack_map: stack_map,
             pids: Vec::new(),
-            reaped: Vec::new(),
-            cpu,
-            lost: false,
+            reaped: std::sync::Mutex::new(Vec::new()),
+            lost: (0..opts.lanes).map(|_| Default::default()).collect(),
+            busy: (0..opts.lanes).map(|_| Default::default()).collect(),
+            cpus: cpus.clone(),
+            ctls: Vec::new(),
+            _stacks: Vec::new(),
         };
         for (k, v) in vases.iter().enumerate() {
             // SAFETY: fork; the child runs only `vas_process`, which never
             // returns into the caller's frames and ends in `_exit`.
             let pid = unsafe { libc::fork() };
             if pid == 0 {
-                vas_process(jmp, ctl, k + 1, v, opts.prefault, cpu, parent);
+                vas_process(jmp, &lane_ctls, k + 1, v, opts.prefault, &cpus, parent);
             }
             if pid < 0 {
+                rt.ctls = ctls;
+                rt._stacks = stacks;
                 return Err(Error::last_os("fork (VAS process)", *v));
             }
-            ctl.slots[k + 1].pid.store(pid as u32, Ordering::Relaxed);
+            for c in &lane_ctls {
+                c.slots[k + 1].pid.store(pid as u32, Ordering::Relaxed);
+            }
             rt.pids.push(pid);
-            rt.reaped.push(false);
+            rt.reaped_mut().push(false);
         }
+        drop(lane_ctls);
+        rt.ctls = ctls;
+        rt._stacks = stacks;
         let deadline = Instant::now() + opts.start_timeout;
         for k in 1..=vases.len() {
             loop {
+                let ctl = rt.ctl(0);
                 match ctl.slots[k].state.load(Ordering::Acquire) {
                     READY => break,
                     FAILED => {
@@ -468,7 +474,7 @@ impl ProcSpaces {
                     _ => {}
                 }
                 rt.reap();
-                if rt.reaped[k - 1] {
+                if rt.reaped_mut()[k - 1] {
                     return Err(Error::VasProcess {
                         vas: ctl.name(k),
                         detail: "died while attaching its VAS".into(),
@@ -490,9 +496,14 @@ impl ProcSpaces {
         Ok(rt)
     }
 
-    fn ctl(&self) -> &Ctl {
-        // SAFETY: `ctl_map` holds a Ctl (set up in `start`) for our lifetime.
-        unsafe { &*(self.ctl_map.addr as *const Ctl) }
+    fn ctl(&self, lane: usize) -> &Ctl {
+        // SAFETY: `ctls[lane]` holds a Ctl (set up in `start`) for our
+        // lifetime.
+        unsafe { &*(self.ctls[lane].addr() as *const Ctl) }
+    }
+
+    fn reaped_mut(&self) -> std::sync::MutexGuard<'_, Vec<bool>> {
+        self.reaped.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Process ids of the VAS processes, in the order of `start`'s list.
@@ -500,39 +511,54 @@ impl ProcSpaces {
         &self.pids
     }
 
-    /// CPU the lane runs on, if pinned.
-    pub fn cpu(&self) -> Option<usize> {
-        self.cpu
+    /// Number of lanes.
+    pub fn lanes(&self) -> usize {
+        self.ctls.len()
     }
 
-    /// Switches completed so far (arrivals in a VAS process or home).
+    /// CPU lane `lane` runs on, if pinned.
+    pub fn cpu(&self, lane: usize) -> Option<usize> {
+        self.cpus.get(lane).copied().flatten()
+    }
+
+    /// Switches completed so far by all lanes (arrivals in a VAS process
+    /// or home).
     pub fn switches(&self) -> u64 {
-        self.ctl().switches.load(Ordering::Relaxed)
+        (0..self.lanes())
+            .map(|l| self.ctl(l).switches.load(Ordering::Relaxed))
+            .sum()
     }
 
-    /// Reap VAS processes that have exited; mark their slots dead.
-    fn reap(&mut self) -> bool {
+    /// Reap VAS processes that have exited; mark their slots dead in
+    /// every lane.
+    fn reap(&self) -> bool {
         let mut any = false;
+        let mut reaped = self.reaped_mut();
         for (k, &pid) in self.pids.iter().enumerate() {
-            if self.reaped[k] {
+            if reaped[k] {
                 continue;
             }
             let mut status = 0;
             // SAFETY: `pid` is our child; WNOHANG never blocks.
             let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
             if r == pid || r < 0 {
-                self.reaped[k] = true;
-                self.ctl().slots[k + 1].state.store(DEAD, Ordering::Release);
+                reaped[k] = true;
+                for l in 0..self.lanes() {
+                    self.ctl(l).slots[k + 1]
+                        .state
+                        .store(DEAD, Ordering::Release);
+                }
                 any = true;
             }
         }
         any
     }
 
-    /// Home waits for the lane to come back, checking on the VAS processes.
-    fn wait_home(&mut self) -> Result<()> {
+    /// Home waits for lane `lane` to come back, checking on the VAS
+    /// processes.
+    fn wait_home(&self, lane: usize) -> Result<()> {
+        let ctl = self.ctl(lane);
         loop {
-            let ctl = self.ctl();
             let go = &ctl.slots[HOME].go;
             if go.swap(0, Ordering::Acquire) == 1 {
                 return Ok(());
@@ -542,7 +568,6 @@ impl ProcSpaces {
                 continue;
             }
             self.reap();
-            let ctl = self.ctl();
             let arrived = ctl.arrived.load(Ordering::Acquire);
             if arrived == 0 {
                 let next = ctl.next.load(Ordering::Relaxed);
@@ -556,29 +581,29 @@ impl ProcSpaces {
                         return Ok(());
                     }
                     if ctl.slots[from].state.load(Ordering::Acquire) == DEAD {
-                        return Err(self.lose(from));
+                        return Err(self.lose(lane, from));
                     }
                     ctl.hand_off(from);
                 }
             } else {
                 let at = ctl.at.load(Ordering::Acquire);
                 if at != HOME && ctl.slots[at].state.load(Ordering::Acquire) == DEAD {
-                    return Err(self.lose(at));
+                    return Err(self.lose(lane, at));
                 }
             }
         }
     }
 
-    fn lose(&mut self, slot: usize) -> Error {
-        self.lost = true;
+    fn lose(&self, lane: usize, slot: usize) -> Error {
+        self.lost[lane].store(true, Ordering::Release);
         Error::Lane(format!(
-            "the process of VAS `{}` died while the lane was in it; the lane's state is gone \
-             and this runtime cannot run again",
-            self.ctl().name(slot)
+            "the process of VAS `{}` died while lane {lane} was in it; the lane's state is \
+             gone and this lane cannot run again",
+            self.ctl(lane).name(slot)
         ))
     }
 
-    /// Run `f` on the lane: it starts in the calling (home) process, moves
+    /// Run `f` on lane 0: it starts in the calling (home) process, moves
     /// between VAS processes with [`Mover::switch`], and is brought home
     /// when it returns. See the module essay for what `f` may touch.
     pub fn run<R, F>(&mut self, f: F) -> Result<R>
@@ -586,13 +611,42 @@ impl ProcSpaces {
         F: FnOnce(&mut Mover) -> Result<R> + Copy + 'static,
         R: Copy + 'static,
     {
-        if self.lost {
+        self.run_lane(0, f)
+    }
+
+    /// Run `f` on lane `lane` (as [`ProcSpaces::run`]); different threads
+    /// may run different lanes at once, a lane runs one closure at a time.
+    pub fn run_lane<R, F>(&self, lane: usize, f: F) -> Result<R>
+    where
+        F: FnOnce(&mut Mover) -> Result<R> + Copy + 'static,
+        R: Copy + 'static,
+    {
+        if lane >= self.lanes() {
+            return Err(Error::InvalidArgument(format!(
+                "lane {lane} out of range (the runtime has {})",
+                self.lanes()
+            )));
+        }
+        if self.lost[lane].load(Ordering::Acquire) {
             return Err(Error::Lane(
-                "a VAS process died with the lane in it; start a new runtime".into(),
+                "a VAS process died with this lane in it; start a new runtime".into(),
             ));
         }
-        let ctl_ptr = self.ctl_map.addr as *const Ctl;
-        let ctl = self.ctl();
+        if self.busy[lane].swap(true, Ordering::Acquire) {
+            return Err(Error::Lane(format!("lane {lane} is already running")));
+        }
+        let r = self.run_on(lane, f);
+        self.busy[lane].store(false, Ordering::Release);
+        r
+    }
+
+    fn run_on<R, F>(&self, lane: usize, f: F) -> Result<R>
+    where
+        F: FnOnce(&mut Mover) -> Result<R> + Copy + 'static,
+        R: Copy + 'static,
+    {
+        let ctl_ptr = self.ctls[lane].addr() as *const Ctl;
+        let ctl = self.ctl(lane);
         let hi = ctl.stack_hi.load(Ordering::Relaxed);
         let lo = ctl.stack_lo.load(Ordering::Relaxed);
         let align = align_of::<LaneStart<F, R>>().max(64);
@@ -603,7 +657,7 @@ impl ProcSpaces {
             ));
         }
         // SAFETY: `start_addr` is aligned for LaneStart and lies in the lane
-        // stack, which no lane uses now (`run` takes `&mut self`).
+        // stack, which no run uses now (the lane's busy flag is ours).
         unsafe {
             (start_addr as *mut LaneStart<F, R>).write(LaneStart {
                 f,
@@ -623,9 +677,8 @@ impl ProcSpaces {
         ctl.entered.store(1, Ordering::Relaxed);
         ctl.nsegs.store(0, Ordering::Relaxed);
         ctl.active.store(0, Ordering::Relaxed);
-        let old = self.cpu.and_then(pin_to);
+        let old = self.cpu(lane).and_then(pin_to);
         let res = loop {
-            let ctl = self.ctl();
             ctl.at.store(HOME, Ordering::Release);
             // SAFETY: lane_sp is the lane's saved context on the lane
             // stack (mapped here); our own context is saved in our slot.
@@ -639,10 +692,9 @@ impl ProcSpaces {
                 break Ok(());
             }
             ctl.hand_off(ctl.next.load(Ordering::Relaxed));
-            if let Err(e) = self.wait_home() {
+            if let Err(e) = self.wait_home(lane) {
                 break Err(e);
             }
-            let ctl = self.ctl();
             ctl.switches.fetch_add(1, Ordering::Relaxed);
             ctl.entered.store(1, Ordering::Relaxed);
             ctl.nsegs.store(0, Ordering::Relaxed);
@@ -652,7 +704,6 @@ impl ProcSpaces {
             restore_affinity(&old);
         }
         res?;
-        let ctl = self.ctl();
         match ctl.run_status.load(Ordering::Acquire) {
             // SAFETY: RUN_OK means the lane wrote `out` before finishing.
             RUN_OK => Ok(unsafe { (*(start_addr as *const LaneStart<F, R>)).out.assume_init() }),
@@ -667,18 +718,21 @@ impl ProcSpaces {
 
 impl Drop for ProcSpaces {
     fn drop(&mut self) {
-        let ctl = self.ctl();
-        ctl.exit.store(1, Ordering::Release);
-        for k in 1..=self.pids.len() {
-            ctl.hand_off(k);
+        for l in 0..self.lanes() {
+            let ctl = self.ctl(l);
+            ctl.exit.store(1, Ordering::Release);
+            for k in 1..=self.pids.len() {
+                ctl.hand_off(k);
+            }
         }
         let deadline = Instant::now() + Duration::from_secs(2);
-        while self.reaped.iter().any(|r| !r) && Instant::now() < deadline {
+        while self.reaped_mut().iter().any(|r| !r) && Instant::now() < deadline {
             self.reap();
             std::thread::sleep(Duration::from_millis(1));
         }
+        let reaped = self.reaped_mut().clone();
         for (k, &pid) in self.pids.iter().enumerate() {
-            if !self.reaped[k] {
+            if !reaped[k] {
                 // SAFETY: our unreaped child: kill and reap it.
                 unsafe {
                     libc::kill(pid, libc::SIGKILL);
@@ -686,349 +740,5 @@ impl Drop for ProcSpaces {
                 }
             }
         }
-    }
-}
-
-/// Errors from a VAS travel as text: `kind \x1f vas \x1f detail`.
-const ERR_SEP: char = '\u{1f}';
-
-fn encode_error(e: &Error, at: &str) -> String {
-    match e {
-        Error::VasProcess { vas, detail } => format!("p{ERR_SEP}{vas}{ERR_SEP}{detail}"),
-        Error::Lane(d) => format!("l{ERR_SEP}{ERR_SEP}{d}"),
-        Error::InVas { vas, detail } => format!("v{ERR_SEP}{vas}{ERR_SEP}{detail}"),
-        e => format!("v{ERR_SEP}{at}{ERR_SEP}{e}"),
-    }
-}
-
-fn decode_error(s: &str) -> Error {
-    let mut it = s.splitn(3, ERR_SEP);
-    let (kind, vas, detail) = (
-        it.next().unwrap_or(""),
-        it.next().unwrap_or("").to_string(),
-        it.next().unwrap_or("").to_string(),
-    );
-    match kind {
-        "p" => Error::VasProcess { vas, detail },
-        "l" => Error::Lane(detail),
-        _ => Error::InVas { vas, detail },
-    }
-}
-
-/// The lane's first frame: run the closure, record its outcome where it
-/// ended, go home and finish.
-extern "C" fn lane_entry<F, R>(arg: usize) -> !
-where
-    F: FnOnce(&mut Mover) -> Result<R> + Copy + 'static,
-    R: Copy + 'static,
-{
-    let start = arg as *mut LaneStart<F, R>;
-    // SAFETY: `run` wrote a LaneStart at `arg` on the lane stack, which
-    // stays mapped in every process of the runtime.
-    let (f, ctl_ptr) = unsafe { ((*start).f, (*start).ctl) };
-    // SAFETY: the control block outlives every run.
-    let ctl: &Ctl = unsafe { &*ctl_ptr };
-    let mut mover = Mover {
-        ctl: ctl_ptr,
-        _local: PhantomData,
-    };
-    let outcome = catch_unwind(AssertUnwindSafe(|| f(&mut mover)));
-    match outcome {
-        Ok(Ok(r)) => {
-            // SAFETY: `out` is ours to write; R is Copy, so no destructor
-            // and no private heap behind it.
-            unsafe { (*start).out.write(r) };
-            ctl.run_status.store(RUN_OK, Ordering::Release);
-        }
-        Ok(Err(e)) => {
-            ctl.set_msg(&encode_error(&e, &ctl.name(ctl.at.load(Ordering::Relaxed))));
-            ctl.run_status.store(RUN_ERR, Ordering::Release);
-        }
-        Err(p) => {
-            let what = p
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a non-string payload".into());
-            ctl.set_msg(&format!(
-                "{what} (in VAS `{}`)",
-                ctl.name(ctl.at.load(Ordering::Relaxed))
-            ));
-            ctl.run_status.store(RUN_PANIC, Ordering::Release);
-        }
-    }
-    // Everything this process allocated for the outcome is dropped above,
-    // here. Now go home; home is alive (it is waiting for us).
-    while mover.go(HOME).is_err() {}
-    ctl.done.store(1, Ordering::Release);
-    let mut finished = 0usize;
-    // SAFETY: we are home; home's dispatcher context is saved in its slot.
-    // This context is never resumed.
-    unsafe {
-        ctx::swap(
-            &mut finished,
-            ctl.slots[HOME].disp_sp.load(Ordering::Acquire),
-        )
-    };
-    std::process::abort()
-}
-
-/// The body of a VAS process: attach, then serve the lane until told to
-/// exit. Never returns.
-fn vas_process(
-    jmp: &Jmp,
-    ctl: &Ctl,
-    me: usize,
-    vas: &str,
-    prefault: bool,
-    cpu: Option<usize>,
-    parent: libc::pid_t,
-) -> ! {
-    // SAFETY: prctl/getppid have no memory preconditions; `_exit` ends the
-    // child without running the parent's destructors a second time.
-    unsafe {
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-        if libc::getppid() != parent {
-            libc::_exit(1);
-        }
-    }
-    if let Some(c) = cpu {
-        pin_to(c);
-    }
-    let handle = match jmp.vas_attach(vas, AttachOptions { prefault }) {
-        Ok(h) => h,
-        Err(e) => {
-            ctl.set_msg(&e.to_string());
-            ctl.slots[me].state.store(FAILED, Ordering::Release);
-            // SAFETY: as above.
-            unsafe { libc::_exit(1) }
-        }
-    };
-    ctl.slots[me].state.store(READY, Ordering::Release);
-    loop {
-        wait_turn(ctl, me, parent);
-        ctl.switches.fetch_add(1, Ordering::Relaxed);
-        let mut active = enter(ctl, &handle);
-        ctl.active.store(
-            active.as_mut().map_or(0, |a| a as *mut Active<'_> as usize),
-            Ordering::Relaxed,
-        );
-        ctl.at.store(me, Ordering::Relaxed);
-        ctl.arrived.store(1, Ordering::Release);
-        // SAFETY: lane_sp is the lane's context on the shared lane stack,
-        // mapped at the same address here; our context goes to our slot.
-        unsafe {
-            ctx::swap(
-                ctl.slots[me].disp_sp.as_ptr(),
-                ctl.lane_sp.load(Ordering::Acquire),
-            )
-        };
-        ctl.slots[me]
-            .faults
-            .store(thread_faults(), Ordering::Relaxed);
-        ctl.active.store(0, Ordering::Relaxed);
-        drop(active);
-        ctl.hand_off(ctl.next.load(Ordering::Relaxed));
-    }
-}
-
-/// Enter this process's VAS for the lane and publish its segments.
-fn enter<'h>(ctl: &Ctl, handle: &'h VasHandle<'_>) -> Option<Active<'h>> {
-    match handle.switch() {
-        Ok(a) => {
-            let mut n = 0;
-            for (s, access) in handle.segments() {
-                let row = &ctl.segs[n];
-                row.data.store(s.data_start(), Ordering::Relaxed);
-                row.len.store(s.size - s.header_size, Ordering::Relaxed);
-                row.writable
-                    .store((access == crate::Access::Write) as u32, Ordering::Relaxed);
-                n += 1;
-            }
-            ctl.nsegs.store(n, Ordering::Relaxed);
-            ctl.entered.store(1, Ordering::Relaxed);
-            Some(a)
-        }
-        Err(e) => {
-            ctl.set_msg(&e.to_string());
-            ctl.nsegs.store(0, Ordering::Relaxed);
-            ctl.entered.store(0, Ordering::Relaxed);
-            ctl.switch_err.store(SWITCH_ENTER_FAILED, Ordering::Relaxed);
-            None
-        }
-    }
-}
-
-/// Sleep until the lane is handed to `me`; exit when told to or when the
-/// parent is gone.
-fn wait_turn(ctl: &Ctl, me: usize, parent: libc::pid_t) {
-    let go = &ctl.slots[me].go;
-    loop {
-        if ctl.exit.load(Ordering::Acquire) == 1 {
-            // SAFETY: ends the child without unwinding into the parent's
-            // frames or dropping objects the parent owns.
-            unsafe { libc::_exit(0) };
-        }
-        if go.swap(0, Ordering::Acquire) == 1 {
-            return;
-        }
-        xsync::futex::wait_timeout(go, 0, Duration::from_millis(CHILD_POLL_MS));
-        // SAFETY: getppid has no preconditions.
-        if unsafe { libc::getppid() } != parent {
-            // SAFETY: as above.
-            unsafe { libc::_exit(0) };
-        }
-    }
-}
-
-/// The lane's handle inside [`ProcSpaces::run`]: switch between VASes and
-/// reach the current VAS's segments. Neither `Send` nor `Sync`.
-pub struct Mover {
-    ctl: *const Ctl,
-    _local: PhantomData<*mut ()>,
-}
-
-impl Mover {
-    fn ctl(&self) -> &Ctl {
-        // SAFETY: the control block is mapped in every process of the
-        // runtime for as long as a lane runs.
-        unsafe { &*self.ctl }
-    }
-
-    /// Number of VASes in the runtime.
-    pub fn vases(&self) -> usize {
-        self.ctl().nslots.load(Ordering::Relaxed) - 1
-    }
-
-    /// Index of the VAS the lane is in (`None` at home, or when entering
-    /// the VAS failed).
-    pub fn current(&self) -> Option<usize> {
-        let c = self.ctl();
-        let at = c.at.load(Ordering::Relaxed);
-        (at != HOME && c.entered.load(Ordering::Relaxed) == 1).then(|| at - 1)
-    }
-
-    /// Move the lane into VAS `vas` (an index into `start`'s list): its
-    /// process, its page table, its segment locks.
-    pub fn switch(&mut self, vas: usize) -> Result<()> {
-        if vas >= self.vases() {
-            return Err(Error::InvalidArgument(format!(
-                "VAS index {vas} out of range (the runtime has {})",
-                self.vases()
-            )));
-        }
-        self.go(vas + 1)
-    }
-
-    /// Move the lane back to the home process (in no VAS).
-    pub fn home(&mut self) -> Result<()> {
-        self.go(HOME)
-    }
-
-    fn go(&mut self, slot: usize) -> Result<()> {
-        let c = self.ctl();
-        let at = c.at.load(Ordering::Relaxed);
-        if slot == at && c.entered.load(Ordering::Relaxed) == 1 {
-            return Ok(());
-        }
-        if c.slots[slot].state.load(Ordering::Acquire) == DEAD {
-            return Err(Error::VasProcess {
-                vas: c.name(slot),
-                detail: "has died".into(),
-            });
-        }
-        c.next.store(slot, Ordering::Relaxed);
-        c.from.store(at, Ordering::Relaxed);
-        c.switch_err.store(SWITCH_OK, Ordering::Relaxed);
-        c.arrived.store(0, Ordering::Release);
-        // SAFETY: the dispatcher of the process we are in saved its context
-        // in its slot before it swapped to us; ours goes to `lane_sp`.
-        unsafe {
-            ctx::swap(
-                c.lane_sp.as_ptr(),
-                c.slots[at].disp_sp.load(Ordering::Acquire),
-            )
-        };
-        let c = self.ctl();
-        match c.switch_err.load(Ordering::Acquire) {
-            SWITCH_OK => Ok(()),
-            SWITCH_TARGET_DEAD => Err(Error::VasProcess {
-                vas: c.name(slot),
-                detail: "died before the lane arrived".into(),
-            }),
-            _ => Err(Error::InVas {
-                vas: c.name(slot),
-                detail: format!("entering the VAS failed: {}", c.msg()),
-            }),
-        }
-    }
-
-    fn seg(&self, k: usize, write: bool) -> Result<(u64, u64)> {
-        let c = self.ctl();
-        let Some(cur) = self.current() else {
-            return Err(Error::Lane("the lane is in no VAS".into()));
-        };
-        let n = c.nsegs.load(Ordering::Relaxed);
-        if k >= n {
-            return Err(Error::InvalidArgument(format!(
-                "VAS `{}` has {n} segments, not {}",
-                c.name(cur + 1),
-                k + 1
-            )));
-        }
-        let row = &c.segs[k];
-        if write && row.writable.load(Ordering::Relaxed) == 0 {
-            return Err(Error::PermissionDenied {
-                name: c.name(cur + 1),
-                detail: format!("segment {k} is attached read-only"),
-            });
-        }
-        Ok((
-            row.data.load(Ordering::Relaxed),
-            row.len.load(Ordering::Relaxed),
-        ))
-    }
-
-    /// The data area of segment `k` (in the order of the VAS's segment list)
-    /// of the current VAS.
-    pub fn data(&self, k: usize) -> Result<&[u8]> {
-        let (p, n) = self.seg(k, false)?;
-        // SAFETY: the current VAS process has the segment mapped at `p` for
-        // `n` bytes while the lane is in it; the slice borrows the mover,
-        // so it cannot live across a switch.
-        Ok(unsafe { std::slice::from_raw_parts(p as *const u8, n as usize) })
-    }
-
-    /// Writable data area of segment `k` of the current VAS.
-    pub fn data_mut(&mut self, k: usize) -> Result<&mut [u8]> {
-        let (p, n) = self.seg(k, true)?;
-        // SAFETY: as in `data`, and the segment is mapped writable; the
-        // exclusive borrow of the mover keeps a second slice from existing.
-        Ok(unsafe { std::slice::from_raw_parts_mut(p as *mut u8, n as usize) })
-    }
-
-    /// Run `f` with the current VAS's [`Active`] guard: the whole in-VAS
-    /// API (segment heaps, roots, [`crate::SegPtr::get`], `vcast`) of the
-    /// process the lane is in. A segment attached to several VASes is one
-    /// file at one base in each of their processes, so a heap in it is
-    /// common to them: that is where data that crosses switches lives.
-    pub fn with_active<T>(&mut self, f: impl FnOnce(&mut Active<'_>) -> T) -> Result<T> {
-        let p = self.ctl().active.load(Ordering::Relaxed);
-        if p == 0 || self.current().is_none() {
-            return Err(Error::Lane("the lane is in no VAS".into()));
-        }
-        // SAFETY: `p` is the address of the guard the dispatcher of the
-        // process we run in holds on its (suspended) private stack for as
-        // long as the lane is here; the lane cannot leave while `f` runs
-        // (`self` is borrowed), and `f` cannot keep anything tied to the
-        // guard's lifetime, which it cannot name.
-        let a = unsafe { &mut *(p as *mut Active<'_>) };
-        Ok(f(a))
-    }
-
-    /// Page faults taken so far by the process the lane is in (its carrier
-    /// thread: the lane's own faults there).
-    pub fn faults(&self) -> u64 {
-        thread_faults()
     }
 }
