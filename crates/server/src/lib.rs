@@ -48,6 +48,7 @@ pub mod engine;
 pub mod glob;
 pub mod longdouble;
 pub mod mc_exec;
+pub mod mc_meta;
 pub mod memcache;
 pub mod resp;
 pub mod state;

@@ -150,7 +150,16 @@ pub fn execute(
         McCommand::Verbosity { noreply } => ("OK".into(), noreply),
         McCommand::Quit => return true,
         McCommand::TooLarge { .. } => ("SERVER_ERROR object too large for cache".into(), false),
-        McCommand::Error(e) => (e.into(), false),
+        McCommand::Error(e) | McCommand::Reply(e) => (e.into(), false),
+        McCommand::Meta(m) => {
+            if let Some(hit) = crate::mc_meta::execute(shared, &m, out, buf) {
+                let c = if hit { &stats.hits } else { &stats.misses };
+                c.fetch_add(1, Ordering::Relaxed);
+            } else if m.verb == crate::mc_meta::MetaVerb::Set {
+                WorkerStats::bump(&stats.sets, 1);
+            }
+            return false;
+        }
     };
     if !noreply {
         line(out, &reply);
@@ -314,7 +323,7 @@ fn stats_text(shared: &Shared, out: &mut Vec<u8>) {
 }
 
 /// `fmt::Write` over a byte vector.
-struct Wr<'a>(&'a mut Vec<u8>);
+pub(crate) struct Wr<'a>(pub(crate) &'a mut Vec<u8>);
 
 impl std::fmt::Write for Wr<'_> {
     fn write_str(&mut self, s: &str) -> std::fmt::Result {

@@ -119,8 +119,12 @@ pub enum McCommand<'a> {
     },
     /// version.
     Version,
-    /// stats (arguments ignored).
+    /// `stats` with no argument: the general statistics.
     Stats,
+    /// A command answered with one fixed line (`stats reset` -> `RESET`,
+    /// `stats items|slabs|sizes|conns` -> `END`: this server has no slab
+    /// classes to list).
+    Reply(&'static str),
     /// verbosity.
     Verbosity {
         /// noreply.
@@ -135,6 +139,8 @@ pub enum McCommand<'a> {
         /// Bytes to discard.
         skip: u64,
     },
+    /// A meta command (`mg`, `ms`, `md`, `ma`, `me`; see `mc_meta`).
+    Meta(crate::mc_meta::Meta<'a>),
     /// A recoverable error: reply with this line and continue.
     Error(&'static str),
 }
@@ -352,7 +358,16 @@ pub fn parse(buf: &[u8], max_value: usize) -> Result<McParsed<'_>, McFatal> {
             ))
         }
         b"version" => c(McCommand::Version),
-        b"stats" => c(McCommand::Stats),
+        // memcached answers an unknown stats group, `noreply` included,
+        // with `ERROR` (stats have no quiet form).
+        b"stats" => match toks.get(1..) {
+            Some([]) | None => c(McCommand::Stats),
+            Some([g]) if *g == b"reset" => c(McCommand::Reply("RESET")),
+            Some([g]) if matches!(*g, b"items" | b"slabs" | b"sizes" | b"conns") => {
+                c(McCommand::Reply("END"))
+            }
+            _ => c(McCommand::Error("ERROR")),
+        },
         b"verbosity" => {
             if toks.len() < 2 || toks.len() > 3 {
                 return c(McCommand::Error("ERROR"));
@@ -362,6 +377,9 @@ pub fn parse(buf: &[u8], max_value: usize) -> Result<McParsed<'_>, McFatal> {
             })
         }
         b"quit" => c(McCommand::Quit),
+        b"mg" | b"ms" | b"md" | b"ma" | b"mn" | b"me" => {
+            Ok(crate::mc_meta::parse(cmd, &toks, buf, after, max_value))
+        }
         _ => c(McCommand::Error("ERROR")),
     }
 }
