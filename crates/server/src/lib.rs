@@ -47,6 +47,7 @@ pub mod conn;
 pub mod engine;
 pub mod glob;
 pub mod longdouble;
+pub mod mc_binary;
 pub mod mc_exec;
 pub mod mc_meta;
 pub mod memcache;

@@ -290,10 +290,17 @@ fn arith(shared: &Shared, key: &[u8], delta: u64, incr: bool, buf: &mut Vec<u8>)
 }
 
 fn stats_text(shared: &Shared, out: &mut Vec<u8>) {
+    for (k, v) in stats_pairs(shared) {
+        let _ = write!(Wr(out), "STAT {k} {v}\r\n");
+    }
+}
+
+/// The general statistics, as (name, value) pairs.
+pub fn stats_pairs(shared: &Shared) -> Vec<(&'static str, String)> {
     let st = shared.store.stats();
     let t = shared.totals();
     let now = unix_ms() / 1000;
-    let pairs: Vec<(&str, String)> = vec![
+    vec![
         ("pid", std::process::id().to_string()),
         ("uptime", shared.started.elapsed().as_secs().to_string()),
         ("time", now.to_string()),
@@ -316,10 +323,7 @@ fn stats_text(shared: &Shared, out: &mut Vec<u8>) {
         ("threads", shared.config.threads.to_string()),
         ("bytes", st.live_bytes.to_string()),
         ("curr_items", st.items.to_string()),
-    ];
-    for (k, v) in pairs {
-        let _ = write!(Wr(out), "STAT {k} {v}\r\n");
-    }
+    ]
 }
 
 /// `fmt::Write` over a byte vector.
