@@ -15,11 +15,10 @@
 //! whole life. The opcodes served are GET/GETQ/GETK/GETKQ, SET/ADD/REPLACE
 //! (+Q, with CAS), DELETE(Q) (with CAS), INCREMENT/DECREMENT(Q) (delta,
 //! initial value, and the expiration 0xffffffff meaning "do not create"),
-//! QUIT(Q), FLUSH(Q), NOOP, VERSION, APPEND/PREPEND(Q), STAT, VERBOSITY,
-//! TOUCH, GAT/GATQ/GATK/GATKQ and SASL (LIST_MECHS, AUTH, STEP). Quiet
+//! QUIT(Q), FLUSH(Q), NOOP, VERSION, APPEND/PREPEND(Q), STAT, TOUCH, GAT/GATQ/GATK/GATKQ and SASL (LIST_MECHS, AUTH, STEP). Quiet
 //! variants send nothing on success (GETQ: nothing on a miss), so a client
 //! pipelines them and ends with NOOP. Any other opcode answers status
-//! 0x0081 (unknown command), and a request whose extras/key/value do not
+//! 0x0081 (unknown command; VERBOSITY too, as memcached 1.6 answers), and a request whose extras/key/value do not
 //! fit its opcode answers 0x0004 (invalid arguments); both keep the
 //! connection. A header whose magic is not 0x80, or whose key and extras
 //! do not fit in the body, closes the connection after an error response:
@@ -210,7 +209,6 @@ fn shape(op: u8) -> Option<(&'static [usize], Option<bool>, bool)> {
         0x08 | 0x18 => (&[0, 4], Some(false), false),
         0x0e | 0x0f | 0x19 | 0x1a => (&[0], Some(true), true),
         0x10 => (&[0], None, false),
-        0x1b => (&[4], Some(false), false),
         0x1c | 0x1d | 0x1e | 0x23 | 0x24 => (&[4], Some(true), false),
         0x20 => (&[0], Some(false), false),
         0x21 | 0x22 => (&[0], Some(true), true),
@@ -357,7 +355,7 @@ pub fn execute(
             Ok(()) => respond(out, h, OK, 0, &[], &[], &[]),
             Err(e) => error(out, h, store_status(&e)),
         },
-        0x0a | 0x1b => respond(out, h, OK, 0, &[], &[], &[]),
+        0x0a => respond(out, h, OK, 0, &[], &[], &[]),
         0x0b => respond(out, h, OK, 0, &[], &[], MC_VERSION.as_bytes()),
         // APPEND, PREPEND (+Q).
         0x0e | 0x0f | 0x19 | 0x1a => {
@@ -379,10 +377,16 @@ pub fn execute(
             }
             respond(out, h, OK, 0, &[], &[], &[]);
         }
-        // TOUCH.
-        0x1c => match store.set_expiry(key, expiry_of(i64::from(be32(extras)))) {
-            Ok(true) => respond(out, h, OK, 0, &[], &[], &[]),
-            Ok(false) => error(out, h, NOT_FOUND),
+        // TOUCH: answers the flags and CAS, without the value.
+        0x1c => match store.get_into(key, buf) {
+            Ok(Some(m)) if !is_hash(&m) => {
+                match store.set_expiry(key, expiry_of(i64::from(be32(extras)))) {
+                    Ok(true) => respond(out, h, OK, m.version, &m.flags.to_be_bytes(), &[], &[]),
+                    Ok(false) => error(out, h, NOT_FOUND),
+                    Err(e) => error(out, h, store_status(&e)),
+                }
+            }
+            Ok(_) => error(out, h, NOT_FOUND),
             Err(e) => error(out, h, store_status(&e)),
         },
         0x20 => respond(out, h, OK, 0, &[], &[], b"PLAIN"),

@@ -8,6 +8,7 @@ mod datadir;
 mod differential;
 mod hashes_admin;
 mod limits;
+mod mc_binary;
 mod mc_meta;
 mod memcached;
 mod parsers;
