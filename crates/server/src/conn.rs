@@ -421,6 +421,12 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                             Ok(used)
                         }
                         BinParsed::Incomplete(n) => Err(Some(n)),
+                        // Before authentication an oversized body is not
+                        // read at all (as the text protocol's auth `set`).
+                        BinParsed::Skip(_) if !mc_authed => {
+                            close = true;
+                            Err(None)
+                        }
                         BinParsed::Skip(n) => {
                             skip = n as u64;
                             Ok(mc_binary::HEADER_BYTES)

@@ -198,6 +198,13 @@ fn binary_sasl_uses_the_authfile() {
     c.write_all(&req(0x01, b"k", &set_extras(0, 0), b"v", 0, 5))
         .unwrap();
     assert_eq!(read_res(&mut c).unwrap().status, 0);
+    // Before authentication, a body over 1 KiB is refused and the
+    // connection closed.
+    let mut c = conn(s.memcached_port().unwrap());
+    // (Only the header is sent: the server must not wait for the body.)
+    let _ = c.write_all(&req(0x21, b"PLAIN", &[], &[b'x'; 4096], 0, 6)[..24]);
+    assert_eq!(read_res(&mut c).unwrap().status, 3);
+    assert!(read_res(&mut c).is_none());
     // Without an authfile, SASL opcodes are unknown commands.
     let s2 = start();
     let mut c = conn(s2.memcached_port().unwrap());
