@@ -30,13 +30,17 @@
 //! token, and `N` on `mg` vivifies the missing item (empty, with the given
 //! TTL) and answers `W` to the creator only, with no `Z` for later readers.
 //! `E` (explicit CAS) is accepted and ignored: the engine picks versions.
-//! Base64 keys (`b`) are not supported and answered as an invalid flag.
+//! Base64 keys (`b`) are decoded for the store and returned as sent (`k`
+//! answers the base64 form followed by `b`); unlike memcached, an item
+//! stored with a binary key is not remembered as such, so a later `k`
+//! without `b` returns the key as that request spelled it.
 //!
 //! Quiet mode (`q`) hides what memcached 1.6 hides: `EN` for `mg`, `HD`
 //! for `ms`, `md` and `ma` (and `ma`'s `VA`); errors, `NF`, `NS` and `EX`
 //! are always sent. `mn` is the usual end-of-pipeline marker after quiet
 //! commands.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 
 use nibble::{Condition, Error as StoreError, Expiry, PutOptions};
@@ -66,8 +70,10 @@ pub enum MetaVerb {
 pub struct Meta<'a> {
     /// Which.
     pub verb: MetaVerb,
-    /// Key.
-    pub key: &'a [u8],
+    /// Key (decoded, with `b`).
+    pub key: Cow<'a, [u8]>,
+    /// The key as sent (what `k` returns).
+    pub wire_key: &'a [u8],
     /// The flag tokens as sent (letter first), in order.
     pub flags: Vec<&'a [u8]>,
     /// `ms`'s data block.
@@ -80,10 +86,10 @@ const INVALID_OR_DUP: &str = "CLIENT_ERROR invalid or duplicate flag";
 
 fn allowed(verb: MetaVerb) -> &'static [u8] {
     match verb {
-        MetaVerb::Get => b"cfhklOqstTuvENR",
-        MetaVerb::Set => b"cCFIkOqSTMNE",
-        MetaVerb::Delete => b"CIkOqTE",
-        MetaVerb::Arith => b"cCDJkMNOqtTvE",
+        MetaVerb::Get => b"bcfhklOqstTuvENR",
+        MetaVerb::Set => b"bcCFIkOqSTMNE",
+        MetaVerb::Delete => b"bCIkOqTE",
+        MetaVerb::Arith => b"bcCDJkMNOqtTvE",
         MetaVerb::Debug => b"",
     }
 }
@@ -154,15 +160,60 @@ pub fn parse<'a>(
         }
         seen[usize::from(l & 0x7f)] = true;
     }
+    let key = if seen[usize::from(b'b')] {
+        match base64_decode(key) {
+            Some(k) if !k.is_empty() && k.len() <= MAX_KEY => Cow::Owned(k),
+            // memcached's wording differs by command.
+            _ if matches!(verb, MetaVerb::Get | MetaVerb::Set) => {
+                return McParsed::Command(McCommand::Error("CLIENT_ERROR error decoding key"), used)
+            }
+            _ => return McParsed::Command(McCommand::Error(INVALID_OR_DUP), used),
+        }
+    } else {
+        Cow::Borrowed(key)
+    };
     McParsed::Command(
         McCommand::Meta(Meta {
             verb,
             key,
+            wire_key: toks[1],
             flags,
             data,
         }),
         used,
     )
+}
+
+/// Decode standard padded base64; None if malformed.
+fn base64_decode(s: &[u8]) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(4) {
+        return None;
+    }
+    let s = s
+        .strip_suffix(b"==")
+        .or_else(|| s.strip_suffix(b"="))
+        .unwrap_or(s);
+    let mut out = Vec::with_capacity(s.len() * 3 / 4);
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for &c in s {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        };
+        acc = (acc << 6) | u32::from(v);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    // Leftover bits must be zero padding of less than a byte.
+    (bits < 6 && acc == 0).then_some(out)
 }
 
 /// The token of flag `l`, if sent.
@@ -215,7 +266,10 @@ fn ret_flags(m: &Meta<'_>, s: &Seen, out: &mut Vec<u8>) {
             }
             b'k' => {
                 w.0.extend_from_slice(b" k");
-                w.0.extend_from_slice(m.key);
+                w.0.extend_from_slice(m.wire_key);
+                if has(m, b'b') {
+                    w.0.extend_from_slice(b" b");
+                }
                 Ok(())
             }
             b'c' => write!(w, " c{}", s.cas),
@@ -283,7 +337,7 @@ fn get(shared: &Shared, m: &Meta<'_>, out: &mut Vec<u8>, buf: &mut Vec<u8>) -> b
         line(out, BAD_FORMAT);
         return false;
     };
-    let (meta, won) = match store.get_into(m.key, buf) {
+    let (meta, won) = match store.get_into(&m.key[..], buf) {
         Ok(Some(meta)) if !is_hash(&meta) => (meta, false),
         Ok(_) => {
             let Some(ttl) = viv_ttl else {
@@ -299,14 +353,14 @@ fn get(shared: &Shared, m: &Meta<'_>, out: &mut Vec<u8>, buf: &mut Vec<u8>) -> b
                 expiry,
                 flags: 0,
             };
-            match store.put_with(m.key, b"", opts) {
+            match store.put_with(&m.key[..], b"", opts) {
                 Ok(_) | Err(StoreError::Exists) => {}
                 Err(e) => {
                     line(out, store_err(&e));
                     return false;
                 }
             }
-            match store.get_into(m.key, buf) {
+            match store.get_into(&m.key[..], buf) {
                 Ok(Some(meta)) => (meta, true),
                 _ => {
                     line(out, "EN");
@@ -327,7 +381,7 @@ fn get(shared: &Shared, m: &Meta<'_>, out: &mut Vec<u8>, buf: &mut Vec<u8>) -> b
     };
     if let Some(t) = new_ttl {
         seen.expiry_ms = expiry_of(t);
-        let _ = store.set_expiry(m.key, seen.expiry_ms);
+        let _ = store.set_expiry(&m.key[..], seen.expiry_ms);
     }
     if has(m, b'v') {
         let _ = write!(Wr(out), "VA {}", buf.len());
@@ -385,7 +439,7 @@ fn set(shared: &Shared, m: &Meta<'_>, out: &mut Vec<u8>, buf: &mut Vec<u8>) {
         }
     };
     let r = store.put_with(
-        m.key,
+        &m.key[..],
         m.data,
         PutOptions {
             condition,
@@ -419,7 +473,7 @@ fn concat(
     let store = &shared.store;
     let max = shared.settings.max_bulk();
     loop {
-        let (v, opts) = match store.get_into(m.key, buf) {
+        let (v, opts) = match store.get_into(&m.key[..], buf) {
             Ok(Some(meta)) if is_hash(&meta) => {
                 return line(out, "CLIENT_ERROR cannot append to a Redis hash")
             }
@@ -455,7 +509,7 @@ fn concat(
             },
             Err(e) => return line(out, store_err(&e)),
         };
-        match store.put_with(m.key, &v, opts) {
+        match store.put_with(&m.key[..], &v, opts) {
             Ok(cas) => {
                 if !has(m, b'q') {
                     let seen = Seen {
@@ -478,7 +532,7 @@ fn delete(shared: &Shared, m: &Meta<'_>, out: &mut Vec<u8>) {
     };
     let cond = cas.map_or(Condition::Always, Condition::IfVersion);
     let seen = Seen::default();
-    match shared.store.delete_if(m.key, cond) {
+    match shared.store.delete_if(&m.key[..], cond) {
         Ok(()) if has(m, b'q') => {}
         Ok(()) => code(out, "HD", m, &seen),
         Err(StoreError::NotFound) => code(out, "NF", m, &seen),
@@ -506,7 +560,7 @@ fn arith(shared: &Shared, m: &Meta<'_>, out: &mut Vec<u8>, buf: &mut Vec<u8>) {
     };
     let delta = delta.unwrap_or(1);
     loop {
-        let (new, opts, cur_expiry) = match store.get_into(m.key, buf) {
+        let (new, opts, cur_expiry) = match store.get_into(&m.key[..], buf) {
             Ok(Some(meta)) => {
                 if cas.is_some_and(|c| c != meta.version) {
                     return code(out, "EX", m, &Seen::default());
@@ -553,7 +607,7 @@ fn arith(shared: &Shared, m: &Meta<'_>, out: &mut Vec<u8>, buf: &mut Vec<u8>) {
             Err(e) => return line(out, store_err(&e)),
         };
         let s = new.to_string();
-        match store.put_with(m.key, s.as_bytes(), opts) {
+        match store.put_with(&m.key[..], s.as_bytes(), opts) {
             Ok(v) => {
                 if has(m, b'q') {
                     return;
@@ -581,10 +635,10 @@ fn arith(shared: &Shared, m: &Meta<'_>, out: &mut Vec<u8>, buf: &mut Vec<u8>) {
 }
 
 fn debug(shared: &Shared, m: &Meta<'_>, out: &mut Vec<u8>, buf: &mut Vec<u8>) {
-    match shared.store.get_into(m.key, buf) {
+    match shared.store.get_into(&m.key[..], buf) {
         Ok(Some(meta)) => {
             out.extend_from_slice(b"ME ");
-            out.extend_from_slice(m.key);
+            out.extend_from_slice(m.wire_key);
             let _ = write!(
                 Wr(out),
                 " exp={} la=0 cas={} fetch=no cls=1 size={}\r\n",
@@ -595,5 +649,21 @@ fn debug(shared: &Shared, m: &Meta<'_>, out: &mut Vec<u8>, buf: &mut Vec<u8>) {
         }
         Ok(None) => line(out, "EN"),
         Err(e) => line(out, store_err(&e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_keys() {
+        assert_eq!(base64_decode(b"Zm9v").unwrap(), b"foo");
+        assert_eq!(base64_decode(b"Zm9vYg==").unwrap(), b"foob");
+        assert_eq!(base64_decode(b"Zm9vYmE=").unwrap(), b"fooba");
+        assert_eq!(base64_decode(b"AP8=").unwrap(), [0, 255]);
+        for bad in [&b"Zm9vYg"[..], b"@@@@", b"Zm9vY===", b"Zm9=Yg=="] {
+            assert!(base64_decode(bad).is_none(), "{bad:?}");
+        }
     }
 }

@@ -128,7 +128,11 @@ fn meta_commands_match_memcached() {
          mg foo T30 t\r\nmg foo\r\nms foo x\r\nms foo 2 MX\r\nzz\r\n\
          ms foo 2 Fx\r\nzz\r\nma cnt Mx\r\nmd cnt x\r\nmd cnt C999999 q\r\n\
          mg {long_key} v\r\nms big 2 T-1\r\nzz\r\nmg big v\r\nmg big q\r\n\
-         mg\r\nms\r\nmd\r\nmn\r\nmn x\r\nme nope\r\nms e 0\r\n\r\nmg e v s\r\n"
+         mg\r\nms\r\nmd\r\nmn\r\nmn x\r\nme nope\r\nms e 0\r\n\r\nmg e v s\r\n\
+         ms Zm9vYg== 2 b k c\r\nhi\r\nmg Zm9vYg== b k v\r\nmg foob v\r\n\
+         mg @@@ b v\r\nmd Zm9vYg== b q k\r\nma Y250Mg b N0 J5 v k\r\nmg cnt2 v\r\n\
+         ma Y250Mg== b N0 J5 v k\r\nmg cnt2 v\r\nms Y250Mg 1 b\r\n1\r\n\
+         md Y250Mg b\r\nms @@@@ 1 b\r\n1\r\nmd @@@@ b\r\n"
     );
     let sentinel: &[u8] = b"ms __end 3 k\r\nend\r\n";
     let end: &[u8] = b"HD k__end\r\n";
