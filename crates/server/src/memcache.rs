@@ -348,7 +348,7 @@ pub fn parse(buf: &[u8], max_value: usize) -> Result<McParsed<'_>, McFatal> {
                 0 => 0,
                 1 => match num::<i64>(toks[1]) {
                     Some(d) => d,
-                    None => return c(McCommand::Error(BAD_FORMAT)),
+                    None => return c(McCommand::Error("CLIENT_ERROR invalid exptime argument")),
                 },
                 _ => return c(McCommand::Error("ERROR")),
             };

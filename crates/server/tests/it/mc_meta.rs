@@ -78,8 +78,15 @@ fn stats_noreply_and_groups() {
     assert_eq!(m.req("stats items\r\n"), "END");
     m.send(b"stats\r\n");
     assert!(m.until_end().len() > 5);
-    let script =
-        b"stats noreply\r\nstats reset\r\nstats bogus\r\nstats items\r\nverbosity 1 noreply\r\n";
+    // With other misuses of noreply and extra tokens.
+    let script = b"stats noreply\r\nstats reset\r\nstats bogus\r\nstats items\r\n\
+        verbosity 1 noreply\r\nverbosity noreply\r\nverbosity\r\n\
+        set a 0 0 1 noreply extra\r\nx\r\ndelete a noreply extra\r\n\
+        incr a 1 noreply extra\r\ntouch a 1 noreply extra\r\n\
+        flush_all 0 noreply extra\r\nset n 0 0 1\r\n1\r\nincr n 1 noreply\r\n\
+        decr n 1 noreply\r\ntouch n 0 noreply\r\ndelete n noreply\r\n\
+        flush_all noreply\r\nflush_all 0 noreply\r\nflush_all bogus\r\n\
+        verbosity 1 2\r\nget\r\ngets\r\n";
     let Some(real) = real_memcached("stats_noreply_and_groups") else {
         return;
     };
