@@ -151,6 +151,7 @@ pub fn execute(
         McCommand::Quit => return true,
         McCommand::TooLarge { .. } => ("SERVER_ERROR object too large for cache".into(), false),
         McCommand::Error(e) | McCommand::Reply(e) => (e.into(), false),
+        McCommand::Silent => return false,
         McCommand::Meta(m) => {
             if let Some(hit) = crate::mc_meta::execute(shared, &m, out, buf) {
                 let c = if hit { &stats.hits } else { &stats.misses };

@@ -141,6 +141,9 @@ pub enum McCommand<'a> {
     },
     /// A meta command (`mg`, `ms`, `md`, `ma`, `me`; see `mc_meta`).
     Meta(crate::mc_meta::Meta<'a>),
+    /// A line consumed without a reply (an argument error under
+    /// `noreply`).
+    Silent,
     /// A recoverable error: reply with this line and continue.
     Error(&'static str),
 }
@@ -169,7 +172,39 @@ fn key_ok(k: &[u8]) -> bool {
 }
 
 /// Parse one command from the front of `buf`; `max_value` bounds data blocks.
+///
+/// As in memcached, an argument error (`CLIENT_ERROR ...`) of a storage,
+/// `incr`/`decr` or `touch` line whose last token is `noreply` is not
+/// answered: the line is consumed silently.
 pub fn parse(buf: &[u8], max_value: usize) -> Result<McParsed<'_>, McFatal> {
+    let r = parse_line(buf, max_value)?;
+    if let McParsed::Command(McCommand::Error(e), used) = r {
+        if e.starts_with("CLIENT_ERROR") {
+            let line = buf[..used].trim_ascii_end();
+            let mut toks = line.split(|&b| b == b' ').filter(|t| !t.is_empty());
+            let quiet_verb = matches!(
+                toks.next(),
+                Some(
+                    b"set"
+                        | b"add"
+                        | b"replace"
+                        | b"append"
+                        | b"prepend"
+                        | b"cas"
+                        | b"incr"
+                        | b"decr"
+                        | b"touch"
+                )
+            );
+            if quiet_verb && toks.next_back() == Some(b"noreply") {
+                return Ok(McParsed::Command(McCommand::Silent, used));
+            }
+        }
+    }
+    Ok(r)
+}
+
+fn parse_line(buf: &[u8], max_value: usize) -> Result<McParsed<'_>, McFatal> {
     let Some(lf) = buf.iter().take(MAX_LINE + 1).position(|&b| b == b'\n') else {
         if buf.len() > MAX_LINE {
             return Err(McFatal("CLIENT_ERROR line too long"));

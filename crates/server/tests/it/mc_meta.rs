@@ -86,7 +86,9 @@ fn stats_noreply_and_groups() {
         flush_all 0 noreply extra\r\nset n 0 0 1\r\n1\r\nincr n 1 noreply\r\n\
         decr n 1 noreply\r\ntouch n 0 noreply\r\ndelete n noreply\r\n\
         flush_all noreply\r\nflush_all 0 noreply\r\nflush_all bogus\r\n\
-        verbosity 1 2\r\nget\r\ngets\r\n";
+        verbosity 1 2\r\nget\r\ngets\r\nset s 0 0 1\r\nx\r\nincr s 1 noreply\r\n\
+        incr s abc noreply\r\nset a 0 x 1 noreply\r\ntouch s abc noreply\r\n\
+        cas a 0 0 1 noreply\r\nx\r\nappend zz 0 0 1 noreply\r\nx\r\nincr s abc\r\n";
     let Some(real) = real_memcached("stats_noreply_and_groups") else {
         return;
     };
