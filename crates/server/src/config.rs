@@ -76,7 +76,7 @@ pub struct Cli {
     /// RESP TCP port (default 6379; 0 = pick one; -1 disables TCP RESP).
     #[arg(long, allow_hyphen_values = true)]
     pub port: Option<i32>,
-    /// memcached text protocol port (off unless given; 0 = pick one).
+    /// memcached port: text, meta and binary protocols (off unless given; 0 = pick one).
     #[arg(long)]
     pub memcached_port: Option<u16>,
     /// Serve memcached on its usual port 11211 (unless --memcached-port says otherwise).

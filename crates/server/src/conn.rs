@@ -289,6 +289,8 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     let mut want = 1;
     // memcached: bytes of a too-large data block still to discard.
     let mut skip: u64 = 0;
+    // memcached: binary protocol (decided by the connection's first byte).
+    let mut mc_bin: Option<bool> = None;
     loop {
         let authed = match protocol {
             Protocol::Resp => sess.authed,
@@ -381,6 +383,56 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                             out.extend_from_slice(
                                 format!("-ERR Protocol error: {e}\r\n").as_bytes(),
                             );
+                            close = true;
+                            Err(None)
+                        }
+                    }
+                }
+                Protocol::Memcached
+                    if *mc_bin.get_or_insert_with(|| {
+                        inb.pending().first() == Some(&crate::mc_binary::REQ_MAGIC)
+                    }) =>
+                {
+                    use crate::mc_binary::{self, BinConn, BinParsed};
+                    // A body holds extras and the key besides the value.
+                    let max_body = if mc_authed {
+                        shared.settings.max_bulk().saturating_add(512)
+                    } else {
+                        crate::auth::MC_AUTH_MAX_BYTES
+                    };
+                    match mc_binary::parse(inb.pending(), max_body, &mut out) {
+                        BinParsed::Request(h, used) => {
+                            let mut bc = BinConn {
+                                authed: &mut mc_authed,
+                                auth_failed: false,
+                            };
+                            close = mc_binary::execute(
+                                &shared,
+                                stats,
+                                &mut bc,
+                                &h,
+                                &inb.pending()[..used],
+                                &mut out,
+                                &mut scratch,
+                            );
+                            if bc.auth_failed {
+                                sess.auth_failed("memcached SASL authentication");
+                            }
+                            Ok(used)
+                        }
+                        BinParsed::Incomplete(n) => Err(Some(n)),
+                        // Before authentication an oversized body is not
+                        // read at all (as the text protocol's auth `set`).
+                        BinParsed::Skip(_) if !mc_authed => {
+                            close = true;
+                            Err(None)
+                        }
+                        BinParsed::Skip(n) => {
+                            skip = n as u64;
+                            Ok(mc_binary::HEADER_BYTES)
+                        }
+                        BinParsed::Fatal => {
+                            WorkerStats::bump(&stats.proto_errors, 1);
                             close = true;
                             Err(None)
                         }

@@ -150,7 +150,17 @@ pub fn execute(
         McCommand::Verbosity { noreply } => ("OK".into(), noreply),
         McCommand::Quit => return true,
         McCommand::TooLarge { .. } => ("SERVER_ERROR object too large for cache".into(), false),
-        McCommand::Error(e) => (e.into(), false),
+        McCommand::Error(e) | McCommand::Reply(e) => (e.into(), false),
+        McCommand::Silent => return false,
+        McCommand::Meta(m) => {
+            if let Some(hit) = crate::mc_meta::execute(shared, &m, out, buf) {
+                let c = if hit { &stats.hits } else { &stats.misses };
+                c.fetch_add(1, Ordering::Relaxed);
+            } else if m.verb == crate::mc_meta::MetaVerb::Set {
+                WorkerStats::bump(&stats.sets, 1);
+            }
+            return false;
+        }
     };
     if !noreply {
         line(out, &reply);
@@ -281,10 +291,17 @@ fn arith(shared: &Shared, key: &[u8], delta: u64, incr: bool, buf: &mut Vec<u8>)
 }
 
 fn stats_text(shared: &Shared, out: &mut Vec<u8>) {
+    for (k, v) in stats_pairs(shared) {
+        let _ = write!(Wr(out), "STAT {k} {v}\r\n");
+    }
+}
+
+/// The general statistics, as (name, value) pairs.
+pub fn stats_pairs(shared: &Shared) -> Vec<(&'static str, String)> {
     let st = shared.store.stats();
     let t = shared.totals();
     let now = unix_ms() / 1000;
-    let pairs: Vec<(&str, String)> = vec![
+    vec![
         ("pid", std::process::id().to_string()),
         ("uptime", shared.started.elapsed().as_secs().to_string()),
         ("time", now.to_string()),
@@ -307,14 +324,11 @@ fn stats_text(shared: &Shared, out: &mut Vec<u8>) {
         ("threads", shared.config.threads.to_string()),
         ("bytes", st.live_bytes.to_string()),
         ("curr_items", st.items.to_string()),
-    ];
-    for (k, v) in pairs {
-        let _ = write!(Wr(out), "STAT {k} {v}\r\n");
-    }
+    ]
 }
 
 /// `fmt::Write` over a byte vector.
-struct Wr<'a>(&'a mut Vec<u8>);
+pub(crate) struct Wr<'a>(pub(crate) &'a mut Vec<u8>);
 
 impl std::fmt::Write for Wr<'_> {
     fn write_str(&mut self, s: &str) -> std::fmt::Result {

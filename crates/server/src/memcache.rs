@@ -119,8 +119,12 @@ pub enum McCommand<'a> {
     },
     /// version.
     Version,
-    /// stats (arguments ignored).
+    /// `stats` with no argument: the general statistics.
     Stats,
+    /// A command answered with one fixed line (`stats reset` -> `RESET`,
+    /// `stats items|slabs|sizes|conns` -> `END`: this server has no slab
+    /// classes to list).
+    Reply(&'static str),
     /// verbosity.
     Verbosity {
         /// noreply.
@@ -135,6 +139,11 @@ pub enum McCommand<'a> {
         /// Bytes to discard.
         skip: u64,
     },
+    /// A meta command (`mg`, `ms`, `md`, `ma`, `me`; see `mc_meta`).
+    Meta(crate::mc_meta::Meta<'a>),
+    /// A line consumed without a reply (an argument error under
+    /// `noreply`).
+    Silent,
     /// A recoverable error: reply with this line and continue.
     Error(&'static str),
 }
@@ -163,7 +172,39 @@ fn key_ok(k: &[u8]) -> bool {
 }
 
 /// Parse one command from the front of `buf`; `max_value` bounds data blocks.
+///
+/// As in memcached, an argument error (`CLIENT_ERROR ...`) of a storage,
+/// `incr`/`decr` or `touch` line whose last token is `noreply` is not
+/// answered: the line is consumed silently.
 pub fn parse(buf: &[u8], max_value: usize) -> Result<McParsed<'_>, McFatal> {
+    let r = parse_line(buf, max_value)?;
+    if let McParsed::Command(McCommand::Error(e), used) = r {
+        if e.starts_with("CLIENT_ERROR") {
+            let line = buf[..used].trim_ascii_end();
+            let mut toks = line.split(|&b| b == b' ').filter(|t| !t.is_empty());
+            let quiet_verb = matches!(
+                toks.next(),
+                Some(
+                    b"set"
+                        | b"add"
+                        | b"replace"
+                        | b"append"
+                        | b"prepend"
+                        | b"cas"
+                        | b"incr"
+                        | b"decr"
+                        | b"touch"
+                )
+            );
+            if quiet_verb && toks.next_back() == Some(b"noreply") {
+                return Ok(McParsed::Command(McCommand::Silent, used));
+            }
+        }
+    }
+    Ok(r)
+}
+
+fn parse_line(buf: &[u8], max_value: usize) -> Result<McParsed<'_>, McFatal> {
     let Some(lf) = buf.iter().take(MAX_LINE + 1).position(|&b| b == b'\n') else {
         if buf.len() > MAX_LINE {
             return Err(McFatal("CLIENT_ERROR line too long"));
@@ -342,7 +383,7 @@ pub fn parse(buf: &[u8], max_value: usize) -> Result<McParsed<'_>, McFatal> {
                 0 => 0,
                 1 => match num::<i64>(toks[1]) {
                     Some(d) => d,
-                    None => return c(McCommand::Error(BAD_FORMAT)),
+                    None => return c(McCommand::Error("CLIENT_ERROR invalid exptime argument")),
                 },
                 _ => return c(McCommand::Error("ERROR")),
             };
@@ -352,7 +393,16 @@ pub fn parse(buf: &[u8], max_value: usize) -> Result<McParsed<'_>, McFatal> {
             ))
         }
         b"version" => c(McCommand::Version),
-        b"stats" => c(McCommand::Stats),
+        // memcached answers an unknown stats group, `noreply` included,
+        // with `ERROR` (stats have no quiet form).
+        b"stats" => match toks.get(1..) {
+            Some([]) | None => c(McCommand::Stats),
+            Some([g]) if *g == b"reset" => c(McCommand::Reply("RESET")),
+            Some([g]) if matches!(*g, b"items" | b"slabs" | b"sizes" | b"conns") => {
+                c(McCommand::Reply("END"))
+            }
+            _ => c(McCommand::Error("ERROR")),
+        },
         b"verbosity" => {
             if toks.len() < 2 || toks.len() > 3 {
                 return c(McCommand::Error("ERROR"));
@@ -362,6 +412,9 @@ pub fn parse(buf: &[u8], max_value: usize) -> Result<McParsed<'_>, McFatal> {
             })
         }
         b"quit" => c(McCommand::Quit),
+        b"mg" | b"ms" | b"md" | b"ma" | b"mn" | b"me" => {
+            Ok(crate::mc_meta::parse(cmd, &toks, buf, after, max_value))
+        }
         _ => c(McCommand::Error("ERROR")),
     }
 }

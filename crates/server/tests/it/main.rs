@@ -8,6 +8,8 @@ mod datadir;
 mod differential;
 mod hashes_admin;
 mod limits;
+mod mc_binary;
+mod mc_meta;
 mod memcached;
 mod parsers;
 mod process;
