@@ -501,14 +501,7 @@ fn concat(
         if buf.len() + data.len() > max {
             return Err(TOO_LARGE);
         }
-        let mut v = Vec::with_capacity(buf.len() + data.len());
-        if append {
-            v.extend_from_slice(buf);
-            v.extend_from_slice(data);
-        } else {
-            v.extend_from_slice(data);
-            v.extend_from_slice(buf);
-        }
+        let v = crate::mc_exec::joined(buf, data, append);
         let opts = PutOptions {
             condition: Condition::IfVersion(m.version),
             expiry: Expiry::Keep,

@@ -228,14 +228,7 @@ fn concat(
         if buf.len() + data.len() > max {
             return "SERVER_ERROR object too large for cache";
         }
-        let mut v = Vec::with_capacity(buf.len() + data.len());
-        if append {
-            v.extend_from_slice(buf);
-            v.extend_from_slice(data);
-        } else {
-            v.extend_from_slice(data);
-            v.extend_from_slice(buf);
-        }
+        let v = joined(buf, data, append);
         match store.put_with(
             key,
             &v,
@@ -335,4 +328,17 @@ impl std::fmt::Write for Wr<'_> {
         self.0.extend_from_slice(s.as_bytes());
         Ok(())
     }
+}
+
+/// `stored` with `data` after it (append) or before it (prepend).
+pub(crate) fn joined(stored: &[u8], data: &[u8], append: bool) -> Vec<u8> {
+    let (first, second) = if append {
+        (stored, data)
+    } else {
+        (data, stored)
+    };
+    let mut v = Vec::with_capacity(stored.len() + data.len());
+    v.extend_from_slice(first);
+    v.extend_from_slice(second);
+    v
 }
