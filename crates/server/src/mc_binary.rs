@@ -444,18 +444,8 @@ fn arith(
                 if cas != 0 && cas != m.version {
                     return Err(EXISTS);
                 }
-                let cur = std::str::from_utf8(buf)
-                    .ok()
-                    .map(|s| s.trim_end())
-                    .filter(|s| !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit()))
-                    .and_then(|s| s.parse::<u64>().ok());
-                let Some(cur) = cur.filter(|_| !is_hash(&m)) else {
+                let Some(new) = crate::mc_exec::counter_step(buf, &m, incr, delta) else {
                     return Err(NON_NUMERIC);
-                };
-                let new = if incr {
-                    cur.wrapping_add(delta)
-                } else {
-                    cur.saturating_sub(delta)
                 };
                 let opts = PutOptions {
                     condition: Condition::IfVersion(m.version),

@@ -253,18 +253,8 @@ fn arith(shared: &Shared, key: &[u8], delta: u64, incr: bool, buf: &mut Vec<u8>)
             Ok(None) => return "NOT_FOUND".into(),
             Err(e) => return store_err(&e).into(),
         };
-        let cur = std::str::from_utf8(buf)
-            .ok()
-            .map(|s| s.trim_end())
-            .filter(|s| !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit()))
-            .and_then(|s| s.parse::<u64>().ok());
-        let Some(cur) = cur.filter(|_| !is_hash(&m)) else {
+        let Some(new) = counter_step(buf, &m, incr, delta) else {
             return "CLIENT_ERROR cannot increment or decrement non-numeric value".into();
-        };
-        let new = if incr {
-            cur.wrapping_add(delta)
-        } else {
-            cur.saturating_sub(delta)
         };
         let s = new.to_string();
         match store.put_with(
@@ -341,4 +331,29 @@ pub(crate) fn joined(stored: &[u8], data: &[u8], append: bool) -> Vec<u8> {
     v.extend_from_slice(first);
     v.extend_from_slice(second);
     v
+}
+
+/// memcached's incr/decr on a stored value: the value must be an unsigned
+/// decimal (trailing spaces allowed, as memcached pads shrunk values) and
+/// not a Redis hash; incr wraps at 2^64, decr stops at 0. `None`: not a
+/// number (the caller's `CLIENT_ERROR` / `NON_NUMERIC`).
+pub(crate) fn counter_step(
+    stored: &[u8],
+    meta: &nibble::ItemMeta,
+    incr: bool,
+    delta: u64,
+) -> Option<u64> {
+    if is_hash(meta) {
+        return None;
+    }
+    let cur = std::str::from_utf8(stored)
+        .ok()
+        .map(|s| s.trim_end())
+        .filter(|s| !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit()))
+        .and_then(|s| s.parse::<u64>().ok())?;
+    Some(if incr {
+        cur.wrapping_add(delta)
+    } else {
+        cur.saturating_sub(delta)
+    })
 }

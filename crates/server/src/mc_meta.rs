@@ -565,21 +565,11 @@ fn arith(shared: &Shared, m: &Meta<'_>, out: &mut Vec<u8>, buf: &mut Vec<u8>) {
                 if cas.is_some_and(|c| c != meta.version) {
                     return code(out, "EX", m, &Seen::default());
                 }
-                let cur = std::str::from_utf8(buf)
-                    .ok()
-                    .map(|s| s.trim_end())
-                    .filter(|s| !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit()))
-                    .and_then(|s| s.parse::<u64>().ok());
-                let Some(cur) = cur.filter(|_| !is_hash(&meta)) else {
+                let Some(new) = crate::mc_exec::counter_step(buf, &meta, incr, delta) else {
                     return line(
                         out,
                         "CLIENT_ERROR cannot increment or decrement non-numeric value",
                     );
-                };
-                let new = if incr {
-                    cur.wrapping_add(delta)
-                } else {
-                    cur.saturating_sub(delta)
                 };
                 let expiry = ttl.map_or(Expiry::Keep, |t| {
                     expiry_of(t).map_or(Expiry::Never, Expiry::At)

@@ -206,6 +206,32 @@ pub fn type_(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     Ok(())
 }
 
+/// Store `value` (an item read with metadata `m`) under `dst` with the
+/// same expiry and flags, over an existing `dst` only with `overwrite`;
+/// false when `dst` exists and was kept (RENAME, RENAMENX, COPY).
+fn put_copy(
+    store: &crate::engine::Engine,
+    dst: &[u8],
+    value: &[u8],
+    m: &nibble::ItemMeta,
+    overwrite: bool,
+) -> Result<bool, CmdError> {
+    let opts = PutOptions {
+        condition: if overwrite {
+            Condition::Always
+        } else {
+            Condition::IfAbsent
+        },
+        expiry: m.expiry_ms.map_or(Expiry::Never, Expiry::At),
+        flags: m.flags,
+    };
+    match store.put_with(dst, value, opts) {
+        Ok(_) => Ok(true),
+        Err(nibble::Error::Exists) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
 fn rename_generic(ctx: &mut Ctx, a: &[&[u8]], nx: bool) -> Result<bool, CmdError> {
     let (src, dst) = (a[1], a[2]);
     let store = &ctx.shared.store;
@@ -215,19 +241,8 @@ fn rename_generic(ctx: &mut Ctx, a: &[&[u8]], nx: bool) -> Result<bool, CmdError
     if src == dst {
         return Ok(!nx);
     }
-    let opts = PutOptions {
-        condition: if nx {
-            Condition::IfAbsent
-        } else {
-            Condition::Always
-        },
-        expiry: m.expiry_ms.map_or(Expiry::Never, Expiry::At),
-        flags: m.flags,
-    };
-    match store.put_with(dst, ctx.buf, opts) {
-        Ok(_) => {}
-        Err(nibble::Error::Exists) => return Ok(false),
-        Err(e) => return Err(e.into()),
+    if !put_copy(store, dst, ctx.buf, &m, !nx)? {
+        return Ok(false);
     }
     // Delete the source only if it is still the item we copied.
     if store.meta(src)?.is_some_and(|now| now.version == m.version) {
@@ -407,20 +422,8 @@ pub fn copy(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
         r.int(0);
         return Ok(());
     };
-    let opts = PutOptions {
-        condition: if replace {
-            Condition::Always
-        } else {
-            Condition::IfAbsent
-        },
-        expiry: m.expiry_ms.map_or(Expiry::Never, Expiry::At),
-        flags: m.flags,
-    };
-    match store.put_with(dst, ctx.buf, opts) {
-        Ok(_) => r.int(1),
-        Err(nibble::Error::Exists) => r.int(0),
-        Err(e) => return Err(e.into()),
-    }
+    let copied = put_copy(store, dst, ctx.buf, &m, replace)?;
+    r.int(i64::from(copied));
     Ok(())
 }
 
