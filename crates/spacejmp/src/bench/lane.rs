@@ -4,7 +4,7 @@
 //! with one process per window's VAS ([`crate::procvas`]).
 
 use super::*;
-use crate::procvas::{CommonMem, Mover, ProcOptions, ProcSpaces, MAX_LANES};
+use crate::procvas::{thread_faults, CommonMem, Mover, ProcOptions, ProcSpaces, MAX_LANES};
 
 const SWITCH_BENCH: &str = "jmp-switch";
 /// Pages of a segment the switch loop touches, spread over its whole size.
@@ -70,17 +70,6 @@ fn size_row(system: &str, bytes: u64, s: Stat, faults_per_switch: f64, note: &st
         labels: Vec::new(),
         figures,
         note: note.into(),
-    }
-}
-
-/// Faults of the calling thread so far.
-fn my_faults() -> u64 {
-    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: a valid out-pointer; on failure the zeroed value is read.
-    unsafe {
-        libc::getrusage(libc::RUSAGE_THREAD, ru.as_mut_ptr());
-        let ru = ru.assume_init();
-        (ru.ru_minflt + ru.ru_majflt) as u64
     }
 }
 
@@ -175,7 +164,7 @@ fn remap_row(
     let segs = ["pz-oa", "pz-ob"];
     let n = (opts.switch_iters / 100).max(50);
     let mut samples = Vec::new();
-    let f0 = my_faults();
+    let f0 = thread_faults();
     for _ in 0..repeat {
         let t = Instant::now();
         for i in 0..n {
@@ -187,7 +176,7 @@ fn remap_row(
         }
         samples.push(t.elapsed().as_nanos() as f64 / (2 * n) as f64);
     }
-    let faults = (my_faults() - f0) as f64 / (2 * n * repeat as u64) as f64;
+    let faults = (thread_faults() - f0) as f64 / (2 * n * repeat as u64) as f64;
     sink.row(size_row(
         "vas-overlap-remap",
         bytes,

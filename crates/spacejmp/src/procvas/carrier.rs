@@ -74,9 +74,6 @@ fn serve_lane(
                 ctl.lane_sp.load(Ordering::Acquire),
             )
         };
-        ctl.slots[me]
-            .faults
-            .store(thread_faults(), Ordering::Relaxed);
         ctl.active.store(0, Ordering::Relaxed);
         drop(active);
         ctl.hand_off(ctl.next.load(Ordering::Relaxed));

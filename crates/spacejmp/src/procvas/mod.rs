@@ -137,8 +137,6 @@ struct Slot {
     /// 0 while starting, then READY, FAILED or DEAD.
     state: AtomicU32,
     pid: AtomicU32,
-    /// Page faults of this process's carrier thread when it last left.
-    faults: AtomicU64,
     /// This process's dispatcher context while the lane runs here (written
     /// and read only by this process).
     disp_sp: AtomicUsize,
@@ -228,8 +226,9 @@ impl Ctl {
     }
 }
 
-/// Faults (minor + major) of the calling kernel thread so far.
-fn thread_faults() -> u64 {
+/// Page faults (minor + major) the calling kernel thread has taken so far
+/// (`getrusage(RUSAGE_THREAD)`; 0 if it fails).
+pub fn thread_faults() -> u64 {
     let mut ru = MaybeUninit::<libc::rusage>::zeroed();
     // SAFETY: `ru` is a valid out-pointer for getrusage.
     let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, ru.as_mut_ptr()) };
