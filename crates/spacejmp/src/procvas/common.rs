@@ -53,17 +53,6 @@ impl CommonMem {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
-
-    /// The atomic word at byte `offset` (8-aligned, in bounds).
-    pub fn word(&self, offset: usize) -> &std::sync::atomic::AtomicU64 {
-        assert!(
-            offset.is_multiple_of(8) && offset + 8 <= self.len,
-            "word {offset} outside common memory"
-        );
-        // SAFETY: in bounds and aligned (checked above); the mapping lives
-        // as long as `self`, and the memory is only used atomically here.
-        unsafe { &*((self.addr + offset) as *const std::sync::atomic::AtomicU64) }
-    }
 }
 
 impl Drop for CommonMem {
