@@ -46,6 +46,7 @@ pub mod config;
 pub mod conn;
 pub mod engine;
 pub mod glob;
+pub mod keylock;
 pub mod longdouble;
 pub mod mc_binary;
 pub mod mc_exec;
@@ -269,6 +270,7 @@ impl Server {
             shutdown_tx: tx,
             stopping: AtomicBool::new(false),
             ports: Mutex::new((resp_port.unwrap_or(0), memcached_port.unwrap_or(0))),
+            keylocks: keylock::KeyLocks::new(),
             config: cfg.clone(),
         });
         let cpus = topology::allowed_cpus();

@@ -172,6 +172,8 @@ pub struct Shared {
     pub stopping: AtomicBool,
     /// Ports actually bound (RESP, memcached).
     pub ports: Mutex<(u16, u16)>,
+    /// Striped key locks (see [`crate::keylock`]).
+    pub keylocks: crate::keylock::KeyLocks,
 }
 
 impl Shared {

@@ -55,6 +55,7 @@ use std::sync::{Arc, OnceLock};
 
 use nibble::Error as StoreError;
 
+use crate::keylock::KeyGuard;
 use crate::resp::{Proto, Reply};
 use crate::state::{ClientInfo, Shared, WorkerStats};
 
@@ -305,9 +306,38 @@ pub fn execute(ctx: &mut Ctx, args: &[&[u8]], r: &mut Reply) {
         ));
         return;
     }
+    let _keys = lock_keys(ctx.shared, spec, args);
     if let Err(e) = (spec.run)(ctx, args, r) {
         r.error(&e.0);
     }
+}
+
+/// The keys of a request, by the table's (first, last, step): the
+/// arguments COMMAND INFO names as keys.
+pub fn key_args<'a: 'b, 'b>(
+    spec: &Spec,
+    args: &'b [&'a [u8]],
+) -> impl Iterator<Item = &'a [u8]> + 'b {
+    let (first, last, step) = spec.keys;
+    let n = args.len() as i32;
+    let last = if last < 0 { n + last } else { last.min(n - 1) };
+    let (first, step) = (first.max(1), step.max(1));
+    let count = if spec.keys.0 <= 0 || last < first {
+        0
+    } else {
+        ((last - first) / step + 1) as usize
+    };
+    (0..count).map(move |i| args[(first + i as i32 * step) as usize])
+}
+
+/// Take the key stripes a request runs under (see [`crate::keylock`]):
+/// exclusive for a `write` command, shared otherwise.
+fn lock_keys<'s>(shared: &'s Shared, spec: &Spec, args: &[&[u8]]) -> KeyGuard<'s> {
+    if spec.keys.0 <= 0 {
+        return KeyGuard::none();
+    }
+    let write = spec.flags.contains(&"write");
+    shared.keylocks.lock(key_args(spec, args), write)
 }
 
 /// Parse an integer the way Redis's `string2ll` does: optional `-`, no
