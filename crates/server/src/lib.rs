@@ -55,6 +55,7 @@ pub mod memcache;
 pub mod resp;
 pub mod state;
 pub mod tls;
+pub mod trim;
 pub mod tunables;
 pub mod types;
 pub mod worker;
@@ -270,9 +271,11 @@ impl Server {
             shutdown_tx: tx,
             stopping: AtomicBool::new(false),
             ports: Mutex::new((resp_port.unwrap_or(0), memcached_port.unwrap_or(0))),
+            closed_since_trim: AtomicU64::new(0),
             keylocks: keylock::KeyLocks::new(),
             config: cfg.clone(),
         });
+        trim::start(&shared)?;
         let cpus = topology::allowed_cpus();
         let mut handles = Vec::with_capacity(threads);
         for (i, l) in per_worker.into_iter().enumerate() {
