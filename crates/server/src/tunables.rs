@@ -117,6 +117,14 @@ impl Tunables {
         out
     }
 
+    /// The value of the numeric tunable `name` (0 if unset or not a
+    /// number): one lock and one parse, for the collection writes that
+    /// check the encoding thresholds on every call.
+    pub fn get_usize(&self, name: &str) -> usize {
+        let v = self.values.lock().unwrap_or_else(|e| e.into_inner());
+        v.get(name).and_then(|s| s.parse().ok()).unwrap_or(0)
+    }
+
     /// CONFIG SET `name` `value`: `None` if `name` is not a tunable, else
     /// the outcome with redis-server's error text.
     pub fn set(&self, name: &str, value: &str) -> Option<Result<(), String>> {

@@ -33,8 +33,12 @@
 //! read and its delete can be lost). EXPIRE's NX/XX/GT/LT options check
 //! the current TTL before setting it, with the same window.
 //!
+//! Collections (hashes, sets) are `crate::coll` values; their commands run
+//! under the key stripes dispatch takes (exclusive for `write` commands),
+//! which is what makes a multi-item update of a large collection atomic.
+//!
 //! Modules: [`strings`], [`lcs`], [`bits`] (bitmaps), [`keys`], [`dump`]
-//! (DUMP/RESTORE), [`hash`], [`admin`] (connection and server commands);
+//! (DUMP/RESTORE), [`hash`], [`set`], [`admin`] (connection and server commands);
 //! the table itself ([`COMMANDS`]) is in `table.rs`.
 
 pub mod admin;
@@ -44,6 +48,7 @@ pub mod hash;
 pub mod keys;
 pub mod lcs;
 pub mod lzf;
+pub mod set;
 pub mod strings;
 mod table;
 
