@@ -233,7 +233,7 @@ pub(super) fn rand_count(b: &[u8]) -> Result<i64, CmdError> {
     let n = int_arg(b)?;
     if n == i64::MIN {
         return Err(
-            "ERR value is out of range, must be between -9223372036854775807 and 9223372036854775807"
+            "ERR value is out of range, value must between -9223372036854775807 and 9223372036854775807"
                 .into(),
         );
     }

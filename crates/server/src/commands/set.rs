@@ -168,17 +168,20 @@ enum Op {
     Diff,
 }
 
-/// The members of `op` over `keys` (redis-server's order of checks: SINTER
-/// stops at the first missing key, before looking at later keys' types).
+/// The members of `op` over `keys` (every key's type is checked first, as
+/// redis-server 7.0 does, even when a missing key makes SINTER empty).
 fn combine(ctx: &Ctx, keys: &[&[u8]], op: Op, limit: usize) -> Result<Vec<Vec<u8>>, CmdError> {
     let mut sets = Vec::with_capacity(keys.len());
+    let mut missing = false;
     for k in keys {
         match members(ctx, k)? {
             Some(m) => sets.push(m),
-            None if op == Op::Inter => return Ok(Vec::new()),
             None if op == Op::Diff && sets.is_empty() => sets.push(Vec::new()),
-            None => {}
+            None => missing = true,
         }
+    }
+    if op == Op::Inter && missing {
+        return Ok(Vec::new());
     }
     Ok(match op {
         Op::Inter => {
@@ -276,10 +279,9 @@ pub fn sdiffstore(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
 /// SINTERCARD numkeys key... [LIMIT limit]. The keys follow `numkeys`, so
 /// the table names none and the stripes are taken here (shared).
 pub fn sintercard(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
-    let n = int_arg(a[1])?;
-    if n <= 0 {
-        return Err("ERR numkeys should be greater than 0".into());
-    }
+    let n = super::parse_i64(a[1])
+        .filter(|n| *n > 0)
+        .ok_or(CmdError::from("ERR numkeys should be greater than 0"))?;
     if n as usize > a.len() - 2 {
         return Err("ERR Number of keys can't be greater than number of args".into());
     }
