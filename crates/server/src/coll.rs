@@ -1068,4 +1068,92 @@ mod tests {
         assert_eq!(decode_pairs(&v, true).unwrap(), items);
         assert!(decode_pairs(&v[..v.len() - 1], true).is_none());
     }
+
+    /// Random inserts, overwrites and removes on a large-capable hash and
+    /// set (thresholds of 4, so both representations and many splits are
+    /// exercised), against a `BTreeMap` model: lengths, lookups, a full
+    /// read and a full SCAN agree after every command.
+    #[test]
+    fn collections_match_a_model() {
+        use proptest::prelude::*;
+        use std::collections::BTreeMap;
+        let store = Engine::Local(
+            nibble::Store::new(nibble::Config::new(64 << 20)).expect("engine"),
+        );
+        let limits = Limits {
+            entries: 4,
+            value: 8,
+            intset: 4,
+        };
+        let op = (0u8..4, 0u32..300, 0usize..12);
+        let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+            cases: 24,
+            failure_persistence: None,
+            ..Default::default()
+        });
+        let round = std::cell::Cell::new(0u32);
+        runner
+            .run(&proptest::collection::vec(op, 1..400), |ops| {
+                round.set(round.get() + 1);
+                for kind in [Kind::Hash, Kind::Set] {
+                    let key = format!("k{}{kind:?}", round.get()).into_bytes();
+                    let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+                    for &(o, e, vlen) in &ops {
+                        // Integers and words, so intsets turn to listpacks.
+                        let e = if e % 3 == 0 {
+                            format!("w{e}").into_bytes()
+                        } else {
+                            e.to_string().into_bytes()
+                        };
+                        let v = if kind == Kind::Hash { vec![b'v'; vlen] } else { Vec::new() };
+                        let mut c = open_or_new(&store, &key, kind, limits).unwrap();
+                        match o {
+                            0 | 1 => {
+                                let new = c.insert(&e, &v).unwrap();
+                                prop_assert_eq!(new, model.insert(e.clone(), v).is_none());
+                            }
+                            2 => {
+                                let had = c.remove(&e).unwrap();
+                                prop_assert_eq!(had, model.remove(&e).is_some());
+                            }
+                            _ => {
+                                prop_assert_eq!(c.get(&e).unwrap(), model.get(&e).cloned());
+                            }
+                        }
+                        prop_assert!(c.commit().unwrap());
+                        let Some(mut c) = open(&store, &key, kind, limits).unwrap() else {
+                            prop_assert!(model.is_empty());
+                            continue;
+                        };
+                        prop_assert_eq!(c.len(), model.len() as u64);
+                        let all: BTreeMap<_, _> = c.all().unwrap().into_iter().collect();
+                        prop_assert_eq!(&all, &model);
+                        let mut scanned = BTreeMap::new();
+                        let mut cursor = 0;
+                        loop {
+                            let (next, items) = c.scan(cursor, 3).unwrap();
+                            scanned.extend(items);
+                            if next == 0 {
+                                break;
+                            }
+                            cursor = next;
+                        }
+                        prop_assert_eq!(&scanned, &model);
+                    }
+                    // Deleting the key takes every node with it.
+                    delete_key(&store, &key).unwrap();
+                    let mut cursor = 0;
+                    loop {
+                        let (next, keys) = store.raw_scan(cursor, 1024).unwrap();
+                        prop_assert!(keys.iter().all(|k| !is_internal_key(k)), "nodes left");
+                        if next == 0 {
+                            break;
+                        }
+                        cursor = next;
+                    }
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
 }
