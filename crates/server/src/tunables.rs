@@ -1,13 +1,15 @@
 //! Redis's encoding tunables, accepted by CONFIG SET and shown by CONFIG
-//! GET, with no effect on this server.
+//! GET; the hash and set thresholds decide when a collection leaves its
+//! one-item form (see `coll`), the others have no effect on this server.
 //!
 //! Redis picks a compact encoding (listpack, intset) for small hashes,
 //! sets, sorted sets and lists, and these parameters say how small is
 //! small. Client libraries, admin tools and test suites set them (often
 //! with `CONFIG SET hash-max-ziplist-entries ...`) and fail if the server
-//! refuses. Here a hash is always one encoded item (see `types`), so the
-//! values change nothing: they are validated with redis-server 7.0's
-//! ranges and error texts, stored, and echoed back. A pre-7.0 `ziplist`
+//! refuses. They are validated with redis-server 7.0's ranges and error
+//! texts, stored, and echoed back; `hash-max-listpack-*`,
+//! `set-max-intset-entries` and `set-max-listpack-*` are read by `coll`
+//! on every hash or set write. A pre-7.0 `ziplist`
 //! name is an alias of its `listpack` name, as in Redis: setting either
 //! changes both, and CONFIG GET lists both.
 //!
