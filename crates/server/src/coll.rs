@@ -78,6 +78,7 @@
 //! collection pick a random bucket, then a random element: fair only as
 //! far as bucket sizes are even, like Redis's own dict sampling.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -476,15 +477,20 @@ impl Coll<'_> {
         let Repr::Big { root, cache, .. } = &mut self.repr else {
             unreachable!("bucket() on a small collection")
         };
-        if !cache.contains_key(&b) {
-            let items = match self.store.raw_get_into(&node_key(root.id, b), &mut self.buf)? {
-                Some(_) => decode_pairs(&self.buf, true)
-                    .ok_or(CmdError::from("ERR corrupt collection node"))?,
-                None => Vec::new(),
-            };
-            cache.insert(b, (items, false));
+        match cache.entry(b) {
+            Entry::Occupied(o) => Ok(o.into_mut()),
+            Entry::Vacant(v) => {
+                let items = match self
+                    .store
+                    .raw_get_into(&node_key(root.id, b), &mut self.buf)?
+                {
+                    Some(_) => decode_pairs(&self.buf, true)
+                        .ok_or(CmdError::from("ERR corrupt collection node"))?,
+                    None => Vec::new(),
+                };
+                Ok(v.insert((items, false)))
+            }
         }
-        Ok(cache.get_mut(&b).expect("just inserted"))
     }
 
     /// The value of element `e`, if present.
@@ -610,9 +616,9 @@ impl Coll<'_> {
             return Ok(None);
         }
         match &self.repr {
-            Repr::Small { items, .. } => {
-                Ok(Some(items[(random_u64() % items.len() as u64) as usize].clone()))
-            }
+            Repr::Small { items, .. } => Ok(Some(
+                items[(random_u64() % items.len() as u64) as usize].clone(),
+            )),
             Repr::Big { root, .. } => {
                 let n = root.nbuckets;
                 let start = (random_u64() % u64::from(n)) as u32;
@@ -650,7 +656,8 @@ impl Coll<'_> {
             return Ok(());
         }
         let items = std::mem::take(items);
-        let nbuckets = ((items.len() as u64 / BUCKET_SPLIT_ELEMS) + 1).min(u64::from(u32::MAX)) as u32;
+        let nbuckets =
+            ((items.len() as u64 / BUCKET_SPLIT_ELEMS) + 1).min(u64::from(u32::MAX)) as u32;
         let mut cache: HashMap<u32, (Vec<Pair>, bool)> =
             (0..nbuckets).map(|b| (b, (Vec::new(), true))).collect();
         let count = items.len() as u64;
@@ -709,7 +716,9 @@ impl Coll<'_> {
             return Ok(true);
         }
         let store = self.store;
-        let cond = self.version.map_or(Condition::IfAbsent, Condition::IfVersion);
+        let cond = self
+            .version
+            .map_or(Condition::IfAbsent, Condition::IfVersion);
         let flags = self.kind.flags();
         let opts = PutOptions {
             condition: cond,
@@ -844,13 +853,12 @@ pub fn is_big_root(flags: u32, v: &[u8]) -> bool {
     big_root_of(flags, v).is_some()
 }
 
+/// A whole collection as read: its kind, elements and OBJECT ENCODING.
+pub type Loaded = (Kind, Vec<Pair>, &'static str);
+
 /// Every element of the collection whose item is `(flags, v)` as read
 /// from `key`: for DUMP, COPY and OBJECT. `None` if not a collection.
-pub fn load_all(
-    shared: &Shared,
-    key: &[u8],
-    flags: u32,
-) -> Result<Option<(Kind, Vec<Pair>, &'static str)>, CmdError> {
+pub fn load_all(shared: &Shared, key: &[u8], flags: u32) -> Result<Option<Loaded>, CmdError> {
     let kind = match flags {
         HASH_FLAGS => Kind::Hash,
         SET_FLAGS => Kind::Set,
@@ -1061,7 +1069,10 @@ mod tests {
             count: 9,
             nbuckets: 3,
         };
-        assert_eq!(decode_root(&encode_root(Kind::Set, &r)), Some((Kind::Set, r)));
+        assert_eq!(
+            decode_root(&encode_root(Kind::Set, &r)),
+            Some((Kind::Set, r))
+        );
         let items = vec![(b"a".to_vec(), b"1".to_vec()), (b"bb".to_vec(), Vec::new())];
         let mut v = Vec::new();
         encode_pairs(&mut v, &items, true);
@@ -1077,9 +1088,8 @@ mod tests {
     fn collections_match_a_model() {
         use proptest::prelude::*;
         use std::collections::BTreeMap;
-        let store = Engine::Local(
-            nibble::Store::new(nibble::Config::new(64 << 20)).expect("engine"),
-        );
+        let store =
+            Engine::Local(nibble::Store::new(nibble::Config::new(64 << 20)).expect("engine"));
         let limits = Limits {
             entries: 4,
             value: 8,
@@ -1105,7 +1115,11 @@ mod tests {
                         } else {
                             e.to_string().into_bytes()
                         };
-                        let v = if kind == Kind::Hash { vec![b'v'; vlen] } else { Vec::new() };
+                        let v = if kind == Kind::Hash {
+                            vec![b'v'; vlen]
+                        } else {
+                            Vec::new()
+                        };
                         let mut c = open_or_new(&store, &key, kind, limits).unwrap();
                         match o {
                             0 | 1 => {

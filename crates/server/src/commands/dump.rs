@@ -38,9 +38,9 @@
 use nibble::{Condition, Expiry, PutOptions};
 
 use super::{eq, int_arg, parse_i64, CmdError, CmdResult, Ctx, SYNTAX};
+use crate::coll::{self, Kind};
 use crate::resp::Reply;
 use crate::state::unix_ms;
-use crate::coll::{self, Kind};
 use crate::types::{encode_hash, Hash, HASH_FLAGS, SET_FLAGS};
 
 /// The RDB version redis-server 7.0 writes.

@@ -69,7 +69,10 @@ pub fn hget(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
 /// HMGET key field...
 pub fn hmget(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     let vs = coll::read(ctx.shared, a[1], Kind::Hash, |c| {
-        a[2..].iter().map(|f| c.get(f)).collect::<Result<Vec<_>, _>>()
+        a[2..]
+            .iter()
+            .map(|f| c.get(f))
+            .collect::<Result<Vec<_>, _>>()
     })?;
     r.array(a.len() - 2);
     for i in 0..a.len() - 2 {

@@ -12,10 +12,10 @@
 use nibble::{Condition, Expiry, PutOptions};
 
 use super::{eq, int_arg, CmdError, CmdResult, Ctx, SYNTAX};
+use crate::coll;
 use crate::glob;
 use crate::resp::Reply;
 use crate::state::unix_ms;
-use crate::coll;
 use crate::types::{is_collection, type_name};
 
 /// DEL/UNLINK key...

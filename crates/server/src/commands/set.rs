@@ -54,7 +54,10 @@ pub fn sismember(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
 /// SMISMEMBER key member...
 pub fn smismember(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     let e = coll::read(ctx.shared, a[1], Kind::Set, |c| {
-        a[2..].iter().map(|m| c.contains(m)).collect::<Result<Vec<_>, _>>()
+        a[2..]
+            .iter()
+            .map(|m| c.contains(m))
+            .collect::<Result<Vec<_>, _>>()
     })?;
     r.array(a.len() - 2);
     for i in 0..a.len() - 2 {
@@ -299,7 +302,11 @@ pub fn sintercard(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
             return Err(SYNTAX.into());
         }
     }
-    let limit = if limit == 0 { usize::MAX } else { limit as usize };
+    let limit = if limit == 0 {
+        usize::MAX
+    } else {
+        limit as usize
+    };
     let _g = ctx.shared.keylocks.lock(keys.iter().copied(), false);
     let out = combine(ctx, keys, Op::Inter, limit)?;
     r.int(out.len() as i64);

@@ -752,23 +752,175 @@ pub static COMMANDS: &[Spec] = &[
         "Increments a floating point field.",
         hash::hincrbyfloat
     ),
-    spec!("hscan", -3, RS, K1, "hash", "Iterates over fields and values of a hash.", hash::hscan),
-    spec!("hrandfield", -2, RS, K1, "hash", "Returns one or more random fields from a hash.", hash::hrandfield),
-    spec!("sadd", -3, W, K1, "set", "Adds members to a set.", set::sadd),
-    spec!("srem", -3, WD, K1, "set", "Removes members from a set.", set::srem),
-    spec!("sismember", 3, R, K1, "set", "Tells whether a member belongs to a set.", set::sismember),
-    spec!("smismember", -3, R, K1, "set", "Tells whether several members belong to a set.", set::smismember),
-    spec!("smembers", 2, RS, K1, "set", "Returns all members of a set.", set::smembers),
-    spec!("scard", 2, R, K1, "set", "Returns the number of members of a set.", set::scard),
-    spec!("spop", -2, WD, K1, "set", "Removes and returns random members of a set.", set::spop),
-    spec!("srandmember", -2, RS, K1, "set", "Returns random members of a set.", set::srandmember),
-    spec!("sinter", -2, RS, KALL, "set", "Returns the intersection of sets.", set::sinter),
-    spec!("sunion", -2, RS, KALL, "set", "Returns the union of sets.", set::sunion),
-    spec!("sdiff", -2, RS, KALL, "set", "Returns the difference of sets.", set::sdiff),
-    spec!("sinterstore", -3, WS, KALL, "set", "Stores the intersection of sets.", set::sinterstore),
-    spec!("sunionstore", -3, WS, KALL, "set", "Stores the union of sets.", set::sunionstore),
-    spec!("sdiffstore", -3, WS, KALL, "set", "Stores the difference of sets.", set::sdiffstore),
-    spec!("sintercard", -3, RS, K0, "set", "Returns the number of members of the intersection of sets.", set::sintercard),
-    spec!("smove", 4, WD, (1, 2, 1), "set", "Moves a member from one set to another.", set::smove),
-    spec!("sscan", -3, RS, K1, "set", "Iterates over members of a set.", set::sscan),
+    spec!(
+        "hscan",
+        -3,
+        RS,
+        K1,
+        "hash",
+        "Iterates over fields and values of a hash.",
+        hash::hscan
+    ),
+    spec!(
+        "hrandfield",
+        -2,
+        RS,
+        K1,
+        "hash",
+        "Returns one or more random fields from a hash.",
+        hash::hrandfield
+    ),
+    spec!(
+        "sadd",
+        -3,
+        W,
+        K1,
+        "set",
+        "Adds members to a set.",
+        set::sadd
+    ),
+    spec!(
+        "srem",
+        -3,
+        WD,
+        K1,
+        "set",
+        "Removes members from a set.",
+        set::srem
+    ),
+    spec!(
+        "sismember",
+        3,
+        R,
+        K1,
+        "set",
+        "Tells whether a member belongs to a set.",
+        set::sismember
+    ),
+    spec!(
+        "smismember",
+        -3,
+        R,
+        K1,
+        "set",
+        "Tells whether several members belong to a set.",
+        set::smismember
+    ),
+    spec!(
+        "smembers",
+        2,
+        RS,
+        K1,
+        "set",
+        "Returns all members of a set.",
+        set::smembers
+    ),
+    spec!(
+        "scard",
+        2,
+        R,
+        K1,
+        "set",
+        "Returns the number of members of a set.",
+        set::scard
+    ),
+    spec!(
+        "spop",
+        -2,
+        WD,
+        K1,
+        "set",
+        "Removes and returns random members of a set.",
+        set::spop
+    ),
+    spec!(
+        "srandmember",
+        -2,
+        RS,
+        K1,
+        "set",
+        "Returns random members of a set.",
+        set::srandmember
+    ),
+    spec!(
+        "sinter",
+        -2,
+        RS,
+        KALL,
+        "set",
+        "Returns the intersection of sets.",
+        set::sinter
+    ),
+    spec!(
+        "sunion",
+        -2,
+        RS,
+        KALL,
+        "set",
+        "Returns the union of sets.",
+        set::sunion
+    ),
+    spec!(
+        "sdiff",
+        -2,
+        RS,
+        KALL,
+        "set",
+        "Returns the difference of sets.",
+        set::sdiff
+    ),
+    spec!(
+        "sinterstore",
+        -3,
+        WS,
+        KALL,
+        "set",
+        "Stores the intersection of sets.",
+        set::sinterstore
+    ),
+    spec!(
+        "sunionstore",
+        -3,
+        WS,
+        KALL,
+        "set",
+        "Stores the union of sets.",
+        set::sunionstore
+    ),
+    spec!(
+        "sdiffstore",
+        -3,
+        WS,
+        KALL,
+        "set",
+        "Stores the difference of sets.",
+        set::sdiffstore
+    ),
+    spec!(
+        "sintercard",
+        -3,
+        RS,
+        K0,
+        "set",
+        "Returns the number of members of the intersection of sets.",
+        set::sintercard
+    ),
+    spec!(
+        "smove",
+        4,
+        WD,
+        (1, 2, 1),
+        "set",
+        "Moves a member from one set to another.",
+        set::smove
+    ),
+    spec!(
+        "sscan",
+        -3,
+        RS,
+        K1,
+        "set",
+        "Iterates over members of a set.",
+        set::sscan
+    ),
 ];

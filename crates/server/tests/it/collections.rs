@@ -29,7 +29,11 @@ fn internal_keys(s: &server::Server) -> usize {
 fn fill(c: &mut redis::Connection, n: usize) {
     let mut p = redis::pipe();
     for i in 0..n {
-        p.cmd("HSET").arg("h").arg(format!("f{i}")).arg(format!("v{i}")).ignore();
+        p.cmd("HSET")
+            .arg("h")
+            .arg(format!("f{i}"))
+            .arg(format!("v{i}"))
+            .ignore();
         p.cmd("SADD").arg("s").arg(format!("m{i}")).ignore();
     }
     p.query::<()>(c).unwrap();
@@ -48,7 +52,10 @@ fn large_collections_survive_a_data_dir_restart() {
         fill(&mut c, 3000);
         let _: () = q(&mut c, &["HSET", "small", "a", "1"]);
         let _: () = q(&mut c, &["SADD", "ints", "3", "1", "2"]);
-        assert_eq!(q::<String>(&mut c, &["OBJECT", "ENCODING", "h"]), "hashtable");
+        assert_eq!(
+            q::<String>(&mut c, &["OBJECT", "ENCODING", "h"]),
+            "hashtable"
+        );
         assert!(internal_keys(&s) > 100);
     }
     let s = start_with(|c| c.data_dir = Some(dir.clone()));
@@ -57,8 +64,14 @@ fn large_collections_survive_a_data_dir_restart() {
     assert_eq!(q::<String>(&mut c, &["HGET", "h", "f2999"]), "v2999");
     assert_eq!(q::<i64>(&mut c, &["SCARD", "s"]), 3000);
     assert_eq!(q::<i64>(&mut c, &["SISMEMBER", "s", "m17"]), 1);
-    assert_eq!(q::<String>(&mut c, &["OBJECT", "ENCODING", "s"]), "hashtable");
-    assert_eq!(q::<Vec<String>>(&mut c, &["SMEMBERS", "ints"]), ["1", "2", "3"]);
+    assert_eq!(
+        q::<String>(&mut c, &["OBJECT", "ENCODING", "s"]),
+        "hashtable"
+    );
+    assert_eq!(
+        q::<Vec<String>>(&mut c, &["SMEMBERS", "ints"]),
+        ["1", "2", "3"]
+    );
     assert_eq!(q::<String>(&mut c, &["HGET", "small", "a"]), "1");
     assert_eq!(q::<i64>(&mut c, &["DBSIZE"]), 4);
     let mut keys: Vec<String> = q(&mut c, &["KEYS", "*"]);
@@ -112,7 +125,10 @@ fn internal_keys_are_hidden_and_orphans_are_swept() {
         if left < before / 3 {
             break;
         }
-        assert!(Instant::now() < deadline, "orphans not swept: {left} of {before}");
+        assert!(
+            Instant::now() < deadline,
+            "orphans not swept: {left} of {before}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(q::<i64>(&mut c, &["SCARD", "s"]), 2000);
@@ -128,7 +144,12 @@ fn large_collections_count_against_the_capacity() {
     let v = "x".repeat(1000);
     let mut oom = None;
     for i in 0..40_000 {
-        match redis::cmd("HSET").arg("h").arg(i).arg(&v).query::<i64>(&mut c) {
+        match redis::cmd("HSET")
+            .arg("h")
+            .arg(i)
+            .arg(&v)
+            .query::<i64>(&mut c)
+        {
             Ok(_) => {}
             Err(e) => {
                 oom = Some((i, e.to_string()));

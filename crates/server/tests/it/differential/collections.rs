@@ -303,7 +303,12 @@ fn large_collections_match_redis() {
             _ => panic!("member"),
         })
         .collect();
-    assert!(scanned == ms, "SSCAN s: {} vs SMEMBERS {}", scanned.len(), ms.len());
+    assert!(
+        scanned == ms,
+        "SSCAN s: {} vs SMEMBERS {}",
+        scanned.len(),
+        ms.len()
+    );
     for l in ["DEL h3 s n d", "DBSIZE"] {
         p.check(&step(l), "large");
     }
@@ -324,7 +329,12 @@ fn collections_random_sequences_match_redis() {
     }
     let keys = ["a", "b", "c"];
     let elems = ["1", "2", "3", "4", "5", "6", "x", "y", "z", "-7"];
-    let cmd = (0usize..15, 0usize..3, 0usize..3, proptest::collection::vec(0usize..10, 1..4));
+    let cmd = (
+        0usize..15,
+        0usize..3,
+        0usize..3,
+        proptest::collection::vec(0usize..10, 1..4),
+    );
     let cases: u32 = std::env::var("NIBBLE_DIFF_CASES")
         .ok()
         .and_then(|s| s.parse().ok())
