@@ -62,13 +62,14 @@
 //! items, as Redis's DEL of a big collection is O(n)). A large collection
 //! can also die without a command seeing it: its root expires, or SET or
 //! memcached `set`/`delete` replaces it. The sweeper thread ([`sweeper`])
-//! walks the engine's keys every [`SWEEP_INTERVAL_MS`] while internal
-//! items exist; for each id it finds it reads the instance record, takes
+//! walks the engine's keys every [`SWEEP_INTERVAL_MS`] to
+//! [`SWEEP_MAX_INTERVAL_MS`] while internal items exist; for each id it finds it reads the instance record, takes
 //! the owner key's stripe, and deletes the nodes of an id whose owner no
 //! longer points at it. Ids are never reused, so a dead id stays dead; the
 //! instance record is written before any node and the root after all of
 //! them, so a collection being built (under its stripe) is never mistaken
-//! for a dead one. Nothing leaks longer than one sweep pass.
+//! for a dead one. Nothing leaks longer than the longest pause plus one
+//! pass.
 //!
 //! # Known limits
 //!
@@ -80,7 +81,7 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -104,8 +105,13 @@ pub const ROOT_MAGIC: u8 = 0xB8;
 const NODE_TAG: u8 = b'n';
 /// Third byte of an instance record's key.
 const INSTANCE_TAG: u8 = b'i';
-/// Pause between two sweeper passes.
+/// Pause between two sweeper passes after one that reclaimed something.
 pub const SWEEP_INTERVAL_MS: u64 = 2_000;
+/// Longest pause: passes that reclaim nothing double the pause up to this.
+pub const SWEEP_MAX_INTERVAL_MS: u64 = 30_000;
+/// Set when a large collection is created: the sweeper, idle while the
+/// store holds no internal key, has work again.
+static LARGE_CREATED: AtomicBool = AtomicBool::new(false);
 /// The sweeper's nap between checks of the shutdown flag.
 const SWEEP_NAP_MS: u64 = 50;
 /// Keys the sweeper asks the engine for per cursor step.
@@ -753,6 +759,7 @@ impl Coll<'_> {
                     rec.extend_from_slice(&self.key);
                     store.raw_put_with(&instance_key(root.id), &rec, PutOptions::default())?;
                     *fresh = false;
+                    LARGE_CREATED.store(true, Ordering::Relaxed);
                 }
                 let mut v = Vec::new();
                 for (b, (items, dirty)) in cache.iter_mut() {
@@ -963,11 +970,11 @@ pub fn read<T>(
 }
 
 /// One sweeper pass: reclaim the nodes of every dead large collection.
-/// Returns the number of internal items deleted.
-pub fn sweep_once(shared: &Shared) -> Result<u64, CmdError> {
+/// Returns the number of internal items deleted and the number seen.
+pub fn sweep_once(shared: &Shared) -> Result<(u64, u64), CmdError> {
     let store = &shared.store;
     let mut alive: HashMap<u64, bool> = HashMap::new();
-    let mut deleted = 0;
+    let (mut deleted, mut seen) = (0, 0);
     let mut cursor = 0;
     let mut buf = Vec::new();
     loop {
@@ -976,6 +983,7 @@ pub fn sweep_once(shared: &Shared) -> Result<u64, CmdError> {
             let Some(id) = id_of_internal(&k) else {
                 continue;
             };
+            seen += 1;
             let live = match alive.get(&id) {
                 Some(&l) => l,
                 None => {
@@ -989,7 +997,7 @@ pub fn sweep_once(shared: &Shared) -> Result<u64, CmdError> {
             }
         }
         if next == 0 || shared.stopping.load(Ordering::Relaxed) {
-            return Ok(deleted);
+            return Ok((deleted, seen));
         }
         cursor = next;
     }
@@ -1023,21 +1031,40 @@ fn is_alive(shared: &Shared, id: u64, buf: &mut Vec<u8>) -> Result<bool, CmdErro
     }
 }
 
-/// The sweeper thread's body: a pass every [`SWEEP_INTERVAL_MS`] while the
-/// engine holds internal keys, until the server stops.
+/// The sweeper thread's body, until the server stops: a pass
+/// [`SWEEP_INTERVAL_MS`] after one that reclaimed something, backing off
+/// to [`SWEEP_MAX_INTERVAL_MS`] while passes reclaim nothing, and no pass
+/// at all while the store holds no internal key and no large collection
+/// was created since (a store of strings is never walked after the first
+/// pass). So an orphan waits at most the longest pause plus one pass.
 pub fn sweeper(shared: std::sync::Arc<Shared>) {
     let stopping = || shared.stopping.load(Ordering::Relaxed);
+    let mut pause_ms = SWEEP_INTERVAL_MS;
+    let mut idle = false;
     while !stopping() {
         // Short naps, so shutdown (which joins this thread) is prompt.
-        for _ in 0..SWEEP_INTERVAL_MS / SWEEP_NAP_MS {
+        for _ in 0..pause_ms / SWEEP_NAP_MS {
             if stopping() {
                 return;
             }
             std::thread::sleep(Duration::from_millis(SWEEP_NAP_MS));
         }
+        let created = LARGE_CREATED.swap(false, Ordering::Relaxed);
+        if idle && !created {
+            continue;
+        }
         match sweep_once(&shared) {
-            Ok(0) => {}
-            Ok(n) => log::info!("collection sweeper reclaimed {n} orphaned items"),
+            Ok((deleted, seen)) => {
+                idle = seen == 0;
+                pause_ms = if deleted > 0 || created {
+                    SWEEP_INTERVAL_MS
+                } else {
+                    (pause_ms * 2).min(SWEEP_MAX_INTERVAL_MS)
+                };
+                if deleted > 0 {
+                    log::info!("collection sweeper reclaimed {deleted} orphaned items");
+                }
+            }
             Err(e) => log::warn!("collection sweeper: {}", e.0),
         }
     }

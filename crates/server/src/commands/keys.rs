@@ -95,7 +95,7 @@ fn expire_generic(
         return Ok(());
     }
     let done = if at <= unix_ms() as i64 {
-        store.delete(a[1])?
+        coll::delete_key(store, a[1])?
     } else {
         store.set_expiry(a[1], Some(at as u64))?
     };
