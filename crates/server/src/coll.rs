@@ -19,7 +19,8 @@
 //!   small:  HASH_MAGIC | n | (len field len value)*        hash, insertion order ("listpack")
 //!           SET_MAGIC  | n | (len member)*                 set, insertion order  ("listpack")
 //!           INTSET_MAGIC | n | (len member)*               set of integers, ascending ("intset")
-//!   large:  ROOT_MAGIC | kind | id u64 | count u64 | nbuckets u32            ("hashtable")
+//!   large:  ROOT_MAGIC | kind | id u64 | count u64 | nbuckets u32 | first u32 ("hashtable")
+//!   (a list is always a root and chunks, `crate::list`; same root, same keys)
 //!
 //!  internal keys (engine.rs keeps them out of every user key's reach):
 //!   0xFF 0x00 'i' id            ─▶ kind | K             the instance record: who owns id
@@ -90,7 +91,7 @@ use nibble::{Condition, Expiry, PutOptions};
 use crate::commands::{CmdError, WRONGTYPE};
 use crate::engine::{is_internal_key, Engine, INTERNAL_KEY_TAG, KEY_ESCAPE_BYTE};
 use crate::state::Shared;
-use crate::types::{HASH_FLAGS, HASH_MAGIC, SET_FLAGS};
+use crate::types::{HASH_FLAGS, HASH_MAGIC, LIST_FLAGS, SET_FLAGS};
 
 /// Average elements per bucket above which a large collection splits one
 /// bucket.
@@ -127,6 +128,8 @@ pub enum Kind {
     Hash,
     /// Members (values empty).
     Set,
+    /// A list (`crate::list`): chunks of elements in order.
+    List,
 }
 
 impl Kind {
@@ -135,13 +138,15 @@ impl Kind {
         match self {
             Kind::Hash => HASH_FLAGS,
             Kind::Set => SET_FLAGS,
+            Kind::List => LIST_FLAGS,
         }
     }
 
-    fn tag(self) -> u8 {
+    pub(crate) fn tag(self) -> u8 {
         match self {
             Kind::Hash => b'h',
             Kind::Set => b's',
+            Kind::List => b'l',
         }
     }
 
@@ -149,6 +154,17 @@ impl Kind {
         match t {
             b'h' => Some(Kind::Hash),
             b's' => Some(Kind::Set),
+            b'l' => Some(Kind::List),
+            _ => None,
+        }
+    }
+
+    /// The kind of items with flags `flags`, if a collection.
+    pub fn of_flags(flags: u32) -> Option<Kind> {
+        match flags {
+            HASH_FLAGS => Some(Kind::Hash),
+            SET_FLAGS => Some(Kind::Set),
+            LIST_FLAGS => Some(Kind::List),
             _ => None,
         }
     }
@@ -180,50 +196,60 @@ impl Limits {
                 value: t.get_usize("set-max-listpack-value"),
                 intset: t.get_usize("set-max-intset-entries"),
             },
+            Kind::List => Limits {
+                entries: 0,
+                value: 0,
+                intset: 0,
+            },
         }
     }
 }
 
-/// A large collection's root.
+/// A large collection's root: its nodes are numbered `first ..
+/// first + nbuckets` (hash and set: buckets from 0; list: chunks).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Root {
-    id: u64,
-    count: u64,
-    nbuckets: u32,
+pub(crate) struct Root {
+    pub(crate) id: u64,
+    pub(crate) count: u64,
+    pub(crate) nbuckets: u32,
+    pub(crate) first: u32,
 }
 
-const ROOT_BYTES: usize = 2 + 8 + 8 + 4;
+const ROOT_BYTES: usize = 2 + 8 + 8 + 4 + 4;
 
-fn encode_root(kind: Kind, r: &Root) -> Vec<u8> {
+pub(crate) fn encode_root(kind: Kind, r: &Root) -> Vec<u8> {
     let mut v = Vec::with_capacity(ROOT_BYTES);
     v.push(ROOT_MAGIC);
     v.push(kind.tag());
     v.extend_from_slice(&r.id.to_le_bytes());
     v.extend_from_slice(&r.count.to_le_bytes());
     v.extend_from_slice(&r.nbuckets.to_le_bytes());
+    v.extend_from_slice(&r.first.to_le_bytes());
     v
 }
 
-fn decode_root(b: &[u8]) -> Option<(Kind, Root)> {
+pub(crate) fn decode_root(b: &[u8]) -> Option<(Kind, Root)> {
     if b.len() != ROOT_BYTES || b[0] != ROOT_MAGIC {
         return None;
     }
     let kind = Kind::of_tag(b[1])?;
     let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
-    let nbuckets = u32::from_le_bytes(b[18..22].try_into().unwrap_or([0; 4]));
+    let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or([0; 4]));
+    let nbuckets = u32_at(18);
     (nbuckets > 0).then_some((
         kind,
         Root {
             id: u64_at(2),
             count: u64_at(10),
             nbuckets,
+            first: u32_at(22),
         },
     ))
 }
 
 /// A fresh instance id: the start time in ns plus a counter, so ids are
 /// unique across restarts of a `--data-dir` store and never reused.
-fn new_id() -> u64 {
+pub(crate) fn new_id() -> u64 {
     static BASE: OnceLock<u64> = OnceLock::new();
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let base = *BASE.get_or_init(|| {
@@ -234,7 +260,7 @@ fn new_id() -> u64 {
     base.wrapping_add(SEQ.fetch_add(1, Ordering::Relaxed))
 }
 
-fn node_key(id: u64, bucket: u32) -> [u8; 15] {
+pub(crate) fn node_key(id: u64, bucket: u32) -> [u8; 15] {
     let mut k = [0u8; 15];
     k[0] = KEY_ESCAPE_BYTE;
     k[1] = INTERNAL_KEY_TAG;
@@ -244,7 +270,7 @@ fn node_key(id: u64, bucket: u32) -> [u8; 15] {
     k
 }
 
-fn instance_key(id: u64) -> [u8; 11] {
+pub(crate) fn instance_key(id: u64) -> [u8; 11] {
     let mut k = [0u8; 11];
     k[0] = KEY_ESCAPE_BYTE;
     k[1] = INTERNAL_KEY_TAG;
@@ -262,7 +288,7 @@ fn id_of_internal(raw: &[u8]) -> Option<u64> {
 }
 
 /// Encode pairs: `n | (len a len b)*`, or without values for a set.
-fn encode_pairs(out: &mut Vec<u8>, items: &[Pair], values: bool) {
+pub(crate) fn encode_pairs(out: &mut Vec<u8>, items: &[Pair], values: bool) {
     out.extend_from_slice(&(items.len() as u32).to_le_bytes());
     for (a, b) in items {
         out.extend_from_slice(&(a.len() as u32).to_le_bytes());
@@ -288,7 +314,7 @@ fn take_u32(b: &mut &[u8]) -> Option<usize> {
     Some(u32::from_le_bytes([s[0], s[1], s[2], s[3]]) as usize)
 }
 
-fn decode_pairs(mut b: &[u8], values: bool) -> Option<Vec<Pair>> {
+pub(crate) fn decode_pairs(mut b: &[u8], values: bool) -> Option<Vec<Pair>> {
     let n = take_u32(&mut b)?;
     let mut out = Vec::with_capacity(n.min(b.len() / 4));
     for _ in 0..n {
@@ -676,6 +702,7 @@ impl Coll<'_> {
                 id: new_id(),
                 count,
                 nbuckets,
+                first: 0,
             },
             cache,
             fresh: true,
@@ -741,6 +768,7 @@ impl Coll<'_> {
                     (Kind::Hash, _) => v.push(HASH_MAGIC),
                     (Kind::Set, true) => v.push(INTSET_MAGIC),
                     (Kind::Set, false) => v.push(SET_MAGIC),
+                    (Kind::List, _) => return Err("ERR a list is never a small collection".into()),
                 }
                 encode_pairs(&mut v, items, self.kind == Kind::Hash);
                 if v.len() as u64 > store.max_value_bytes() {
@@ -803,19 +831,20 @@ impl Coll<'_> {
             }
         }
         if let Repr::Big { root, .. } = &self.repr {
-            drop_nodes(self.store, root.id, root.nbuckets)?;
+            drop_nodes(self.store, root)?;
         }
         self.dirty = false;
         Ok(true)
     }
 }
 
-/// Delete the nodes and the instance record of large collection `id`.
-fn drop_nodes(store: &Engine, id: u64, nbuckets: u32) -> Result<(), CmdError> {
-    for b in 0..nbuckets {
-        store.raw_delete(&node_key(id, b))?;
+/// Delete the nodes and the instance record of the large collection of
+/// `root`.
+pub(crate) fn drop_nodes(store: &Engine, root: &Root) -> Result<(), CmdError> {
+    for i in 0..root.nbuckets {
+        store.raw_delete(&node_key(root.id, root.first.wrapping_add(i)))?;
     }
-    store.raw_delete(&instance_key(id))?;
+    store.raw_delete(&instance_key(root.id))?;
     Ok(())
 }
 
@@ -838,7 +867,7 @@ pub fn delete_key(store: &Engine, key: &[u8]) -> Result<bool, CmdError> {
     };
     let removed = store.delete(key)?;
     if let Some((_, root)) = big_root_of(m.flags, &buf) {
-        drop_nodes(store, root.id, root.nbuckets)?;
+        drop_nodes(store, &root)?;
     }
     Ok(removed)
 }
@@ -869,6 +898,13 @@ pub fn load_all(shared: &Shared, key: &[u8], flags: u32) -> Result<Option<Loaded
     let kind = match flags {
         HASH_FLAGS => Kind::Hash,
         SET_FLAGS => Kind::Set,
+        LIST_FLAGS => {
+            let Some(items) = crate::list::load_all(&shared.store, key)? else {
+                return Ok(None);
+            };
+            let pairs = items.into_iter().map(|e| (e, Vec::new())).collect();
+            return Ok(Some((Kind::List, pairs, "quicklist")));
+        }
         _ => return Ok(None),
     };
     let Some(mut c) = open(&shared.store, key, kind, Limits::of(shared, kind))? else {
@@ -906,6 +942,7 @@ pub fn encoding_of(shared: &Shared, key: &[u8], flags: u32) -> Option<&'static s
     let kind = match flags {
         HASH_FLAGS => Kind::Hash,
         SET_FLAGS => Kind::Set,
+        LIST_FLAGS => return Some("quicklist"),
         _ => return None,
     };
     open(&shared.store, key, kind, Limits::of(shared, kind))
@@ -924,6 +961,14 @@ pub fn create(
     expiry: Option<u64>,
 ) -> Result<(), CmdError> {
     let store = &shared.store;
+    if kind == Kind::List {
+        let elems: Vec<Vec<u8>> = items.iter().map(|p| p.0.clone()).collect();
+        crate::list::create(store, key, &elems)?;
+        if let Some(at) = expiry {
+            store.set_expiry(key, Some(at))?;
+        }
+        return Ok(());
+    }
     let mut c = open_or_new(store, key, kind, Limits::of(shared, kind))?;
     for (a, b) in items {
         c.insert(a, b)?;
@@ -1095,6 +1140,7 @@ mod tests {
             id: 7,
             count: 9,
             nbuckets: 3,
+            first: 5,
         };
         assert_eq!(
             decode_root(&encode_root(Kind::Set, &r)),

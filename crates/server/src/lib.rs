@@ -48,6 +48,7 @@ pub mod conn;
 pub mod engine;
 pub mod glob;
 pub mod keylock;
+pub mod list;
 pub mod longdouble;
 pub mod mc_binary;
 pub mod mc_exec;

@@ -312,6 +312,9 @@ pub fn dump(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
             out.extend_from_slice(&crc.to_le_bytes());
             out
         }
+        Some((Kind::List, ..)) => {
+            return Err("ERR DUMP of a list is not supported by this server".into())
+        }
         None => payload(ctx, None, ctx.buf),
     };
     r.bulk(&p);

@@ -33,12 +33,12 @@
 //! read and its delete can be lost). EXPIRE's NX/XX/GT/LT options check
 //! the current TTL before setting it, with the same window.
 //!
-//! Collections (hashes, sets) are `crate::coll` values; their commands run
+//! Collections (hashes, sets; lists in `crate::list`) are `crate::coll` values; their commands run
 //! under the key stripes dispatch takes (exclusive for `write` commands),
 //! which is what makes a multi-item update of a large collection atomic.
 //!
 //! Modules: [`strings`], [`lcs`], [`bits`] (bitmaps), [`keys`], [`dump`]
-//! (DUMP/RESTORE), [`hash`], [`set`], [`admin`] (connection and server commands);
+//! (DUMP/RESTORE), [`hash`], [`set`], [`list`], [`admin`] (connection and server commands);
 //! the table itself ([`COMMANDS`]) is in `table.rs`.
 
 pub mod admin;
@@ -47,6 +47,7 @@ pub mod dump;
 pub mod hash;
 pub mod keys;
 pub mod lcs;
+pub mod list;
 pub mod lzf;
 pub mod set;
 pub mod strings;

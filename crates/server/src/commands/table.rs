@@ -2,7 +2,7 @@
 //! lists them. Dispatch ([`lookup`](super::lookup)) indexes it once into
 //! buckets; COMMAND COUNT/INFO/DOCS read it as is.
 
-use super::{admin, bits, dump, hash, keys, lcs, set, strings, Spec};
+use super::{admin, bits, dump, hash, keys, lcs, list, set, strings, Spec};
 
 // Flag sets (Redis's command flags, as COMMAND INFO reports them).
 const W: &[&str] = &["write", "denyoom", "fast"];
@@ -922,5 +922,149 @@ pub static COMMANDS: &[Spec] = &[
         "set",
         "Iterates over members of a set.",
         set::sscan
+    ),
+    spec!(
+        "lpush",
+        -3,
+        W,
+        K1,
+        "list",
+        "Prepends elements to a list.",
+        list::lpush
+    ),
+    spec!(
+        "rpush",
+        -3,
+        W,
+        K1,
+        "list",
+        "Appends elements to a list.",
+        list::rpush
+    ),
+    spec!(
+        "lpushx",
+        -3,
+        W,
+        K1,
+        "list",
+        "Prepends elements to an existing list.",
+        list::lpushx
+    ),
+    spec!(
+        "rpushx",
+        -3,
+        W,
+        K1,
+        "list",
+        "Appends elements to an existing list.",
+        list::rpushx
+    ),
+    spec!(
+        "lpop",
+        -2,
+        WD,
+        K1,
+        "list",
+        "Removes and returns the first elements of a list.",
+        list::lpop
+    ),
+    spec!(
+        "rpop",
+        -2,
+        WD,
+        K1,
+        "list",
+        "Removes and returns the last elements of a list.",
+        list::rpop
+    ),
+    spec!(
+        "llen",
+        2,
+        R,
+        K1,
+        "list",
+        "Returns the length of a list.",
+        list::llen
+    ),
+    spec!(
+        "lrange",
+        4,
+        RS,
+        K1,
+        "list",
+        "Returns a range of elements of a list.",
+        list::lrange
+    ),
+    spec!(
+        "lindex",
+        3,
+        RS,
+        K1,
+        "list",
+        "Returns an element of a list by its index.",
+        list::lindex
+    ),
+    spec!(
+        "lset",
+        4,
+        WS,
+        K1,
+        "list",
+        "Sets the value of an element of a list by its index.",
+        list::lset
+    ),
+    spec!(
+        "lrem",
+        4,
+        WD,
+        K1,
+        "list",
+        "Removes elements from a list.",
+        list::lrem
+    ),
+    spec!(
+        "ltrim",
+        4,
+        WD,
+        K1,
+        "list",
+        "Trims a list to a range.",
+        list::ltrim
+    ),
+    spec!(
+        "linsert",
+        5,
+        WS,
+        K1,
+        "list",
+        "Inserts an element before or after another.",
+        list::linsert
+    ),
+    spec!(
+        "lpos",
+        -3,
+        RS,
+        K1,
+        "list",
+        "Returns the index of matching elements of a list.",
+        list::lpos
+    ),
+    spec!(
+        "lmove",
+        5,
+        WS,
+        (1, 2, 1),
+        "list",
+        "Moves an element from one list to another.",
+        list::lmove
+    ),
+    spec!(
+        "rpoplpush",
+        3,
+        WS,
+        (1, 2, 1),
+        "list",
+        "Moves the last element of a list to the head of another.",
+        list::rpoplpush
     ),
 ];

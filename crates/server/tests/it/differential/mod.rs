@@ -19,5 +19,6 @@ mod collections;
 mod dump;
 pub mod harness;
 mod keyspace;
+mod lists;
 mod prop;
 mod strings;
