@@ -17,6 +17,7 @@
 //! append-only file either way.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// How a tunable's value is checked.
@@ -84,17 +85,36 @@ const TUNABLES: &[(&str, Option<&str>, &str, Kind)] = &[
     ("appendonly", None, "no", Kind::Bool),
 ];
 
+/// The thresholds `coll` reads on every hash or set command, mirrored in
+/// atomics so the request path takes no lock for them.
+const HOT: [&str; 5] = [
+    "hash-max-listpack-entries",
+    "hash-max-listpack-value",
+    "set-max-intset-entries",
+    "set-max-listpack-entries",
+    "set-max-listpack-value",
+];
+
 /// The tunables' current values.
 pub struct Tunables {
     values: Mutex<BTreeMap<&'static str, String>>,
+    hot: [AtomicUsize; HOT.len()],
 }
 
 impl Default for Tunables {
     fn default() -> Self {
+        let values: BTreeMap<&'static str, String> =
+            TUNABLES.iter().map(|t| (t.0, t.2.to_string())).collect();
+        let hot = HOT.map(|n| AtomicUsize::new(parse_usize(values.get(n))));
         Tunables {
-            values: Mutex::new(TUNABLES.iter().map(|t| (t.0, t.2.to_string())).collect()),
+            values: Mutex::new(values),
+            hot,
         }
     }
+}
+
+fn parse_usize(v: Option<&String>) -> usize {
+    v.and_then(|s| s.parse().ok()).unwrap_or(0)
 }
 
 impl Tunables {
@@ -123,8 +143,11 @@ impl Tunables {
     /// number): one lock and one parse, for the collection writes that
     /// check the encoding thresholds on every call.
     pub fn get_usize(&self, name: &str) -> usize {
+        if let Some(i) = HOT.iter().position(|h| *h == name) {
+            return self.hot[i].load(Ordering::Relaxed);
+        }
         let v = self.values.lock().unwrap_or_else(|e| e.into_inner());
-        v.get(name).and_then(|s| s.parse().ok()).unwrap_or(0)
+        parse_usize(v.get(name))
     }
 
     /// CONFIG SET `name` `value`: `None` if `name` is not a tunable, else
@@ -161,6 +184,9 @@ impl Tunables {
                 _ => return Some(Err(failed("argument must be 'yes' or 'no'"))),
             },
         };
+        if let Some(i) = HOT.iter().position(|h| *h == t.0) {
+            self.hot[i].store(parse_usize(Some(&stored)), Ordering::Relaxed);
+        }
         self.values
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -206,6 +232,9 @@ mod tests {
         assert_eq!(t.set("appendonly", "YES"), Some(Ok(())));
         assert!(t.set("nope", "1").is_none());
         assert_eq!(t.set("hash-max-listpack-value", "1kb"), Some(Ok(())));
+        assert_eq!(t.get_usize("hash-max-listpack-value"), 1024);
+        assert_eq!(t.set("set-max-intset-entries", "7"), Some(Ok(())));
+        assert_eq!(t.get_usize("set-max-intset-entries"), 7);
         assert!(t
             .get_all()
             .contains(&("hash-max-ziplist-value", "1024".into())));
