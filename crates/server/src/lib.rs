@@ -41,12 +41,14 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod auth;
+pub mod coll;
 pub mod commands;
 pub mod config;
 pub mod conn;
 pub mod engine;
 pub mod glob;
 pub mod keylock;
+pub mod list;
 pub mod longdouble;
 pub mod mc_binary;
 pub mod mc_exec;
@@ -277,7 +279,14 @@ impl Server {
         });
         trim::start(&shared)?;
         let cpus = topology::allowed_cpus();
-        let mut handles = Vec::with_capacity(threads);
+        let mut handles = Vec::with_capacity(threads + 1);
+        // The sweeper of dead large collections' nodes (see `coll`).
+        let sh = shared.clone();
+        handles.push(
+            std::thread::Builder::new()
+                .name("nibble-sweeper".into())
+                .spawn(move || coll::sweeper(sh))?,
+        );
         for (i, l) in per_worker.into_iter().enumerate() {
             let cpu = (cfg.pin && !cpus.is_empty()).then(|| cpus[i % cpus.len()]);
             let sh = shared.clone();
