@@ -16,6 +16,12 @@ pub(crate) struct CompactionCounters {
     pub expired_reclaimed: AtomicU64,
     /// Dead objects passed over by their mark, without an index probe.
     pub dead_skipped: AtomicU64,
+    /// Live objects evicted (cache mode).
+    pub evicted: AtomicU64,
+    /// Bytes of the evicted objects.
+    pub evicted_bytes: AtomicU64,
+    /// Eviction passes that freed segments.
+    pub eviction_passes: AtomicU64,
 }
 
 /// A statistics snapshot.
@@ -68,6 +74,12 @@ pub struct Stats {
     /// Dead objects compaction passed over by their dead mark (no index
     /// probe).
     pub dead_skipped: u64,
+    /// Live items evicted (cache mode; never under `NoEviction`).
+    pub evicted_items: u64,
+    /// Bytes of the evicted items.
+    pub evicted_bytes: u64,
+    /// Eviction passes that freed segments.
+    pub eviction_passes: u64,
     /// Index figures.
     pub index: IndexStats,
 }
@@ -151,6 +163,9 @@ impl Store {
             bytes_relocated: c.bytes_relocated.load(Ordering::Relaxed),
             expired_reclaimed: c.expired_reclaimed.load(Ordering::Relaxed),
             dead_skipped: c.dead_skipped.load(Ordering::Relaxed),
+            evicted_items: c.evicted.load(Ordering::Relaxed),
+            evicted_bytes: c.evicted_bytes.load(Ordering::Relaxed),
+            eviction_passes: c.eviction_passes.load(Ordering::Relaxed),
             index: inner.index.stats(),
         }
     }

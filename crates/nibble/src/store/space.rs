@@ -25,6 +25,12 @@ impl Inner {
         self.mem.client_blocks_free() < self.compaction_trigger_blocks
     }
 
+    /// Free space is really short (below the compaction trigger), not
+    /// just forced by `compact_now`: what lets cache mode evict.
+    pub(crate) fn space_short(&self) -> bool {
+        self.mem.client_blocks_free() < self.compaction_trigger_blocks
+    }
+
     pub(crate) fn sleep_worker(&self, d: Duration) {
         let mut g = self.wake.0.lock();
         let seen = *g;

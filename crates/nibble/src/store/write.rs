@@ -81,10 +81,38 @@ impl Store {
     /// in Nibble-2, try the in-place overwrite; otherwise append the object
     /// and publish it in the index.
     pub fn put_with(&self, key: &[u8], value: &[u8], opts: PutOptions) -> Result<u64, Error> {
+        self.put_inner(key, value, opts, false)
+    }
+
+    /// As [`put_with`](Store::put_with), and cache mode must never evict
+    /// the item (it relocates it, as compaction does): the server writes
+    /// the internal pieces of big collections this way, since a lone
+    /// piece must not disappear. The mark is in the object header (the
+    /// expiry field's top bit); an overwrite takes the new write's
+    /// setting, and a TTL still expires the item.
+    pub fn put_never_evict(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        opts: PutOptions,
+    ) -> Result<u64, Error> {
+        self.put_inner(key, value, opts, true)
+    }
+
+    fn put_inner(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        opts: PutOptions,
+        pinned: bool,
+    ) -> Result<u64, Error> {
         self.check(key, value.len())?;
         let inner = &*self.inner;
         let hash = hash_key(key);
-        let mut h = self.start_put(hash, key, value, &opts);
+        let mut h = Header {
+            pinned,
+            ..self.start_put(hash, key, value, &opts)
+        };
         let guard = inner.epochs.try_pin()?;
         // Start the old version's lines too: the bucket lock below reads
         // its header and key (and Nibble-2 overwrites its value), a miss
@@ -164,6 +192,7 @@ impl Store {
             flags: opts.flags,
             version: next_version(old.version),
             expiry_ms: opts.expiry.expiry_ms(live.then_some(&old)),
+            pinned: h.pinned,
             ..old
         };
         // SAFETY: we hold the key's bucket locks (`g`) and an epoch guard:
