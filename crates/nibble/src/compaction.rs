@@ -598,6 +598,12 @@ fn sweep(
                     .stats
                     .expired_reclaimed
                     .fetch_add(1, Ordering::Relaxed);
+                if mem.tracks_access() && !mem.accessed(off) {
+                    inner
+                        .stats
+                        .expired_unfetched
+                        .fetch_add(1, Ordering::Relaxed);
+                }
             } else if !rule.keeps(mem, off, &h, size) {
                 // Evicted: unlinked under the bucket lock like a delete; a
                 // reader copying it fails its validation and retries (and

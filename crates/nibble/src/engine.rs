@@ -137,6 +137,10 @@ pub struct EngineStats {
     pub damaged_objects: u64,
     /// Live items evicted (cache mode; 0 for an engine that never evicts).
     pub evicted_items: u64,
+    /// Expired items reclaimed unread (memcached `expired_unfetched`;
+    /// counted only while the engine keeps accessed bits, i.e. in cache
+    /// mode).
+    pub expired_unfetched: u64,
     /// Keys.
     pub items: u64,
     /// Processes attached to a shared store (this one included).
@@ -219,6 +223,7 @@ impl KvEngine for Store {
             expired_reclaimed: st.expired_reclaimed,
             damaged_objects: 0,
             evicted_items: st.evicted_items,
+            expired_unfetched: st.expired_unfetched,
             items: st.items,
             processes: 1,
         }

@@ -285,6 +285,12 @@ impl Memory {
         });
     }
 
+    /// Whether accessed bits are kept (the store has evicted or may).
+    #[inline]
+    pub(crate) fn tracks_access(&self) -> bool {
+        self.accessed.get().is_some()
+    }
+
     /// The word and bit of the object at pool offset `off`.
     #[inline]
     fn access_bit(bits: &[AtomicU64], off: u64) -> Option<(&AtomicU64, u64)> {

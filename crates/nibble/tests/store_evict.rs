@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use nibble::{Config, Error, Eviction, EvictionPolicy, Expiry, Mode, PutOptions, Store};
 
-const CAPACITY_BYTES: usize = 16 << 20;
+const CAPACITY_BYTES: usize = 8 << 20;
 const VALUE_BYTES: usize = 400;
 
 const POLICIES: [EvictionPolicy; 4] = [
@@ -41,9 +41,9 @@ fn value(i: u64, ver: u64) -> Vec<u8> {
     v
 }
 
-/// Keys whose data is several times the capacity.
+/// Keys whose data is about three times the capacity.
 fn overfill_keys() -> u64 {
-    (4 * CAPACITY_BYTES / VALUE_BYTES) as u64
+    (3 * CAPACITY_BYTES / VALUE_BYTES) as u64
 }
 
 #[test]
@@ -142,7 +142,7 @@ fn pinned_items_are_never_evicted() {
     for mode in [Mode::Nibble, Mode::Nibble2] {
         for policy in POLICIES {
             let s = store(mode, policy);
-            let pinned = 2000;
+            let pinned = 1000;
             for i in 0..pinned {
                 s.put_never_evict(&key(i), &value(i, 1), PutOptions::default())
                     .unwrap();
@@ -175,7 +175,7 @@ fn volatile_only_evicts_only_items_with_an_expiry() {
         expiry: Expiry::At(nibble::object::now_ms() + 3_600_000),
         ..Default::default()
     };
-    let persistent = 3000;
+    let persistent = 1500;
     for i in 0..persistent {
         s.put(&key(i), &value(i, 0)).unwrap();
     }
@@ -223,7 +223,7 @@ fn eviction_can_be_switched_on_while_running() {
 /// eviction keeps what is read, FIFO does not.
 fn hot_set_survival(policy: EvictionPolicy) -> f64 {
     let s = store(Mode::Nibble, policy);
-    let hot = 2000u64;
+    let hot = 1000u64;
     for i in 0..hot {
         s.put(&key(i), &value(i, 0)).unwrap();
     }

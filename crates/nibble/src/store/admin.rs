@@ -22,6 +22,9 @@ pub(crate) struct CompactionCounters {
     pub evicted_bytes: AtomicU64,
     /// Eviction passes that freed segments.
     pub eviction_passes: AtomicU64,
+    /// Expired objects dropped that no GET had read (counted while
+    /// accessed bits are kept, i.e. once the store may evict).
+    pub expired_unfetched: AtomicU64,
 }
 
 /// A statistics snapshot.
@@ -80,6 +83,9 @@ pub struct Stats {
     pub evicted_bytes: u64,
     /// Eviction passes that freed segments.
     pub eviction_passes: u64,
+    /// Expired objects reclaimed that no GET had read (memcached's
+    /// `expired_unfetched`; counted once the store may evict, 0 before).
+    pub expired_unfetched: u64,
     /// Index figures.
     pub index: IndexStats,
 }
@@ -166,6 +172,7 @@ impl Store {
             evicted_items: c.evicted.load(Ordering::Relaxed),
             evicted_bytes: c.evicted_bytes.load(Ordering::Relaxed),
             eviction_passes: c.eviction_passes.load(Ordering::Relaxed),
+            expired_unfetched: c.expired_unfetched.load(Ordering::Relaxed),
             index: inner.index.stats(),
         }
     }

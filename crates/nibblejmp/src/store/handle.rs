@@ -385,6 +385,7 @@ impl nibble::KvEngine for SharedStore {
             // The shared store never evicts (its segment table is fixed and
             // shared between processes; see the nibble engine essay).
             evicted_items: 0,
+            expired_unfetched: 0,
             items: st.objects,
             processes: st.processes.iter().filter(|p| p.2).count(),
         }
