@@ -312,3 +312,49 @@ fn readers_during_eviction() {
         );
     }
 }
+
+/// Small objects run out of index entries before log space: under
+/// `NoEviction` the error says so; in cache mode an entry of the full
+/// neighbourhood is evicted instead, and the model still holds.
+#[test]
+fn small_objects_evict_index_entries() {
+    let tiny = |i: u64| i.to_le_bytes();
+    let mut cfg = Config::new(CAPACITY_BYTES);
+    cfg.max_write_wait_ms = 200;
+    let s = Store::new(cfg.clone()).unwrap();
+    let mut i = 0u64;
+    let e = loop {
+        match s.put(&key(i), &tiny(i)) {
+            Ok(_) => i += 1,
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(e, Error::OutOfMemory { what: "index" }),
+        "{e} after {i} keys"
+    );
+    drop(s);
+    cfg.eviction = Eviction {
+        policy: EvictionPolicy::Merge,
+        volatile_only: false,
+    };
+    let s = Store::new(cfg).unwrap();
+    let n = 2 * i;
+    for j in 0..n {
+        s.put(&key(j), &tiny(j))
+            .unwrap_or_else(|e| panic!("put {j}: {e}"));
+    }
+    let missing = (0..n)
+        .filter(|&j| match s.get(&key(j)).unwrap() {
+            Some(v) => {
+                assert_eq!(v, tiny(j));
+                false
+            }
+            None => true,
+        })
+        .count() as u64;
+    assert_eq!(missing, s.stats().evicted_items);
+    // Evicting only where a neighbourhood is full fills the index past
+    // the load of the first refusal without eviction.
+    assert!(missing > 0 && n - missing >= i, "{missing} of {n}, {i}");
+}

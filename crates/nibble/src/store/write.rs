@@ -306,7 +306,7 @@ impl Store {
                         }
                         Err(_) => {
                             drop(g);
-                            if inner.index.grow(hash).is_err() {
+                            if inner.index.grow(hash).is_err() && !self.evict_neighbour(hash) {
                                 return Err(Error::OutOfMemory { what: "index" });
                             }
                         }
@@ -314,6 +314,46 @@ impl Store {
                 }
             }
         }
+    }
+
+    /// Cache mode, index full (its budget spent): evict an item of
+    /// `hash`'s full neighbourhood to make room for the new key, an
+    /// unread one if there is one (the accessed bit), never a pinned one
+    /// (nor, under `volatile_only`, one without an expiry). Returns
+    /// whether an entry was freed. Segment eviction frees log space; this
+    /// frees the index entries a store of small objects runs out of first.
+    fn evict_neighbour(&self, hash: u64) -> bool {
+        let inner = &*self.inner;
+        let e = inner.eviction();
+        if !e.evicts() {
+            return false;
+        }
+        let mem = &inner.mem;
+        let mut g = inner.index.lock(hash);
+        let evictable = |l: Loc| {
+            mem.header(off_of(l))
+                .is_some_and(|h| !h.pinned && !(e.volatile_only && h.expiry_ms == 0))
+        };
+        let slot = g
+            .find_any(|l| evictable(l) && !mem.accessed(off_of(l)))
+            .or_else(|| g.find_any(evictable));
+        let Some(slot) = slot else {
+            return false;
+        };
+        let off = off_of(g.loc(slot));
+        let h = mem.header(off).unwrap_or_default();
+        g.remove(slot);
+        // SAFETY: the bucket is locked and the object just unlinked; the
+        // caller's epoch guard keeps its segment from reuse.
+        unsafe { mem.mark_dead(off) };
+        drop(g);
+        mem.live().add(mem.seg_of(off), -(h.object_bytes() as i64));
+        inner.stats.evicted.fetch_add(1, Ordering::Relaxed);
+        inner
+            .stats
+            .evicted_bytes
+            .fetch_add(h.object_bytes() as u64, Ordering::Relaxed);
+        true
     }
 
     /// Remove `key`. Returns whether a live item was removed.
