@@ -20,7 +20,7 @@
 //! the non-evicting store, paired run by run).
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nibble::{Config, Eviction, EvictionPolicy, Mode, Store};
 
@@ -170,7 +170,9 @@ fn throughput(s: &Store, zipf: &Zipf, threads: usize, secs: f64, value: &[u8]) -
                     for _ in 0..256 {
                         key_bytes(zipf.key(rng.unit()), &mut key);
                         if rng.next() % 10 == 0 || s.get_into(&key, &mut buf).unwrap().is_none() {
-                            s.put(&key, value).expect("a cache never refuses");
+                            if let Err(e) = s.put(&key, value) {
+                                panic!("a cache never refuses: {e} ({:?})", s.eviction());
+                            }
                         }
                         n += 1;
                     }
@@ -235,9 +237,7 @@ pub fn run(o: &EvictOpts, rep: &mut Reporter) -> std::io::Result<()> {
                 let s = store(mode, cap, policy);
                 replay(&s, &trace[..warm], 0, &value);
                 let before = s.stats().evicted_items;
-                let t0 = Instant::now();
                 let ops = throughput(&s, &zipf, threads, o.seconds, &value);
-                let _ = t0;
                 rep.emit(
                     Row::new("evict-tput", mode.name(), threads)
                         .set("policy", policy.name())
@@ -248,5 +248,5 @@ pub fn run(o: &EvictOpts, rep: &mut Reporter) -> std::io::Result<()> {
             }
         }
     }
-    Ok(())
+    rep.finish()
 }

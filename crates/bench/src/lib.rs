@@ -422,11 +422,11 @@ struct ChurnArgs {
 struct EvictArgs {
     #[command(flatten)]
     run: RunOpts,
-    /// Keys in the trace [default: 400000; --quick: 100000]
+    /// Keys in the trace [default: 200000; --quick: 60000]
     #[arg(long, value_parser = clap::value_parser!(u64).range(1000..))]
     keys: Option<u64>,
-    /// Value bytes
-    #[arg(long, default_value = "100")]
+    /// Value bytes (small values make the index, not the log, the limit)
+    #[arg(long, default_value = "1000")]
     value_bytes: usize,
     /// Zipf exponent of key popularity
     #[arg(long, default_value = "1.0")]
@@ -775,7 +775,7 @@ pub fn main_entry(alloc: Alloc) -> ExitCode {
         Command::Evict(a) => {
             let q = a.run.quick;
             let opts = evict::EvictOpts {
-                keys: a.keys.unwrap_or(if q { 100_000 } else { 400_000 }),
+                keys: a.keys.unwrap_or(if q { 60_000 } else { 200_000 }),
                 value_bytes: a.value_bytes,
                 alpha: a.alpha,
                 sizes_pct: a.sizes.clone(),

@@ -338,7 +338,14 @@ impl Store {
             .find_any(|l| evictable(l) && !mem.accessed(off_of(l)))
             .or_else(|| g.find_any(evictable));
         let Some(slot) = slot else {
-            return false;
+            // Nothing evictable; but a racing eviction or delete may have
+            // emptied a slot since the insert failed: then retry.
+            let mut used = 0;
+            g.find_any(|_| {
+                used += 1;
+                false
+            });
+            return used < 2 * crate::index::ENTRIES_PER_BUCKET;
         };
         let off = off_of(g.loc(slot));
         let h = mem.header(off).unwrap_or_default();
