@@ -9,15 +9,16 @@
 //!    keys 0..N, value V bytes, popularity zipf(alpha) over a scrambled rank
 //!    cache-aside: GET; on a miss SET (the trace is 2 x N requests after a
 //!    warm-up of N requests); miss ratio of the measured part
-//!    LRU: an exact LRU holding the items the store held on average
+//!    LRU: an exact LRU holding the items that store held on average
 //!  throughput (threads T, per mode x policy):
 //!    the same trace with 90 % GET / 10 % SET (a miss also SETs) on a full
 //!    cache at the smallest size, vs `noeviction` on a store 4x the data
 //! ```
 //!
-//! Rows: `evict-miss` (`miss_ratio`, `lru_miss_ratio`, `items`,
-//! `evicted`) and `evict-tput` (`ops_per_sec`, `evicted`, `ratio` = over
-//! the non-evicting store, paired run by run).
+//! Rows: `evict-miss` (`miss_ratio`, `lru_miss_ratio` of an LRU holding
+//! as many items as that store did, `items`, `evicted`) and `evict-tput`
+//! (`ops_per_sec`, the median of `--repeat` runs, `evicted`, `ratio` =
+//! over the non-evicting store's median).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -35,6 +36,8 @@ pub struct EvictOpts {
     pub sizes_pct: Vec<u32>,
     pub threads: Vec<usize>,
     pub seconds: f64,
+    /// Throughput runs per cell (the median is reported).
+    pub repeat: usize,
 }
 
 const POLICIES: [EvictionPolicy; 4] = [
@@ -186,6 +189,13 @@ fn throughput(s: &Store, zipf: &Zipf, threads: usize, secs: f64, value: &[u8]) -
     ops.into_inner() as f64 / secs
 }
 
+/// The median of `n` runs of `f`.
+fn median(n: usize, mut f: impl FnMut() -> f64) -> f64 {
+    let mut v: Vec<f64> = (0..n.max(1)).map(|_| f()).collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 /// Run it all.
 pub fn run(o: &EvictOpts, rep: &mut Reporter) -> std::io::Result<()> {
     let zipf = Zipf::new(o.keys, o.alpha);
@@ -197,13 +207,11 @@ pub fn run(o: &EvictOpts, rep: &mut Reporter) -> std::io::Result<()> {
     for &pct in &o.sizes_pct {
         let cap = data_bytes * pct as usize / 100;
         for mode in [Mode::Nibble, Mode::Nibble2] {
-            let mut lru: Option<f64> = None;
             for policy in POLICIES {
                 let s = store(mode, cap, policy);
                 let (miss, items) = replay(&s, &trace, warm, &value);
-                let lru_miss = *lru.get_or_insert_with(|| {
-                    lru_miss_ratio(&trace, warm, items.round() as usize)
-                });
+                // LRU holding as many items as this store did.
+                let lru_miss = lru_miss_ratio(&trace, warm, items.round() as usize);
                 let st = s.stats();
                 rep.emit(
                     Row::new("evict-miss", mode.name(), 1)
@@ -222,11 +230,11 @@ pub fn run(o: &EvictOpts, rep: &mut Reporter) -> std::io::Result<()> {
     let cap = data_bytes * o.sizes_pct.first().copied().unwrap_or(10) as usize / 100;
     for &threads in &o.threads {
         for mode in [Mode::Nibble, Mode::Nibble2] {
-            let base = {
+            let base = median(o.repeat, || {
                 let s = store(mode, 4 * data_bytes, EvictionPolicy::NoEviction);
                 replay(&s, &trace[..warm], 0, &value);
                 throughput(&s, &zipf, threads, o.seconds, &value)
-            };
+            });
             rep.emit(
                 Row::new("evict-tput", mode.name(), threads)
                     .set("policy", "noeviction (4x data)")
@@ -234,15 +242,20 @@ pub fn run(o: &EvictOpts, rep: &mut Reporter) -> std::io::Result<()> {
                     .set_f("ratio", 1.0, 3),
             )?;
             for policy in POLICIES {
-                let s = store(mode, cap, policy);
-                replay(&s, &trace[..warm], 0, &value);
-                let before = s.stats().evicted_items;
-                let ops = throughput(&s, &zipf, threads, o.seconds, &value);
+                let mut evicted = 0;
+                let ops = median(o.repeat, || {
+                    let s = store(mode, cap, policy);
+                    replay(&s, &trace[..warm], 0, &value);
+                    let before = s.stats().evicted_items;
+                    let ops = throughput(&s, &zipf, threads, o.seconds, &value);
+                    evicted = s.stats().evicted_items - before;
+                    ops
+                });
                 rep.emit(
                     Row::new("evict-tput", mode.name(), threads)
                         .set("policy", policy.name())
                         .set_f("ops_per_sec", ops, 0)
-                        .set("evicted", s.stats().evicted_items - before)
+                        .set("evicted", evicted)
                         .set_f("ratio", ops / base, 3),
                 )?;
             }

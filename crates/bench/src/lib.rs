@@ -432,7 +432,7 @@ struct EvictArgs {
     #[arg(long, default_value = "1.0")]
     alpha: f64,
     /// Cache sizes, percent of the data (keys + values), comma-separated
-    #[arg(long, value_delimiter = ',', default_value = "10,25,50")]
+    #[arg(long, value_delimiter = ',', default_value = "10,20,40")]
     sizes: Vec<u32>,
     /// Seconds of each throughput run [default: 3; --quick: 1]
     #[arg(long, value_parser = parse_seconds)]
@@ -781,6 +781,7 @@ pub fn main_entry(alloc: Alloc) -> ExitCode {
                 sizes_pct: a.sizes.clone(),
                 threads: a.run.threads(),
                 seconds: a.seconds.unwrap_or(if q { 1.0 } else { 3.0 }),
+                repeat: a.run.repeat(1),
             };
             a.run.report(|rep| evict::run(&opts, rep))
         }

@@ -18,6 +18,11 @@
 //! not enough: under a read-only load it would take CPU from the readers,
 //! and the next write burst would fault every released block back in.
 //!
+//! Cache mode: under an evicting policy, a worker that finds free space
+//! short compacts only segments at most half live and otherwise evicts
+//! whole segments with the same sweep (submodule `evict`, which has its
+//! own essay).
+//!
 //! One pass:
 //! 1. Candidates are closed segments whose closing stamp the epoch table has
 //!    passed (every append that wrote into the segment has published its

@@ -9,6 +9,8 @@
 //! It gives up with `OutOfMemory` only when compaction has nothing left
 //! to do, has made no progress for a while, or the configured wait
 //! (`Config::max_write_wait_ms`) is over ([`Inner::wait_for_space`]).
+//! In cache mode the worker step a waiting writer runs also evicts
+//! (`compaction::evict`), so a write waits only for that step.
 //! Also here: the prefetches that start a write's cache misses early.
 use super::*;
 
