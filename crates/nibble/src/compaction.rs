@@ -243,7 +243,7 @@ fn step(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState) -> Step
         // cheaply, evict.
         let e = inner.eviction();
         let short = e.evicts() && inner.space_short();
-        let max_util = if short {
+        let max_util = if e.evicts() {
             EVICTING_MAX_UTILISATION_PERMILLE
         } else {
             MAX_UTILISATION_PERMILLE
@@ -281,7 +281,16 @@ fn step(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState) -> Step
 fn free_retired(inner: &Inner, retired: &mut RetireList<SegId>) {
     let freed = retired.collect(&inner.epochs);
     if !freed.is_empty() {
+        inner
+            .stats
+            .segments_freed
+            .fetch_add(freed.len() as u64, Ordering::AcqRel);
         for s in freed {
+            let blocks = inner.mem.seg(s).meta.lock().blocks.len() as u64;
+            inner
+                .stats
+                .retiring_blocks
+                .fetch_sub(blocks, Ordering::AcqRel);
             inner.mem.free_segment(s);
         }
         inner.notify_space();
@@ -666,6 +675,10 @@ fn sweep(
             .fetch_add(relocated, Ordering::Relaxed);
     }
     if complete {
+        inner
+            .stats
+            .retiring_blocks
+            .fetch_add(c.cap_blocks as u64, Ordering::AcqRel);
         mem.seg(c.seg).meta.lock().state = SegState::Retired;
         retired.push(&inner.epochs, c.seg);
         cands.retain(|&s| s != c.seg);

@@ -358,3 +358,33 @@ fn small_objects_evict_index_entries() {
     // the load of the first refusal without eviction.
     assert!(missing > 0 && n - missing >= i, "{missing} of {n}, {i}");
 }
+
+/// Under `NoEviction`, once a write was refused and nothing was freed
+/// since, a refusal costs no more than a write; deletes and compaction
+/// end it.
+#[test]
+fn a_known_full_store_refuses_at_once() {
+    let mut cfg = Config::new(CAPACITY_BYTES);
+    cfg.max_write_wait_ms = 500;
+    let s = Store::new(cfg).unwrap();
+    let mut i = 0;
+    while s.put(&key(i), &value(i, 0)).is_ok() {
+        i += 1;
+    }
+    let refusals = 200;
+    let t = Instant::now();
+    for j in 0..refusals {
+        let e = s.put(&key(i + j), &value(i + j, 0)).unwrap_err();
+        assert!(matches!(e, Error::OutOfMemory { what: "log" }), "{e}");
+    }
+    let per = t.elapsed() / refusals as u32;
+    assert!(per < Duration::from_micros(500), "{per:?} per refusal");
+    for j in 0..i / 2 {
+        s.delete(&key(j)).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s.put(&key(i), &value(i, 0)).is_err() {
+        assert!(Instant::now() < deadline, "writes never resumed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

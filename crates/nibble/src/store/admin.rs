@@ -25,6 +25,16 @@ pub(crate) struct CompactionCounters {
     /// Expired objects dropped that no GET had read (counted while
     /// accessed bits are kept, i.e. once the store may evict).
     pub expired_unfetched: AtomicU64,
+    /// Blocks of retired segments not freed yet (the epoch has not
+    /// passed them): free space on its way, which eviction counts so as
+    /// not to evict again while it waits (see `Inner::space_short`).
+    pub retiring_blocks: AtomicU64,
+    /// Retired segments freed (their blocks back to the allocator).
+    pub segments_freed: AtomicU64,
+    /// `segments_freed + 1` when a write was last refused for want of
+    /// log space (0: none yet): until another segment is freed, the next
+    /// write is refused at once (see `Inner::known_full`).
+    pub refused_at: AtomicU64,
 }
 
 /// A statistics snapshot.

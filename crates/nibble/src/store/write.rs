@@ -239,6 +239,9 @@ impl Store {
             match inner.try_append(len, &fill) {
                 Ok(a) => return Ok((a, guard)),
                 Err(_) => {
+                    if wait.is_none() && inner.known_full() {
+                        return Err(Error::OutOfMemory { what: "log" });
+                    }
                     drop(guard);
                     let w = wait.get_or_insert_with(|| SpaceWait::new(inner));
                     inner.wait_for_space(w)?;
