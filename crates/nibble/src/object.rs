@@ -488,8 +488,14 @@ mod tests {
         };
         let d = Header::decode(far.encode().as_bytes()).unwrap();
         assert_eq!(d.expiry_ms, MAX_EXPIRY_MS);
-        assert!(!d.pinned, "a far expiry does not spill into the pinned mark");
-        let pinned = Header { pinned: true, ..far };
+        assert!(
+            !d.pinned,
+            "a far expiry does not spill into the pinned mark"
+        );
+        let pinned = Header {
+            pinned: true,
+            ..far
+        };
         let p = Header::decode(pinned.encode().as_bytes()).unwrap();
         assert!(p.pinned && p.expiry_ms == MAX_EXPIRY_MS);
         assert_eq!(d.version, FIELD48_MASK);

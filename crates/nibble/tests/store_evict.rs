@@ -86,7 +86,10 @@ fn model_no_item_lost_but_the_evicted() {
                 }
             }
             let st = s.stats();
-            assert!(missing > n / 2, "{mode:?} {policy:?}: the store holds less than half");
+            assert!(
+                missing > n / 2,
+                "{mode:?} {policy:?}: the store holds less than half"
+            );
             assert_eq!(
                 missing, st.evicted_items,
                 "{mode:?} {policy:?}: every missing item was reported evicted"
@@ -195,7 +198,10 @@ fn volatile_only_evicts_only_items_with_an_expiry() {
             break;
         }
     }
-    assert!(refused, "volatile-only eviction never evicts persistent items");
+    assert!(
+        refused,
+        "volatile-only eviction never evicts persistent items"
+    );
 }
 
 #[test]

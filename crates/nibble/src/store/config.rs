@@ -162,7 +162,7 @@ pub enum EvictionPolicy {
     Random,
     /// Segcache's merge eviction (NSDI'21 §4.3): the oldest few segments
     /// at once, keeping the objects read since they were written (their
-    /// accessed bit), up to a quarter of the merged bytes; the survivors
+    /// accessed bit), up to half of the merged bytes; the survivors
     /// move to a new segment, at the young end of the age order (a
     /// CLOCK-like second chance, at no per-object list cost).
     Merge,

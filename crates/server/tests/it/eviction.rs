@@ -33,7 +33,10 @@ fn config_get_and_set_use_redis_names() {
         let _: () = q(&mut c, &["CONFIG", "SET", "maxmemory-policy", p]);
         assert_eq!(get(&mut c), p);
         let info: String = q(&mut c, &["INFO", "memory"]);
-        assert!(info.contains(&format!("maxmemory_policy:{p}\r\n")), "{info}");
+        assert!(
+            info.contains(&format!("maxmemory_policy:{p}\r\n")),
+            "{info}"
+        );
     }
     let e = err(&mut c, &["CONFIG", "SET", "maxmemory-policy", "lru"]);
     assert!(e.contains("invalid maxmemory-policy"), "{e}");
@@ -69,7 +72,10 @@ fn allkeys_lru_keeps_writing_and_keeps_read_keys() {
     }
     let info: String = q(&mut c, &["INFO", "stats"]);
     let evicted = info_u64(&info, "evicted_keys");
-    assert!(evicted > total as u64 / 2, "evicted_keys {evicted} of {total}");
+    assert!(
+        evicted > total as u64 / 2,
+        "evicted_keys {evicted} of {total}"
+    );
     let present = |c: &mut redis::Connection, from: usize, to: usize| -> usize {
         (from..to)
             .filter(|i| q::<i64>(c, &["EXISTS", &format!("k{i}")]) == 1)
@@ -93,7 +99,9 @@ fn allkeys_lru_keeps_writing_and_keeps_read_keys() {
         .find_map(|l| l.strip_prefix("STAT evictions "))
         .expect("evictions stat");
     assert_eq!(ev.parse::<u64>().unwrap(), evicted);
-    assert!(stats.iter().any(|l| l.starts_with("STAT expired_unfetched ")));
+    assert!(stats
+        .iter()
+        .any(|l| l.starts_with("STAT expired_unfetched ")));
 }
 
 fn mc_fill(port: u16) -> (usize, Option<String>) {
