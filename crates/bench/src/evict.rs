@@ -147,7 +147,7 @@ fn replay(s: &Store, trace: &[u64], warm: usize, value: &[u8]) -> (f64, f64) {
             }
             s.put(&key, value).expect("a cache never refuses");
         }
-        if i >= warm && i % 1024 == 0 {
+        if i >= warm && i.is_multiple_of(1024) {
             items_sum += s.len() as f64;
             samples += 1.0;
         }
@@ -172,7 +172,9 @@ fn throughput(s: &Store, zipf: &Zipf, threads: usize, secs: f64, value: &[u8]) -
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     for _ in 0..256 {
                         key_bytes(zipf.key(rng.unit()), &mut key);
-                        if rng.next() % 10 == 0 || s.get_into(&key, &mut buf).unwrap().is_none() {
+                        if rng.next().is_multiple_of(10)
+                            || s.get_into(&key, &mut buf).unwrap().is_none()
+                        {
                             if let Err(e) = s.put(&key, value) {
                                 panic!("a cache never refuses: {e} ({:?})", s.eviction());
                             }

@@ -335,7 +335,7 @@ impl Store {
         let mut g = inner.index.lock(hash);
         let evictable = |l: Loc| {
             mem.header(off_of(l))
-                .is_some_and(|h| !h.pinned && !(e.volatile_only && h.expiry_ms == 0))
+                .is_some_and(|h| !(h.pinned || (e.volatile_only && h.expiry_ms == 0)))
         };
         let slot = g
             .find_any(|l| evictable(l) && !mem.accessed(off_of(l)))
