@@ -32,8 +32,9 @@ pub(crate) struct CompactionCounters {
     /// Retired segments freed (their blocks back to the allocator).
     pub segments_freed: AtomicU64,
     /// `segments_freed + 1` when a write was last refused for want of
-    /// log space (0: none yet): until another segment is freed, the next
-    /// write is refused at once (see `Inner::known_full`).
+    /// log space (0: none, or a delete since): until another segment is
+    /// freed or an item deleted, the next write is refused at once (see
+    /// `Inner::known_full`).
     pub refused_at: AtomicU64,
 }
 

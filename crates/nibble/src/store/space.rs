@@ -101,13 +101,24 @@ impl Inner {
     /// once, at the cost of an ordinary one, instead of waiting for the
     /// compaction that just found nothing to do (a refusal used to cost a
     /// millisecond or more of helping and waiting). Any freed segment
-    /// (compaction after deletes, an expiry) ends it.
+    /// (compaction, an expiry), a delete or an overwrite ends it.
     pub(super) fn known_full(&self) -> bool {
         let r = self.stats.refused_at.load(Ordering::Acquire);
         r != 0
             && r == self.stats.segments_freed.load(Ordering::Acquire) + 1
             && self.mem.client_blocks_free() <= self.segment_blocks as u64
             && !self.eviction().evicts()
+    }
+
+    /// Space became reclaimable (a delete, or an overwrite that left a
+    /// dead version): the next full write helps compaction again instead
+    /// of being refused at once. A load of a read-mostly line; the store
+    /// only when the store was known full.
+    #[inline]
+    pub(super) fn note_reclaimable(&self) {
+        if self.stats.refused_at.load(Ordering::Relaxed) != 0 {
+            self.stats.refused_at.store(0, Ordering::Release);
+        }
     }
 
     /// Wait for compaction to free space after a failed append. The caller

@@ -297,6 +297,7 @@ impl Store {
                     drop(g);
                     mem.live()
                         .add(mem.seg_of(old_off), -(old.object_bytes() as i64));
+                    inner.note_reclaimable();
                     return Ok(version);
                 }
                 None => {
@@ -400,6 +401,7 @@ impl Store {
         unsafe { mem.mark_dead(off) };
         drop(g);
         mem.live().add(mem.seg_of(off), -(h.object_bytes() as i64));
+        inner.note_reclaimable();
         if live {
             Ok(())
         } else {
