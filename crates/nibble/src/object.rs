@@ -382,12 +382,26 @@ fn u48_at(b: &[u8], i: usize) -> u64 {
     u64::from_le_bytes(w)
 }
 
-/// Unix time now, in milliseconds.
+/// Milliseconds added to the clock of this process's stores (0 unless a
+/// test moves it; see [`skew_clock_ms`]).
+static CLOCK_SKEW_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Unix time now, in milliseconds, as the store's expiry sees it (the
+/// system clock plus the test skew).
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+        + CLOCK_SKEW_MS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The store's clock hook, for TTL tests: move the clock every store of
+/// this process sees forward by `ms` (a fake clock, without sleeping).
+/// Process-wide, so a test that uses it belongs in a test binary of its
+/// own. Servers never call it.
+pub fn skew_clock_ms(ms: u64) {
+    CLOCK_SKEW_MS.fetch_add(ms, std::sync::atomic::Ordering::Relaxed);
 }
 
 #[cfg(test)]
