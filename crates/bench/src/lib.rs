@@ -37,6 +37,7 @@ mod buddy;
 mod child;
 mod churn;
 mod error;
+mod evict;
 mod fill;
 mod frag;
 mod jmp;
@@ -117,6 +118,9 @@ enum Command {
     /// YCSB-A throughput as capacity utilization rises from 10% to 90% (Figs. 20, 29)
     #[command(long_about = FILL_ABOUT)]
     Fill(FillArgs),
+    /// Cache mode: miss ratio of each eviction policy on a zipfian trace vs an exact
+    /// LRU, and throughput of a full cache under eviction vs a store that never evicts
+    Evict(EvictArgs),
     /// The nibble server vs redis-server and memcached over loopback: closed-loop
     /// load generator (throughput, p50/p99/p99.9, RSS), churn, redis-benchmark
     #[command(long_about = server::ABOUT)]
@@ -412,6 +416,27 @@ struct ChurnArgs {
     /// Transactions per thread [default: 2000000; --quick: 400000]
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     ops: Option<u64>,
+}
+
+#[derive(Args)]
+struct EvictArgs {
+    #[command(flatten)]
+    run: RunOpts,
+    /// Keys in the trace [default: 200000; --quick: 60000]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1000..))]
+    keys: Option<u64>,
+    /// Value bytes (small values make the index, not the log, the limit)
+    #[arg(long, default_value = "1000")]
+    value_bytes: usize,
+    /// Zipf exponent of key popularity
+    #[arg(long, default_value = "1.0")]
+    alpha: f64,
+    /// Cache sizes, percent of the data (keys + values), comma-separated
+    #[arg(long, value_delimiter = ',', default_value = "10,20,40")]
+    sizes: Vec<u32>,
+    /// Seconds of each throughput run [default: 3; --quick: 1]
+    #[arg(long, value_parser = parse_seconds)]
+    seconds: Option<f64>,
 }
 
 #[derive(Args)]
@@ -747,6 +772,19 @@ pub fn main_entry(alloc: Alloc) -> ExitCode {
         Command::Frag(a) => run_frag(a),
         Command::Churn(a) => run_churn(a),
         Command::Fill(a) => run_fill(a),
+        Command::Evict(a) => {
+            let q = a.run.quick;
+            let opts = evict::EvictOpts {
+                keys: a.keys.unwrap_or(if q { 60_000 } else { 200_000 }),
+                value_bytes: a.value_bytes,
+                alpha: a.alpha,
+                sizes_pct: a.sizes.clone(),
+                threads: a.run.threads(),
+                seconds: a.seconds.unwrap_or(if q { 1.0 } else { 3.0 }),
+                repeat: a.run.repeat(1),
+            };
+            a.run.report(|rep| evict::run(&opts, rep))
+        }
         Command::Server(a) => server::run_cli(a),
         Command::Jmp(a) => jmp::run(a),
         Command::Shared(a) => shared::run_cli(a),

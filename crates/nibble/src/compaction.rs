@@ -18,6 +18,11 @@
 //! not enough: under a read-only load it would take CPU from the readers,
 //! and the next write burst would fault every released block back in.
 //!
+//! Cache mode: under an evicting policy, a worker that finds free space
+//! short compacts only segments at most half live and otherwise evicts
+//! whole segments with the same sweep (submodule `evict`, which has its
+//! own essay).
+//!
 //! One pass:
 //! 1. Candidates are closed segments whose closing stamp the epoch table has
 //!    passed (every append that wrote into the segment has published its
@@ -53,10 +58,16 @@ use crate::memory::{loc_of, Memory, SegId, SegState, BLOCK_BYTES};
 use crate::object::{now_ms, Header};
 use crate::store::Inner;
 
+mod evict;
+
 /// How often an idle worker wakes to free retired segments.
 const IDLE_TICK_MS: u64 = 20;
 /// Segments more utilised than this are not worth compacting.
 const MAX_UTILISATION_PERMILLE: u64 = 980;
+/// In cache mode, compaction takes only segments at most this utilised
+/// (copying a byte frees at least one); fuller ones are evicted instead,
+/// as Segcache does (module `evict`).
+const EVICTING_MAX_UTILISATION_PERMILLE: u64 = 500;
 /// Idle defragmentation compacts only segments at most this utilised.
 const IDLE_DEFRAG_MAX_UTILISATION_PERMILLE: u64 = 950;
 /// Live bytes a pass moves at least (when segments are smaller than this).
@@ -227,7 +238,23 @@ fn step(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState) -> Step
     }
     if inner.should_compact() {
         let pass = inner.stats.passes.fetch_add(1, Ordering::AcqRel) + 1;
-        let outcome = compact_once(inner, st, MAX_UTILISATION_PERMILLE);
+        // Cache mode: when free segments really run short (not when
+        // `compact_now` forces a pass) and compaction cannot free enough
+        // cheaply, evict.
+        let e = inner.eviction();
+        let short = e.evicts() && inner.space_short();
+        let max_util = if e.evicts() {
+            EVICTING_MAX_UTILISATION_PERMILLE
+        } else {
+            MAX_UTILISATION_PERMILLE
+        };
+        let mut outcome = compact_once(inner, st, max_util);
+        if short && outcome != Pass::Progress {
+            match evict::evict_once(inner, st, e) {
+                Pass::Nothing if outcome == Pass::Waiting => {}
+                o => outcome = o,
+            }
+        }
         if outcome == Pass::Progress {
             inner.last_progress_pass.fetch_max(pass, Ordering::AcqRel);
             return Step::Progress;
@@ -254,7 +281,16 @@ fn step(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState) -> Step
 fn free_retired(inner: &Inner, retired: &mut RetireList<SegId>) {
     let freed = retired.collect(&inner.epochs);
     if !freed.is_empty() {
+        inner
+            .stats
+            .segments_freed
+            .fetch_add(freed.len() as u64, Ordering::AcqRel);
         for s in freed {
+            let blocks = inner.mem.seg(s).meta.lock().blocks.len() as u64;
+            inner
+                .stats
+                .retiring_blocks
+                .fetch_sub(blocks, Ordering::AcqRel);
             inner.mem.free_segment(s);
         }
         inner.notify_space();
@@ -447,157 +483,222 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
         };
     }
     let mut progress = false;
-    let mut key = Vec::new();
     for c in &picked {
-        let blocks = mem.seg(c.seg).meta.lock().blocks.clone();
-        let complete;
-        let mut relocated = 0u64;
-        let mut dead_skipped = 0u64;
-        // Objects are visited in batches: first every header and key of
-        // the batch is read and its index buckets prefetched, then each
-        // object is checked. The bucket misses of a batch overlap instead
-        // of being paid one after another.
-        let mut batch: Vec<(u64, Header, u64)> = Vec::with_capacity(PREFETCH_BATCH);
-        // In a mostly live segment (what compaction gets at high
-        // utilization) the lock-free liveness check below finds most
-        // objects live and is only a second bucket scan before the locked
-        // one: skip it there.
-        let precheck = c.live * 2 < c.used;
-        let mut scan = 0usize;
-        let mut prefetched = 0usize;
-        'objects: loop {
-            if batch.is_empty() {
-                while batch.len() < PREFETCH_BATCH && scan < c.used as usize {
-                    prefetched = prefetch_seg(
-                        mem,
-                        &blocks,
-                        prefetched,
-                        (scan + VICTIM_PREFETCH_AHEAD_BYTES).min(c.used as usize),
-                        false,
-                    );
-                    let off = Memory::seg_offset(&blocks, scan);
-                    let Some(h) = mem.header(off) else { break };
-                    if h.is_dead() {
-                        // Unlinked and marked by its writer: no key, hash
-                        // or index probe needed, and no place in the batch
-                        // (whose bucket prefetches are for objects that
-                        // may be live).
-                        dead_skipped += 1;
-                        scan += h.object_bytes();
-                        continue;
-                    }
-                    key.resize(h.key_len as usize, 0);
-                    if !mem.read_part(off, h.header_bytes(), &mut key) {
-                        break;
-                    }
-                    let hash = crate::store::hash_key(&key);
-                    if precheck {
-                        inner.index.prefetch(hash);
-                    } else {
-                        inner.index.prefetch_for_lock(hash);
-                    }
-                    batch.push((off, h, hash));
-                    scan += h.object_bytes();
-                }
-                if batch.is_empty() {
-                    // Scanned to the end; or a header that cannot be read:
-                    // the segment's tail is not intact, keep the segment.
-                    complete = scan >= c.used as usize;
-                    break 'objects;
-                }
-                batch.reverse();
-            }
-            let (off, h, hash) = batch.pop().expect("a non-empty batch");
-            let size = h.object_bytes();
-            // Dead objects (most of a sparse segment) are skipped with a
-            // lock-free seqlock read: once the index stops pointing at an
-            // offset it never points there again, so "not found" is final
-            // and needs no bucket lock.
-            let here = loc_of(off);
-            if precheck
-                && inner
-                    .index
-                    .read(hash, |l| (l == here).then_some(()))
-                    .is_none()
-            {
-                continue;
-            }
-            let mut g = inner.index.lock(hash);
-            if let Some(slot) = g.find(|l| l == loc_of(off)) {
-                let h = mem.header(off).unwrap_or(h);
-                if h.expired_at(now) {
-                    g.remove(slot);
-                    mem.live().add(c.seg, -(size as i64));
-                    inner
-                        .stats
-                        .expired_reclaimed
-                        .fetch_add(1, Ordering::Relaxed);
-                } else {
-                    let Some(new_off) = Dest::room(dest, inner, cands, size) else {
-                        complete = false;
-                        break;
-                    };
-                    // SAFETY: `new_off` is room `Dest::room` just made in
-                    // this worker's own destination segment (only this
-                    // worker writes it); the source object's bucket is
-                    // locked, in a victim segment, so they do not overlap.
-                    if !unsafe { mem.copy(off, new_off, size) } {
-                        complete = false;
-                        break;
-                    }
-                    g.replace(slot, loc_of(new_off));
-                    crate::store::note_expiry(mem, new_off, h.expiry_ms);
-                    let d = dest.as_mut().expect("room() opened a destination");
-                    mem.live().add(d.seg, size as i64);
-                    d.used += size;
-                    d.prefetched = prefetch_seg(
-                        mem,
-                        &d.blocks,
-                        d.prefetched.max(d.used),
-                        (d.used + DEST_PREFETCH_AHEAD_BYTES).min(d.blocks.len() * BLOCK_BYTES),
-                        true,
-                    );
-                    // The source's live bytes and the statistics are
-                    // settled once per segment (below); until then the
-                    // source overstates its live bytes, which no reader of
-                    // a segment being compacted looks at.
-                    relocated += size as u64;
-                }
-            }
-            drop(g);
-        }
-        if dead_skipped > 0 {
-            inner
-                .stats
-                .dead_skipped
-                .fetch_add(dead_skipped, Ordering::Relaxed);
-        }
-        if relocated > 0 {
-            mem.live().add(c.seg, -(relocated as i64));
-            inner
-                .stats
-                .bytes_relocated
-                .fetch_add(relocated, Ordering::Relaxed);
-        }
-        if complete {
-            mem.seg(c.seg).meta.lock().state = SegState::Retired;
-            retired.push(&inner.epochs, c.seg);
-            cands.retain(|&s| s != c.seg);
-            inner
-                .stats
-                .segments_compacted
-                .fetch_add(1, Ordering::Relaxed);
-            progress = true;
-            // Free what the epoch has passed now, not after the pass: a
-            // pass over sparse segments scans many of them, and writers
-            // waiting for space should get each one's blocks as soon as
-            // they are safe.
-            free_retired(inner, retired);
-        }
+        progress |= sweep(inner, cands, dest, retired, c, &mut Rule::Compact).0;
     }
     if progress {
         Pass::Progress
     } else {
         Pass::Nothing
     }
+}
+
+/// What a sweep does with a live, unexpired object of its victim.
+enum Rule {
+    /// Compaction: relocate every one.
+    Compact,
+    /// Eviction: relocate what the rule keeps, evict the rest.
+    Evict(evict::Keep),
+}
+
+impl Rule {
+    #[inline]
+    fn keeps(&mut self, mem: &Memory, off: u64, h: &Header, size: usize) -> bool {
+        match self {
+            Rule::Compact => true,
+            Rule::Evict(k) => k.keeps(mem, off, h, size),
+        }
+    }
+}
+
+/// Sweep one victim segment `c`: drop its expired objects, relocate the
+/// live ones `rule` keeps into the worker's destination (evicting the
+/// others), and retire it if the whole segment was scanned. Returns
+/// whether it was retired, and the bytes relocated.
+fn sweep(
+    inner: &Inner,
+    cands: &mut Vec<SegId>,
+    dest: &mut Option<Dest>,
+    retired: &mut RetireList<SegId>,
+    c: &Candidate,
+    rule: &mut Rule,
+) -> (bool, u64) {
+    let mem = &inner.mem;
+    let now = now_ms();
+    let mut progress = false;
+    let mut key = Vec::new();
+    let mut evicted = 0u64;
+    let mut evicted_bytes = 0u64;
+    let blocks = mem.seg(c.seg).meta.lock().blocks.clone();
+    let complete;
+    let mut relocated = 0u64;
+    let mut dead_skipped = 0u64;
+    // Objects are visited in batches: first every header and key of
+    // the batch is read and its index buckets prefetched, then each
+    // object is checked. The bucket misses of a batch overlap instead
+    // of being paid one after another.
+    let mut batch: Vec<(u64, Header, u64)> = Vec::with_capacity(PREFETCH_BATCH);
+    // In a mostly live segment (what compaction gets at high
+    // utilization) the lock-free liveness check below finds most
+    // objects live and is only a second bucket scan before the locked
+    // one: skip it there.
+    let precheck = c.live * 2 < c.used;
+    let mut scan = 0usize;
+    let mut prefetched = 0usize;
+    'objects: loop {
+        if batch.is_empty() {
+            while batch.len() < PREFETCH_BATCH && scan < c.used as usize {
+                prefetched = prefetch_seg(
+                    mem,
+                    &blocks,
+                    prefetched,
+                    (scan + VICTIM_PREFETCH_AHEAD_BYTES).min(c.used as usize),
+                    false,
+                );
+                let off = Memory::seg_offset(&blocks, scan);
+                let Some(h) = mem.header(off) else { break };
+                if h.is_dead() {
+                    // Unlinked and marked by its writer: no key, hash
+                    // or index probe needed, and no place in the batch
+                    // (whose bucket prefetches are for objects that
+                    // may be live).
+                    dead_skipped += 1;
+                    scan += h.object_bytes();
+                    continue;
+                }
+                key.resize(h.key_len as usize, 0);
+                if !mem.read_part(off, h.header_bytes(), &mut key) {
+                    break;
+                }
+                let hash = crate::store::hash_key(&key);
+                if precheck {
+                    inner.index.prefetch(hash);
+                } else {
+                    inner.index.prefetch_for_lock(hash);
+                }
+                batch.push((off, h, hash));
+                scan += h.object_bytes();
+            }
+            if batch.is_empty() {
+                // Scanned to the end; or a header that cannot be read:
+                // the segment's tail is not intact, keep the segment.
+                complete = scan >= c.used as usize;
+                break 'objects;
+            }
+            batch.reverse();
+        }
+        let (off, h, hash) = batch.pop().expect("a non-empty batch");
+        let size = h.object_bytes();
+        // Dead objects (most of a sparse segment) are skipped with a
+        // lock-free seqlock read: once the index stops pointing at an
+        // offset it never points there again, so "not found" is final
+        // and needs no bucket lock.
+        let here = loc_of(off);
+        if precheck
+            && inner
+                .index
+                .read(hash, |l| (l == here).then_some(()))
+                .is_none()
+        {
+            continue;
+        }
+        let mut g = inner.index.lock(hash);
+        if let Some(slot) = g.find(|l| l == loc_of(off)) {
+            let h = mem.header(off).unwrap_or(h);
+            if h.expired_at(now) {
+                g.remove(slot);
+                mem.live().add(c.seg, -(size as i64));
+                inner
+                    .stats
+                    .expired_reclaimed
+                    .fetch_add(1, Ordering::Relaxed);
+                if mem.tracks_access() && !mem.accessed(off) {
+                    inner
+                        .stats
+                        .expired_unfetched
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+            } else if !rule.keeps(mem, off, &h, size) {
+                // Evicted: unlinked under the bucket lock like a delete; a
+                // reader copying it fails its validation and retries (and
+                // then misses), and its bytes stay until the epoch passes
+                // the segment's retirement.
+                g.remove(slot);
+                mem.live().add(c.seg, -(size as i64));
+                evicted += 1;
+                evicted_bytes += size as u64;
+            } else {
+                let Some(new_off) = Dest::room(dest, inner, cands, size) else {
+                    complete = false;
+                    break;
+                };
+                // SAFETY: `new_off` is room `Dest::room` just made in
+                // this worker's own destination segment (only this
+                // worker writes it); the source object's bucket is
+                // locked, in a victim segment, so they do not overlap.
+                if !unsafe { mem.copy(off, new_off, size) } {
+                    complete = false;
+                    break;
+                }
+                g.replace(slot, loc_of(new_off));
+                crate::store::note_expiry(mem, new_off, h.expiry_ms);
+                let d = dest.as_mut().expect("room() opened a destination");
+                mem.live().add(d.seg, size as i64);
+                d.used += size;
+                d.prefetched = prefetch_seg(
+                    mem,
+                    &d.blocks,
+                    d.prefetched.max(d.used),
+                    (d.used + DEST_PREFETCH_AHEAD_BYTES).min(d.blocks.len() * BLOCK_BYTES),
+                    true,
+                );
+                // The source's live bytes and the statistics are
+                // settled once per segment (below); until then the
+                // source overstates its live bytes, which no reader of
+                // a segment being compacted looks at.
+                relocated += size as u64;
+            }
+        }
+        drop(g);
+    }
+    if dead_skipped > 0 {
+        inner
+            .stats
+            .dead_skipped
+            .fetch_add(dead_skipped, Ordering::Relaxed);
+    }
+    if relocated > 0 {
+        mem.live().add(c.seg, -(relocated as i64));
+        inner
+            .stats
+            .bytes_relocated
+            .fetch_add(relocated, Ordering::Relaxed);
+    }
+    if complete {
+        inner
+            .stats
+            .retiring_blocks
+            .fetch_add(c.cap_blocks as u64, Ordering::AcqRel);
+        mem.seg(c.seg).meta.lock().state = SegState::Retired;
+        retired.push(&inner.epochs, c.seg);
+        cands.retain(|&s| s != c.seg);
+        inner
+            .stats
+            .segments_compacted
+            .fetch_add(1, Ordering::Relaxed);
+        progress = true;
+        // Free what the epoch has passed now, not after the pass: a
+        // pass over sparse segments scans many of them, and writers
+        // waiting for space should get each one's blocks as soon as
+        // they are safe.
+        free_retired(inner, retired);
+    }
+    if evicted > 0 {
+        inner.stats.evicted.fetch_add(evicted, Ordering::Relaxed);
+        inner
+            .stats
+            .evicted_bytes
+            .fetch_add(evicted_bytes, Ordering::Relaxed);
+    }
+    (progress, relocated)
 }

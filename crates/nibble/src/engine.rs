@@ -73,6 +73,15 @@ pub trait KvEngine {
     fn engine_stats(&self) -> EngineStats;
 
     /// Store `value` under `key`, unconditionally; the new version.
+    /// As [`put_with`](KvEngine::put_with), and an evicting store must
+    /// never evict the item (`Store::put_never_evict`): for the internal
+    /// pieces of big collections. An engine that never evicts (the shared
+    /// store) just writes it.
+    #[inline]
+    fn put_never_evict(&self, key: &[u8], value: &[u8], opts: PutOptions) -> Result<u64, Error> {
+        self.put_with(key, value, opts)
+    }
+
     #[inline]
     fn put(&self, key: &[u8], value: &[u8]) -> Result<u64, Error> {
         self.put_with(key, value, PutOptions::default())
@@ -126,6 +135,12 @@ pub struct EngineStats {
     /// Items found damaged (checksum mismatch) and not served (shared
     /// store only).
     pub damaged_objects: u64,
+    /// Live items evicted (cache mode; 0 for an engine that never evicts).
+    pub evicted_items: u64,
+    /// Expired items reclaimed unread (memcached `expired_unfetched`;
+    /// counted only while the engine keeps accessed bits, i.e. in cache
+    /// mode).
+    pub expired_unfetched: u64,
     /// Keys.
     pub items: u64,
     /// Processes attached to a shared store (this one included).
@@ -136,6 +151,11 @@ impl KvEngine for Store {
     #[inline]
     fn put_with(&self, key: &[u8], value: &[u8], opts: PutOptions) -> Result<u64, Error> {
         Store::put_with(self, key, value, opts)
+    }
+
+    #[inline]
+    fn put_never_evict(&self, key: &[u8], value: &[u8], opts: PutOptions) -> Result<u64, Error> {
+        Store::put_never_evict(self, key, value, opts)
     }
 
     #[inline]
@@ -202,6 +222,8 @@ impl KvEngine for Store {
             bytes_relocated: st.bytes_relocated,
             expired_reclaimed: st.expired_reclaimed,
             damaged_objects: 0,
+            evicted_items: st.evicted_items,
+            expired_unfetched: st.expired_unfetched,
             items: st.items,
             processes: 1,
         }

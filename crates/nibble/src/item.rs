@@ -11,7 +11,7 @@
 //! The rules that turn options into header fields ([`check_condition`],
 //! [`Expiry::expiry_ms`], [`ItemMeta::of`]) are here once for both.
 
-use crate::object::{Header, FIELD48_MASK};
+use crate::object::{Header, MAX_EXPIRY_MS};
 
 /// What a write requires of the existing item.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -78,13 +78,13 @@ impl ItemMeta {
 impl Expiry {
     /// The expiry field (Unix ms, 0 = never) of an object written with
     /// this option, replacing `old` (the live item, if any). A time is
-    /// clamped into the header's 48-bit field, and away from 0, which
+    /// clamped into the header's 47-bit field, and away from 0, which
     /// means "never".
     #[inline]
     pub fn expiry_ms(self, old: Option<&Header>) -> u64 {
         match self {
             Expiry::Never => 0,
-            Expiry::At(t) => t.clamp(1, FIELD48_MASK),
+            Expiry::At(t) => t.clamp(1, MAX_EXPIRY_MS),
             Expiry::Keep => old.map_or(0, |h| h.expiry_ms),
         }
     }

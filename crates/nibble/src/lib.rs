@@ -60,6 +60,6 @@ pub use memory::BLOCK_BYTES;
 /// The result type of the engine API.
 pub type Result<T> = std::result::Result<T, Error>;
 pub use store::{
-    hash_key, Condition, Config, Error, Expiry, ItemMeta, Mode, PutOptions, Stats, Store,
-    MAX_KEY_BYTES, MIN_CAPACITY_BYTES,
+    hash_key, Condition, Config, Error, Eviction, EvictionPolicy, Expiry, ItemMeta, Mode,
+    PutOptions, Stats, Store, MAX_KEY_BYTES, MIN_CAPACITY_BYTES,
 };

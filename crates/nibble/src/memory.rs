@@ -48,6 +48,18 @@
 //! matters more than huge pages.
 //! (The release itself is in `memory/release.rs`.)
 //!
+//! Accessed bits (cache mode, Segcache §4.3). Once a store may evict,
+//! [`Memory::track_access`] allocates one bit per [`ACCESS_GRANULE_BYTES`]
+//! of pool (0.8 % of the pool; nothing at all under `noeviction`): no two
+//! objects start in one granule, since an object is at least an 18-byte
+//! header. GET sets the bit of the object it read only if it is not set
+//! already (a plain load first), so a hot object's line is written once
+//! per eviction round, not once per read; merge eviction keeps the objects
+//! whose bit is set. A block's bits are cleared when it is taken into a
+//! segment, so a copy made by compaction or eviction starts unaccessed.
+//! A reader sets a bit under its epoch guard, so the block cannot be freed
+//! and reused under it.
+//!
 //! Reads of object bytes race, by design, with Nibble-2's in-place
 //! overwrites (the bucket seqlock detects it and the reader retries); they
 //! go through raw pointers with `copy_nonoverlapping`, never through Rust
@@ -57,6 +69,7 @@
 use std::io;
 use std::ptr;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::OnceLock;
 
 use buddy::pool::{FramePool, PoolConfig};
 use buddy::{new_allocator, AllocatorKind, BuddyConfig, FrameAllocator, FRAME_SHIFT};
@@ -75,6 +88,11 @@ pub const BLOCK_BYTES: usize = 64 << 10;
 const BLOCK_SHIFT: u32 = 16;
 /// Buddy order of one block (16 frames of 4 KiB).
 const BLOCK_ORDER: u32 = BLOCK_SHIFT - FRAME_SHIFT;
+/// Pool bytes per accessed bit (see "Accessed bits"): below the smallest
+/// object, so every object has a bit of its own.
+const ACCESS_GRANULE_BYTES: usize = 16;
+/// Words of accessed bits per block.
+const ACCESS_WORDS_PER_BLOCK: usize = BLOCK_BYTES / ACCESS_GRANULE_BYTES / 64;
 /// "No block" in the next-block table.
 const NO_BLOCK: u32 = u32::MAX;
 /// Bytes of a region, the unit the decay time releases: one transparent
@@ -177,6 +195,9 @@ pub(crate) struct Memory {
     block_state: Box<[AtomicU8]>,
     /// Per 2 MiB region: taken count and flags (`REGION_*`).
     regions: Box<[AtomicU32]>,
+    /// Accessed bits, one per `ACCESS_GRANULE_BYTES` of pool, once the
+    /// store may evict (see "Accessed bits").
+    accessed: OnceLock<Box<[AtomicU64]>>,
 }
 
 // SAFETY: `base` points into `pool`, which lives as long as `Memory`; all
@@ -248,6 +269,7 @@ impl Memory {
             regions: (0..n.div_ceil(BLOCKS_PER_REGION))
                 .map(|_| AtomicU32::new(0))
                 .collect(),
+            accessed: OnceLock::new(),
         })
     }
 
@@ -260,6 +282,61 @@ impl Memory {
             + n * core::mem::size_of::<SegInfo>() as u64
             + self.live.bytes()
             + self.alloc.stats().metadata_bytes
+            + self.accessed.get().map_or(0, |b| b.len() as u64 * 8)
+    }
+
+    /// Start keeping accessed bits (the store may now evict); idempotent.
+    pub(crate) fn track_access(&self) {
+        self.accessed.get_or_init(|| {
+            (0..self.blocks_total as usize * ACCESS_WORDS_PER_BLOCK)
+                .map(|_| AtomicU64::new(0))
+                .collect()
+        });
+    }
+
+    /// Whether accessed bits are kept (the store has evicted or may).
+    #[inline]
+    pub(crate) fn tracks_access(&self) -> bool {
+        self.accessed.get().is_some()
+    }
+
+    /// The word and bit of the object at pool offset `off`.
+    #[inline]
+    fn access_bit(bits: &[AtomicU64], off: u64) -> Option<(&AtomicU64, u64)> {
+        let g = off as usize / ACCESS_GRANULE_BYTES;
+        bits.get(g / 64).map(|w| (w, 1u64 << (g % 64)))
+    }
+
+    /// A GET read the object at `off`: set its accessed bit, writing the
+    /// line only if the bit is not set yet.
+    #[inline]
+    pub(crate) fn note_access(&self, off: u64) {
+        if let Some((w, m)) = self.accessed.get().and_then(|b| Self::access_bit(b, off)) {
+            if w.load(Ordering::Relaxed) & m == 0 {
+                w.fetch_or(m, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Whether the object at `off` was read since it was written here.
+    #[inline]
+    pub(crate) fn accessed(&self, off: u64) -> bool {
+        self.accessed
+            .get()
+            .and_then(|b| Self::access_bit(b, off))
+            .is_some_and(|(w, m)| w.load(Ordering::Relaxed) & m != 0)
+    }
+
+    /// Clear the accessed bits of blocks just taken into a segment.
+    fn clear_access(&self, blocks: &[u32]) {
+        if let Some(bits) = self.accessed.get() {
+            for &b in blocks {
+                let from = b as usize * ACCESS_WORDS_PER_BLOCK;
+                for w in &bits[from..from + ACCESS_WORDS_PER_BLOCK] {
+                    w.store(0, Ordering::Relaxed);
+                }
+            }
+        }
     }
 
     /// Blocks in the pool.
@@ -415,6 +492,7 @@ impl Memory {
             self.next_block[b as usize].store(next, Ordering::Relaxed);
             self.block_seg[b as usize].store(id, Ordering::Relaxed);
         }
+        self.clear_access(&list);
         let info = &self.segs[id as usize];
         self.live.reset(id);
         info.min_expiry_ms.store(u64::MAX, Ordering::Relaxed);
@@ -447,6 +525,7 @@ impl Memory {
         for_compaction: bool,
     ) -> Result<Vec<u32>, NoBlocks> {
         let list = self.take_blocks(n, for_compaction)?;
+        self.clear_access(&list);
         let mut m = self.segs[id as usize].meta.lock();
         debug_assert_eq!(m.state, SegState::Head, "only an open segment grows");
         let mut prev = m.blocks.last().copied();

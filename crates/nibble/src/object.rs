@@ -21,9 +21,14 @@
 //! * `version` (48 bits) changes on every modification (memcached CAS,
 //!   Redis WATCH): the TSC divided by 1024, or the old version plus one if
 //!   that is not larger (see [`next_version`]).
-//! * `expiry` (48 bits) is a Unix time in milliseconds (good until the year
-//!   10 889), 0 for none. Every object has it, so a TTL can always be set
-//!   in place, even on a full store (Redis allows EXPIRE over maxmemory).
+//! * `expiry` (low 47 bits of a 48-bit field) is a Unix time in
+//!   milliseconds (good until the year 6429), 0 for none. Every object has
+//!   it, so a TTL can always be set in place, even on a full store (Redis
+//!   allows EXPIRE over maxmemory). The field's top bit is the `pinned`
+//!   mark: cache mode never evicts a pinned object (it relocates it, as
+//!   compaction does); the server pins the internal pieces of big
+//!   collections, which must never disappear one at a time
+//!   (`KvEngine::put_never_evict`).
 //! * `cap_slack` = `value_cap - value_len`: the space reserved for the value
 //!   is `value_len` when appended; Nibble-2's in-place overwrite may store a
 //!   shorter value in the same space (at most 65 535 bytes shorter) if the
@@ -70,6 +75,13 @@ pub const MAX_CAP_SLACK_BYTES: u32 = u16::MAX as u32;
 
 /// Versions and expiry times are 48-bit fields.
 pub const FIELD48_MASK: u64 = (1 << 48) - 1;
+
+/// The latest expiry a header records (Unix ms, 47 bits: the year 6429);
+/// the expiry field's top bit is the pinned mark ([`PINNED_BIT`]).
+pub const MAX_EXPIRY_MS: u64 = (1 << 47) - 1;
+
+/// The pinned mark in the 48-bit expiry field (see the module docs).
+const PINNED_BIT: u64 = 1 << 47;
 
 /// The version field of an object the index no longer points at (see
 /// [`DEAD_MARK`]); no live object has it.
@@ -122,6 +134,8 @@ pub struct Header {
     pub flags_slot: bool,
     /// The object has a capacity-slack slot (layout; fixed at the append).
     pub slack_slot: bool,
+    /// Cache mode never evicts the object (it relocates it instead).
+    pub pinned: bool,
 }
 
 /// A header encoded for the log: [`EncodedHeader::as_bytes`] is 16 to
@@ -161,6 +175,7 @@ impl Header {
             expiry_ms,
             flags_slot: flags != 0,
             slack_slot,
+            pinned: false,
         }
     }
 
@@ -220,7 +235,8 @@ impl Header {
         b[2..6].copy_from_slice(&len_word.to_le_bytes());
         b[VERSION_OFFSET..VERSION_OFFSET + 6]
             .copy_from_slice(&(self.version & FIELD48_MASK).to_le_bytes()[..6]);
-        b[12..18].copy_from_slice(&self.expiry_ms.min(FIELD48_MASK).to_le_bytes()[..6]);
+        let expiry = self.expiry_ms.min(MAX_EXPIRY_MS) | if self.pinned { PINNED_BIT } else { 0 };
+        b[12..18].copy_from_slice(&expiry.to_le_bytes()[..6]);
         let mut at = HEADER_MIN_BYTES;
         if self.flags_slot {
             b[at..at + FLAGS_SLOT_BYTES].copy_from_slice(&self.flags.to_le_bytes());
@@ -244,15 +260,17 @@ impl Header {
     pub fn decode_base(b: &[u8; HEADER_MIN_BYTES]) -> (Header, usize) {
         let len_word = u32_at(b, 2);
         let value_len = len_word & VALUE_LEN_MASK;
+        let expiry = u48_at(b, 12);
         let h = Header {
             key_len: u16_at(b, 0) as u32,
             value_len,
             value_cap: value_len,
             flags: 0,
             version: u48_at(b, VERSION_OFFSET),
-            expiry_ms: u48_at(b, 12),
+            expiry_ms: expiry & MAX_EXPIRY_MS,
             flags_slot: len_word & EXT_FLAGS != 0,
             slack_slot: len_word & EXT_SLACK != 0,
+            pinned: expiry & PINNED_BIT != 0,
         };
         let slots = h.header_bytes() - HEADER_MIN_BYTES;
         (h, slots)
@@ -324,6 +342,7 @@ impl Header {
             expiry_ms: u48_at(b, 18),
             flags_slot: true,
             slack_slot: true,
+            pinned: false,
         }
     }
 
@@ -363,12 +382,26 @@ fn u48_at(b: &[u8], i: usize) -> u64 {
     u64::from_le_bytes(w)
 }
 
-/// Unix time now, in milliseconds.
+/// Milliseconds added to the clock of this process's stores (0 unless a
+/// test moves it; see [`skew_clock_ms`]).
+static CLOCK_SKEW_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Unix time now, in milliseconds, as the store's expiry sees it (the
+/// system clock plus the test skew).
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+        + CLOCK_SKEW_MS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The store's clock hook, for TTL tests: move the clock every store of
+/// this process sees forward by `ms` (a fake clock, without sleeping).
+/// Process-wide, so a test that uses it belongs in a test binary of its
+/// own. Servers never call it.
+pub fn skew_clock_ms(ms: u64) {
+    CLOCK_SKEW_MS.fetch_add(ms, std::sync::atomic::Ordering::Relaxed);
 }
 
 #[cfg(test)]
@@ -385,6 +418,7 @@ mod tests {
             expiry_ms: 1_700_000_000_000,
             flags_slot: true,
             slack_slot: true,
+            pinned: false,
         }
     }
 
@@ -467,7 +501,17 @@ mod tests {
             ..h
         };
         let d = Header::decode(far.encode().as_bytes()).unwrap();
-        assert_eq!(d.expiry_ms, FIELD48_MASK);
+        assert_eq!(d.expiry_ms, MAX_EXPIRY_MS);
+        assert!(
+            !d.pinned,
+            "a far expiry does not spill into the pinned mark"
+        );
+        let pinned = Header {
+            pinned: true,
+            ..far
+        };
+        let p = Header::decode(pinned.encode().as_bytes()).unwrap();
+        assert!(p.pinned && p.expiry_ms == MAX_EXPIRY_MS);
         assert_eq!(d.version, FIELD48_MASK);
         let w = Header::decode_wide(&far.encode_wide());
         assert_eq!((w.expiry_ms, w.version), (FIELD48_MASK, FIELD48_MASK));

@@ -28,7 +28,7 @@
 
 use std::fmt;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -50,8 +50,8 @@ mod write;
 pub(crate) use self::admin::CompactionCounters;
 pub use self::admin::Stats;
 pub use self::config::{
-    Config, Error, Mode, DEFAULT_COMPACTION_TRIGGER_PERMILLE, DEFAULT_DECAY_MS,
-    DEFAULT_INDEX_PERMILLE, DEFAULT_MAX_SEGMENT_BYTES, DEFAULT_MAX_VALUE_BYTES,
+    Config, Error, Eviction, EvictionPolicy, Mode, DEFAULT_COMPACTION_TRIGGER_PERMILLE,
+    DEFAULT_DECAY_MS, DEFAULT_INDEX_PERMILLE, DEFAULT_MAX_SEGMENT_BYTES, DEFAULT_MAX_VALUE_BYTES,
     DEFAULT_MAX_WRITE_WAIT_MS, DEFAULT_RESERVE_PERMILLE, MAX_KEY_BYTES, MIN_CAPACITY_BYTES,
     MIN_SEGMENTS_PER_STORE, PAPER_COMPACTION_TRIGGER_PERMILLE,
 };
@@ -82,6 +82,9 @@ pub(crate) struct Inner {
     /// Number of the last compaction pass that made progress.
     pub(crate) last_progress_pass: AtomicU64,
     force_compaction: AtomicBool,
+    /// The eviction setting ([`Eviction::encode`]); starts as
+    /// `cfg.eviction`, changed by [`Store::set_eviction`].
+    eviction: AtomicU8,
     wake: (Mutex<u64>, Condvar),
     space: (Mutex<u64>, Condvar),
     pub(crate) stats: CompactionCounters,
@@ -230,6 +233,7 @@ impl Store {
             last_nothing_pass: AtomicU64::new(0),
             last_progress_pass: AtomicU64::new(0),
             force_compaction: AtomicBool::new(false),
+            eviction: AtomicU8::new(Eviction::default().encode()),
             wake: (Mutex::new(0), Condvar::new()),
             space: (Mutex::new(0), Condvar::new()),
             stats: CompactionCounters::default(),
@@ -237,6 +241,7 @@ impl Store {
                 .map(|_| (0..workers_per_node).map(|_| Mutex::default()).collect())
                 .collect(),
         });
+        inner.set_eviction(inner.cfg.eviction);
         let mut workers = Vec::new();
         for node in 0..nodes {
             for w in 0..workers_per_node {
@@ -251,9 +256,37 @@ impl Store {
         Ok(Store { inner, workers })
     }
 
-    /// The configuration.
+    /// The configuration (as the store was built: the eviction setting
+    /// in force is [`Store::eviction`]).
     pub fn config(&self) -> &Config {
         &self.inner.cfg
+    }
+
+    /// Change what a full store does, while it runs (Redis's `CONFIG SET
+    /// maxmemory-policy`). The first evicting policy allocates the
+    /// accessed bits (0.8 % of the pool, outside the capacity budget when
+    /// the store was built without eviction).
+    pub fn set_eviction(&self, e: Eviction) {
+        self.inner.set_eviction(e);
+    }
+
+    /// The eviction setting in force.
+    pub fn eviction(&self) -> Eviction {
+        self.inner.eviction()
+    }
+}
+
+impl Inner {
+    pub(crate) fn set_eviction(&self, e: Eviction) {
+        if e.evicts() {
+            self.mem.track_access();
+        }
+        self.eviction.store(e.encode(), Ordering::Release);
+    }
+
+    #[inline]
+    pub(crate) fn eviction(&self) -> Eviction {
+        Eviction::decode(self.eviction.load(Ordering::Acquire))
     }
 }
 

@@ -91,6 +91,16 @@ pub struct Cli {
     /// Engine mode: nibble or nibble2.
     #[arg(long)]
     pub mode: Option<String>,
+    /// What a full store does: noeviction, allkeys-lru, allkeys-lfu,
+    /// allkeys-random, volatile-lru, volatile-lfu, volatile-random,
+    /// volatile-ttl (default: noeviction, or allkeys-lru on a server that
+    /// serves only memcached; see `eviction.rs`).
+    #[arg(long)]
+    pub maxmemory_policy: Option<String>,
+    /// memcached's -M: a memcached-only server refuses writes when full
+    /// instead of evicting.
+    #[arg(long, short = 'M')]
+    pub memcached_no_evict: bool,
     /// Serve a shared, restartable store (nibblejmp) in this directory:
     /// created with capacity --maxmemory if absent, else reattached and
     /// served at once (recovered first after a crash). Other processes
@@ -162,6 +172,10 @@ pub struct ServerConfig {
     pub capacity: u64,
     /// Engine mode.
     pub mode: Mode,
+    /// maxmemory-policy, if given (else the default of `eviction.rs`).
+    pub maxmemory_policy: Option<crate::eviction::MaxmemoryPolicy>,
+    /// memcached's -M (see `eviction.rs`).
+    pub memcached_no_evict: bool,
     /// Shared-store directory (`None` = the process-private engine).
     pub data_dir: Option<PathBuf>,
     /// Compaction workers per node.
@@ -209,6 +223,8 @@ impl Default for ServerConfig {
             // value fits, so SET-heavy traffic makes no compaction work.
             // `--mode nibble` selects the original append-only design.
             mode: Mode::Nibble2,
+            maxmemory_policy: None,
+            memcached_no_evict: false,
             data_dir: None,
             compaction_workers: None,
             threads: topology::allowed_cpus().len().max(1),
@@ -319,6 +335,8 @@ impl ServerConfig {
             "unixsocket" => self.unixsocket = Some(PathBuf::from(value)),
             "maxmemory" | "capacity" => self.capacity = parse_size(value)?,
             "mode" => self.mode = value.parse()?,
+            "maxmemory-policy" => self.maxmemory_policy = Some(value.parse()?),
+            "memcached-no-evict" => self.memcached_no_evict = parse_yes_no(&name, value)?,
             "data-dir" => {
                 if value.is_empty() {
                     return Err("data-dir needs a directory".into());
@@ -407,6 +425,7 @@ impl ServerConfig {
         )?;
         set("maxmemory", cli.maxmemory.clone())?;
         set("mode", cli.mode.clone())?;
+        set("maxmemory-policy", cli.maxmemory_policy.clone())?;
         set(
             "data-dir",
             cli.data_dir.as_ref().map(|p| p.display().to_string()),
@@ -448,6 +467,9 @@ impl ServerConfig {
         if cli.no_pin {
             c.pin = false;
         }
+        if cli.memcached_no_evict {
+            c.memcached_no_evict = true;
+        }
         Ok(c)
     }
 }
@@ -479,6 +501,9 @@ pub struct Settings {
     pub engine_max_value: u64,
     /// Redis's encoding tunables and `appendonly` (stored, no effect).
     pub tunables: crate::tunables::Tunables,
+    /// maxmemory-policy in force (`MaxmemoryPolicy::to_byte`); the engine
+    /// follows it (`Engine::set_eviction`).
+    pub maxmemory_policy: std::sync::atomic::AtomicU8,
 }
 
 impl Settings {
@@ -501,7 +526,15 @@ impl Settings {
             mc_users,
             engine_max_value,
             tunables: Default::default(),
+            maxmemory_policy: std::sync::atomic::AtomicU8::new(
+                crate::eviction::MaxmemoryPolicy::at_start(c).to_byte(),
+            ),
         })
+    }
+
+    /// The maxmemory-policy in force.
+    pub fn policy(&self) -> crate::eviction::MaxmemoryPolicy {
+        crate::eviction::MaxmemoryPolicy::from_byte(self.maxmemory_policy.load(Ordering::Relaxed))
     }
 
     /// The effective bulk limit: the configured one, never above the
@@ -612,7 +645,7 @@ impl Settings {
                     .map_or(String::new(), |p| p.display().to_string()),
             ),
             ("maxmemory", fixed.capacity.to_string()),
-            ("maxmemory-policy", "noeviction".into()),
+            ("maxmemory-policy", self.policy().name().into()),
             ("mode", fixed.mode.name().into()),
             (
                 "data-dir",
@@ -697,7 +730,15 @@ impl Settings {
                 auth::check_ports(&probe).map_err(|e| failed(&e))?;
                 *self.requirepass.write().unwrap_or_else(|e| e.into_inner()) = probe.requirepass;
             }
-            "maxmemory-policy" if value == "noeviction" => {}
+            "maxmemory-policy" => {
+                let p: crate::eviction::MaxmemoryPolicy = value.parse().map_err(|e: String| failed(&e))?;
+                if fixed.data_dir.is_some() && p.engine().evicts() {
+                    return Err(failed(
+                        "the shared store (data-dir) does not evict; only noeviction is accepted",
+                    ));
+                }
+                self.maxmemory_policy.store(p.to_byte(), Ordering::Relaxed);
+            }
             "save" if value.is_empty() => {}
             n if n.starts_with("tls-") => {
                 return Err(format!(

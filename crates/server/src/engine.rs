@@ -175,6 +175,22 @@ impl Engine {
         }
     }
 
+    /// Set what a full store does (`maxmemory-policy`); the shared store
+    /// never evicts, so it accepts only `NoEviction`.
+    pub fn set_eviction(&self, e: nibble::Eviction) -> Result<(), String> {
+        match self {
+            Engine::Local(s) => {
+                s.set_eviction(e);
+                Ok(())
+            }
+            Engine::Shared(_) if !e.evicts() => Ok(()),
+            Engine::Shared(_) => Err(
+                "the shared store (--data-dir) does not evict: maxmemory-policy must be noeviction"
+                    .into(),
+            ),
+        }
+    }
+
     /// Largest value the engine accepts.
     pub fn max_value_bytes(&self) -> u64 {
         dispatch!(self, max_value_bytes())

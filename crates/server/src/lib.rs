@@ -25,6 +25,7 @@
 //! | [`mc_exec`] | memcached command execution |
 //! | [`conn`] | one connection's read/execute/write loop |
 //! | [`engine`] | the engine: private `nibble::Store` or shared `nibblejmp` store (`--data-dir`) |
+//! | [`eviction`] | `maxmemory-policy`: Redis names over the engine's cache mode, defaults per port |
 //! | [`worker`] | threads, pinning, listeners, maxclients |
 //! | [`state`] | shared state, per-worker counters, client registry |
 //! | [`types`] | string/hash typing and the hash encoding |
@@ -46,6 +47,7 @@ pub mod commands;
 pub mod config;
 pub mod conn;
 pub mod engine;
+pub mod eviction;
 pub mod glob;
 pub mod keylock;
 pub mod list;
@@ -221,6 +223,19 @@ impl Server {
         auth::check_ports(&cfg).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let mut settings = Settings::new(&cfg, store.max_value_bytes())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let policy = settings.policy();
+        store
+            .set_eviction(policy.engine())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        if cfg.memcached_port.is_some()
+            && !policy.engine().evicts()
+            && cfg.maxmemory_policy.is_none()
+            && !cfg.memcached_no_evict
+        {
+            log::info!(
+                "maxmemory-policy noeviction (Redis's default, as RESP is served too): memcached                  clients get SERVER_ERROR out of memory when the store is full; set                  --maxmemory-policy allkeys-lru to evict as memcached does"
+            );
+        }
         let threads = cfg.threads.max(1);
         let mut per_worker: Vec<WorkerListeners> =
             (0..threads).map(|_| WorkerListeners::default()).collect();

@@ -310,6 +310,8 @@ pub fn stats_pairs(shared: &Shared) -> Vec<(&'static str, String)> {
         ("threads", shared.config.threads.to_string()),
         ("bytes", st.live_bytes.to_string()),
         ("curr_items", st.items.to_string()),
+        ("evictions", st.evicted_items.to_string()),
+        ("expired_unfetched", st.expired_unfetched.to_string()),
     ]
 }
 

@@ -112,6 +112,26 @@ impl WriteGuard<'_> {
         None
     }
 
+    /// The first entry of either bucket, whatever its tag, for which
+    /// `pick` says yes (home bucket first): cache mode evicts an entry of
+    /// a full neighbourhood to make room. Every entry in these buckets is
+    /// under this guard's lock, whichever key it belongs to: a writer of
+    /// that key locks the bucket the entry is in.
+    pub fn find_any(&self, mut pick: impl FnMut(Loc) -> bool) -> Option<Slot> {
+        for (b, guard) in self.buckets.iter().enumerate() {
+            for i in 0..ENTRIES_PER_BUCKET {
+                let e = guard.load(i);
+                if e != 0 && pick(e & LOC_MASK) {
+                    return Some(Slot {
+                        bucket: b as u8,
+                        entry: i as u8,
+                    });
+                }
+            }
+        }
+        None
+    }
+
     fn entry(&self, slot: Slot) -> u64 {
         self.buckets[slot.bucket as usize].load(slot.entry as usize)
     }

@@ -16,6 +16,26 @@ pub(crate) struct CompactionCounters {
     pub expired_reclaimed: AtomicU64,
     /// Dead objects passed over by their mark, without an index probe.
     pub dead_skipped: AtomicU64,
+    /// Live objects evicted (cache mode).
+    pub evicted: AtomicU64,
+    /// Bytes of the evicted objects.
+    pub evicted_bytes: AtomicU64,
+    /// Eviction passes that freed segments.
+    pub eviction_passes: AtomicU64,
+    /// Expired objects dropped that no GET had read (counted while
+    /// accessed bits are kept, i.e. once the store may evict).
+    pub expired_unfetched: AtomicU64,
+    /// Blocks of retired segments not freed yet (the epoch has not
+    /// passed them): free space on its way, which eviction counts so as
+    /// not to evict again while it waits (see `Inner::space_short`).
+    pub retiring_blocks: AtomicU64,
+    /// Retired segments freed (their blocks back to the allocator).
+    pub segments_freed: AtomicU64,
+    /// `segments_freed + 1` when a write was last refused for want of
+    /// log space (0: none, or a delete since): until another segment is
+    /// freed or an item deleted, the next write is refused at once (see
+    /// `Inner::known_full`).
+    pub refused_at: AtomicU64,
 }
 
 /// A statistics snapshot.
@@ -71,6 +91,15 @@ pub struct Stats {
     /// Dead objects compaction passed over by their dead mark (no index
     /// probe).
     pub dead_skipped: u64,
+    /// Live items evicted (cache mode; never under `NoEviction`).
+    pub evicted_items: u64,
+    /// Bytes of the evicted items.
+    pub evicted_bytes: u64,
+    /// Eviction passes that freed segments.
+    pub eviction_passes: u64,
+    /// Expired objects reclaimed that no GET had read (memcached's
+    /// `expired_unfetched`; counted once the store may evict, 0 before).
+    pub expired_unfetched: u64,
     /// Index figures.
     pub index: IndexStats,
 }
@@ -155,6 +184,10 @@ impl Store {
             bytes_relocated: c.bytes_relocated.load(Ordering::Relaxed),
             expired_reclaimed: c.expired_reclaimed.load(Ordering::Relaxed),
             dead_skipped: c.dead_skipped.load(Ordering::Relaxed),
+            evicted_items: c.evicted.load(Ordering::Relaxed),
+            evicted_bytes: c.evicted_bytes.load(Ordering::Relaxed),
+            eviction_passes: c.eviction_passes.load(Ordering::Relaxed),
+            expired_unfetched: c.expired_unfetched.load(Ordering::Relaxed),
             index: inner.index.stats(),
         }
     }

@@ -121,6 +121,10 @@ pub struct Config {
     /// compaction is making progress, before it reports out of memory. A
     /// server with one thread per CPU wants this short.
     pub max_write_wait_ms: u64,
+    /// What a full store does: refuse writes (`NoEviction`, the default)
+    /// or evict (cache mode, module `compaction::evict`). Can be changed
+    /// while the store runs ([`crate::Store::set_eviction`]).
+    pub eviction: Eviction,
 }
 
 impl Config {
@@ -140,11 +144,106 @@ impl Config {
             compaction_trigger_permille: DEFAULT_COMPACTION_TRIGGER_PERMILLE,
             decay_ms: DEFAULT_DECAY_MS,
             max_write_wait_ms: DEFAULT_MAX_WRITE_WAIT_MS,
+            eviction: Eviction::default(),
         }
     }
 }
 
 /// Errors.
+/// Which objects cache mode evicts when free segments run short and
+/// compaction cannot free enough (module `compaction::evict`). Every
+/// policy evicts whole segments; they differ in which segments and in
+/// what survives.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum EvictionPolicy {
+    /// Never evict: a write that finds no space fails with
+    /// `OutOfMemory` (Redis's default).
+    #[default]
+    NoEviction,
+    /// The oldest segment, whole (age order: FIFO at segment grain).
+    Fifo,
+    /// The segment with the fewest live bytes (the least data lost per
+    /// segment freed).
+    LeastLive,
+    /// A segment picked at random.
+    Random,
+    /// Segcache's merge eviction (NSDI'21 §4.3): the oldest few segments
+    /// at once, keeping the objects read since they were written (their
+    /// accessed bit), up to half of the merged bytes; the survivors
+    /// move to a new segment, at the young end of the age order (a
+    /// CLOCK-like second chance, at no per-object list cost).
+    Merge,
+}
+
+impl EvictionPolicy {
+    /// The policy's name (as `FromStr` takes it).
+    pub fn name(self) -> &'static str {
+        match self {
+            EvictionPolicy::NoEviction => "noeviction",
+            EvictionPolicy::Fifo => "fifo",
+            EvictionPolicy::LeastLive => "least-live",
+            EvictionPolicy::Random => "random",
+            EvictionPolicy::Merge => "merge",
+        }
+    }
+}
+
+impl std::str::FromStr for EvictionPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [
+            EvictionPolicy::NoEviction,
+            EvictionPolicy::Fifo,
+            EvictionPolicy::LeastLive,
+            EvictionPolicy::Random,
+            EvictionPolicy::Merge,
+        ]
+        .into_iter()
+        .find(|p| p.name() == s)
+        .ok_or_else(|| {
+            format!("unknown eviction policy {s:?} (noeviction, fifo, least-live, random, merge)")
+        })
+    }
+}
+
+/// A store's eviction setting: the policy, and whether only items with
+/// an expiry may go (Redis's `volatile-*`; items without one are
+/// relocated like pinned ones, and a store of only those refuses writes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Eviction {
+    /// Which segments go, and what survives.
+    pub policy: EvictionPolicy,
+    /// Evict only items that have an expiry.
+    pub volatile_only: bool,
+}
+
+impl Eviction {
+    /// The setting as one byte (for an atomic).
+    pub(crate) fn encode(self) -> u8 {
+        self.policy as u8 | if self.volatile_only { 0x80 } else { 0 }
+    }
+
+    /// The setting from [`Eviction::encode`]'s byte.
+    pub(crate) fn decode(b: u8) -> Eviction {
+        let policy = match b & 0x7F {
+            1 => EvictionPolicy::Fifo,
+            2 => EvictionPolicy::LeastLive,
+            3 => EvictionPolicy::Random,
+            4 => EvictionPolicy::Merge,
+            _ => EvictionPolicy::NoEviction,
+        };
+        Eviction {
+            policy,
+            volatile_only: b & 0x80 != 0,
+        }
+    }
+
+    /// Whether the store evicts at all.
+    pub fn evicts(self) -> bool {
+        self.policy != EvictionPolicy::NoEviction
+    }
+}
+
 #[derive(Debug)]
 pub enum Error {
     /// Capacity below [`MIN_CAPACITY_BYTES`].

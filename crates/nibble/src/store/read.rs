@@ -50,8 +50,12 @@ impl Store {
             // Bound lengths read from racing memory before using them.
             let n = (h.value_len.min(h.value_cap) as usize).min(max_value);
             buf.resize(n, 0);
-            mem.read_part(off, h.header_bytes() + key.len(), buf)
-                .then_some(h)
+            let ok = mem.read_part(off, h.header_bytes() + key.len(), buf);
+            // Cache mode: merge eviction keeps what was read (a no-op
+            // until the store first evicts; a load, and a write only the
+            // first time, after that).
+            mem.note_access(off);
+            ok.then_some(h)
         });
         let found = found.filter(|h| !h.expired());
         if found.is_none() {

@@ -9,6 +9,8 @@
 //! It gives up with `OutOfMemory` only when compaction has nothing left
 //! to do, has made no progress for a while, or the configured wait
 //! (`Config::max_write_wait_ms`) is over ([`Inner::wait_for_space`]).
+//! In cache mode the worker step a waiting writer runs also evicts
+//! (`compaction::evict`), so a write waits only for that step.
 //! Also here: the prefetches that start a write's cache misses early.
 use super::*;
 
@@ -23,6 +25,16 @@ impl Inner {
             return true;
         }
         self.mem.client_blocks_free() < self.compaction_trigger_blocks
+    }
+
+    /// Free space is really short (below the compaction trigger), not
+    /// just forced by `compact_now`, counting the blocks of retired
+    /// segments the epoch is about to free: what lets cache mode evict.
+    /// Without them a worker would evict segment after segment while the
+    /// first ones wait for the epoch, and the cache would run half empty.
+    pub(crate) fn space_short(&self) -> bool {
+        self.mem.client_blocks_free() + self.stats.retiring_blocks.load(Ordering::Acquire)
+            < self.compaction_trigger_blocks
     }
 
     pub(crate) fn sleep_worker(&self, d: Duration) {
@@ -83,6 +95,32 @@ impl Inner {
         Ok(a)
     }
 
+    /// The store is known to be full: a write was refused for want of log
+    /// space, no segment has been freed since, free blocks are short of a
+    /// segment, and the store does not evict. Then a write is refused at
+    /// once, at the cost of an ordinary one, instead of waiting for the
+    /// compaction that just found nothing to do (a refusal used to cost a
+    /// millisecond or more of helping and waiting). Any freed segment
+    /// (compaction, an expiry), a delete or an overwrite ends it.
+    pub(super) fn known_full(&self) -> bool {
+        let r = self.stats.refused_at.load(Ordering::Acquire);
+        r != 0
+            && r == self.stats.segments_freed.load(Ordering::Acquire) + 1
+            && self.mem.client_blocks_free() <= self.segment_blocks as u64
+            && !self.eviction().evicts()
+    }
+
+    /// Space became reclaimable (a delete, or an overwrite that left a
+    /// dead version): the next full write helps compaction again instead
+    /// of being refused at once. A load of a read-mostly line; the store
+    /// only when the store was known full.
+    #[inline]
+    pub(super) fn note_reclaimable(&self) {
+        if self.stats.refused_at.load(Ordering::Relaxed) != 0 {
+            self.stats.refused_at.store(0, Ordering::Release);
+        }
+    }
+
     /// Wait for compaction to free space after a failed append. The caller
     /// must not hold an epoch guard: segments retired by compaction are
     /// freed only once every guard older than `w`'s start is gone.
@@ -120,6 +158,8 @@ impl Inner {
             || (w.stalled >= APPEND_WAIT_ROUNDS.min(max_rounds) && !progressed)
             || (round > 1 && gave_up)
         {
+            let freed = self.stats.segments_freed.load(Ordering::Acquire);
+            self.stats.refused_at.store(freed + 1, Ordering::Release);
             return Err(Error::OutOfMemory { what: "log" });
         }
         self.wake_workers();

@@ -81,10 +81,38 @@ impl Store {
     /// in Nibble-2, try the in-place overwrite; otherwise append the object
     /// and publish it in the index.
     pub fn put_with(&self, key: &[u8], value: &[u8], opts: PutOptions) -> Result<u64, Error> {
+        self.put_inner(key, value, opts, false)
+    }
+
+    /// As [`put_with`](Store::put_with), and cache mode must never evict
+    /// the item (it relocates it, as compaction does): the server writes
+    /// the internal pieces of big collections this way, since a lone
+    /// piece must not disappear. The mark is in the object header (the
+    /// expiry field's top bit); an overwrite takes the new write's
+    /// setting, and a TTL still expires the item.
+    pub fn put_never_evict(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        opts: PutOptions,
+    ) -> Result<u64, Error> {
+        self.put_inner(key, value, opts, true)
+    }
+
+    fn put_inner(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        opts: PutOptions,
+        pinned: bool,
+    ) -> Result<u64, Error> {
         self.check(key, value.len())?;
         let inner = &*self.inner;
         let hash = hash_key(key);
-        let mut h = self.start_put(hash, key, value, &opts);
+        let mut h = Header {
+            pinned,
+            ..self.start_put(hash, key, value, &opts)
+        };
         let guard = inner.epochs.try_pin()?;
         // Start the old version's lines too: the bucket lock below reads
         // its header and key (and Nibble-2 overwrites its value), a miss
@@ -164,6 +192,7 @@ impl Store {
             flags: opts.flags,
             version: next_version(old.version),
             expiry_ms: opts.expiry.expiry_ms(live.then_some(&old)),
+            pinned: h.pinned,
             ..old
         };
         // SAFETY: we hold the key's bucket locks (`g`) and an epoch guard:
@@ -210,6 +239,9 @@ impl Store {
             match inner.try_append(len, &fill) {
                 Ok(a) => return Ok((a, guard)),
                 Err(_) => {
+                    if wait.is_none() && inner.known_full() {
+                        return Err(Error::OutOfMemory { what: "log" });
+                    }
                     drop(guard);
                     let w = wait.get_or_insert_with(|| SpaceWait::new(inner));
                     inner.wait_for_space(w)?;
@@ -265,6 +297,7 @@ impl Store {
                     drop(g);
                     mem.live()
                         .add(mem.seg_of(old_off), -(old.object_bytes() as i64));
+                    inner.note_reclaimable();
                     return Ok(version);
                 }
                 None => {
@@ -277,7 +310,7 @@ impl Store {
                         }
                         Err(_) => {
                             drop(g);
-                            if inner.index.grow(hash).is_err() {
+                            if inner.index.grow(hash).is_err() && !self.evict_neighbour(hash) {
                                 // The index may be waiting for log blocks
                                 // to borrow: let compaction free some for
                                 // the next write.
@@ -289,6 +322,53 @@ impl Store {
                 }
             }
         }
+    }
+
+    /// Cache mode, index full (its budget spent): evict an item of
+    /// `hash`'s full neighbourhood to make room for the new key, an
+    /// unread one if there is one (the accessed bit), never a pinned one
+    /// (nor, under `volatile_only`, one without an expiry). Returns
+    /// whether an entry was freed. Segment eviction frees log space; this
+    /// frees the index entries a store of small objects runs out of first.
+    fn evict_neighbour(&self, hash: u64) -> bool {
+        let inner = &*self.inner;
+        let e = inner.eviction();
+        if !e.evicts() {
+            return false;
+        }
+        let mem = &inner.mem;
+        let mut g = inner.index.lock(hash);
+        let evictable = |l: Loc| {
+            mem.header(off_of(l))
+                .is_some_and(|h| !(h.pinned || (e.volatile_only && h.expiry_ms == 0)))
+        };
+        let slot = g
+            .find_any(|l| evictable(l) && !mem.accessed(off_of(l)))
+            .or_else(|| g.find_any(evictable));
+        let Some(slot) = slot else {
+            // Nothing evictable; but a racing eviction or delete may have
+            // emptied a slot since the insert failed: then retry.
+            let mut used = 0;
+            g.find_any(|_| {
+                used += 1;
+                false
+            });
+            return used < 2 * crate::index::ENTRIES_PER_BUCKET;
+        };
+        let off = off_of(g.loc(slot));
+        let h = mem.header(off).unwrap_or_default();
+        g.remove(slot);
+        // SAFETY: the bucket is locked and the object just unlinked; the
+        // caller's epoch guard keeps its segment from reuse.
+        unsafe { mem.mark_dead(off) };
+        drop(g);
+        mem.live().add(mem.seg_of(off), -(h.object_bytes() as i64));
+        inner.stats.evicted.fetch_add(1, Ordering::Relaxed);
+        inner
+            .stats
+            .evicted_bytes
+            .fetch_add(h.object_bytes() as u64, Ordering::Relaxed);
+        true
     }
 
     /// Remove `key`. Returns whether a live item was removed.
@@ -325,6 +405,7 @@ impl Store {
         unsafe { mem.mark_dead(off) };
         drop(g);
         mem.live().add(mem.seg_of(off), -(h.object_bytes() as i64));
+        inner.note_reclaimable();
         if live {
             Ok(())
         } else {

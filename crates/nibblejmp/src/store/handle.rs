@@ -382,6 +382,10 @@ impl nibble::KvEngine for SharedStore {
             bytes_relocated: 0,
             expired_reclaimed: st.expired_reclaimed,
             damaged_objects: st.damaged_objects,
+            // The shared store never evicts (its segment table is fixed and
+            // shared between processes; see the nibble engine essay).
+            evicted_items: 0,
+            expired_unfetched: 0,
             items: st.objects,
             processes: st.processes.iter().filter(|p| p.2).count(),
         }

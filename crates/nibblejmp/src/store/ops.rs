@@ -128,6 +128,8 @@ impl Inner {
             // The wide layout has every field.
             flags_slot: true,
             slack_slot: true,
+            // The shared store never evicts, so it keeps no pinned mark.
+            pinned: false,
         };
         let deadline = Instant::now() + self.opts.oom_wait;
         let kv_crc = obj_crc_kv(key, value);

@@ -340,6 +340,9 @@ pub fn config(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
             let name = String::from_utf8_lossy(kv[0]).to_ascii_lowercase();
             let value = String::from_utf8_lossy(kv[1]).into_owned();
             settings.set(&ctx.shared.config, &name, &value)?;
+            if name == "maxmemory-policy" {
+                ctx.shared.store.set_eviction(settings.policy().engine())?;
+            }
         }
         r.ok();
     } else if eq(sub, "resetstat") && a.len() == 2 {
@@ -421,13 +424,14 @@ pub fn info_text(ctx: &Ctx, section: &str) -> String {
         };
         let _ = write!(
             o,
-            "# Memory\r\nused_memory:{used}\r\nused_memory_human:{:.2}M\r\nused_memory_rss:{rss}\r\nused_memory_rss_human:{:.2}M\r\nused_memory_dataset:{}\r\nused_memory_index:{}\r\nmaxmemory:{}\r\nmaxmemory_human:{:.2}M\r\nmaxmemory_policy:noeviction\r\nmem_fragmentation_ratio:{ratio:.2}\r\nnibble_pool_bytes:{}\r\nnibble_blocks_total:{}\r\nnibble_blocks_in_use:{}\r\nnibble_segments_closed:{}\r\nnibble_compaction_passes:{}\r\nnibble_bytes_relocated:{}\r\n\r\n",
+            "# Memory\r\nused_memory:{used}\r\nused_memory_human:{:.2}M\r\nused_memory_rss:{rss}\r\nused_memory_rss_human:{:.2}M\r\nused_memory_dataset:{}\r\nused_memory_index:{}\r\nmaxmemory:{}\r\nmaxmemory_human:{:.2}M\r\nmaxmemory_policy:{}\r\nmem_fragmentation_ratio:{ratio:.2}\r\nnibble_pool_bytes:{}\r\nnibble_blocks_total:{}\r\nnibble_blocks_in_use:{}\r\nnibble_segments_closed:{}\r\nnibble_compaction_passes:{}\r\nnibble_bytes_relocated:{}\r\n\r\n",
             used as f64 / 1048576.0,
             rss as f64 / 1048576.0,
             st.live_bytes,
             st.index_bytes,
             st.capacity_bytes,
             st.capacity_bytes as f64 / 1048576.0,
+            sh.settings.policy().name(),
             st.pool_bytes,
             st.blocks_total,
             st.blocks_in_use,
@@ -439,8 +443,8 @@ pub fn info_text(ctx: &Ctx, section: &str) -> String {
     if want("stats") {
         let _ = write!(
             o,
-            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\nrejected_connections:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nprotocol_errors:{}\r\nexpired_reclaimed:{}\r\ndamaged_objects:{}\r\nrejected_calls:{}\r\n\r\n",
-            t.connections, t.commands, t.rejected, t.hits, t.misses, t.net_in, t.net_out, t.proto_errors, st.expired_reclaimed, st.damaged_objects, t.rejected_calls
+            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\nrejected_connections:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nprotocol_errors:{}\r\nexpired_keys:{}\r\nevicted_keys:{}\r\nexpired_reclaimed:{}\r\ndamaged_objects:{}\r\nrejected_calls:{}\r\n\r\n",
+            t.connections, t.commands, t.rejected, t.hits, t.misses, t.net_in, t.net_out, t.proto_errors, st.expired_reclaimed, st.evicted_items, st.expired_reclaimed, st.damaged_objects, t.rejected_calls
         );
     }
     if want("cpu") {

@@ -124,13 +124,15 @@ pub fn pexpireat(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
 }
 
 /// The expiry as Redis reports it, Unix ms. The engine keeps an expiry
-/// in a 48-bit field, clamping later ones to its largest value
-/// (2^48 - 1 ms, in the year 10889); that value is reported as the i64
+/// in a 47-bit field (the 48-bit field's top bit is the pinned mark of
+/// cache mode; the shared store keeps 48 bits), clamping later ones to
+/// its largest value (2^47 - 1 ms, in the year 6429); that value and any
+/// above it are reported as the i64
 /// maximum, so `PEXPIREAT k 9223372036854775807` reads back as Redis
 /// answers it (any expiry past the field's range reads back so).
 fn redis_expiry(m: &nibble::ItemMeta) -> Option<i64> {
     m.expiry_ms.map(|e| {
-        if e >= nibble::object::FIELD48_MASK {
+        if e >= nibble::object::MAX_EXPIRY_MS {
             i64::MAX
         } else {
             e as i64

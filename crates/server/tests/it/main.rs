@@ -7,6 +7,7 @@ mod commands;
 mod common;
 mod datadir;
 mod differential;
+mod eviction;
 mod hashes_admin;
 mod limits;
 mod mc_binary;
