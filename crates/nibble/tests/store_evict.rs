@@ -333,7 +333,9 @@ fn readers_during_eviction() {
     }
 }
 
-/// Small objects run out of index entries before log space: under
+/// Small objects run out of index entries before log space when the
+/// index keeps to its own share (`index_borrows_from_log = false`; by
+/// default it borrows log blocks, `tests/index_budget.rs`): under
 /// `NoEviction` the error says so; in cache mode an entry of the full
 /// neighbourhood is evicted instead, and the model still holds.
 #[test]
@@ -341,6 +343,7 @@ fn small_objects_evict_index_entries() {
     let tiny = |i: u64| i.to_le_bytes();
     let mut cfg = Config::new(CAPACITY_BYTES);
     cfg.max_write_wait_ms = 200;
+    cfg.index_borrows_from_log = false;
     let s = Store::new(cfg.clone()).unwrap();
     let mut i = 0u64;
     let e = loop {
