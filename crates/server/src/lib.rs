@@ -52,6 +52,7 @@ pub mod mc_binary;
 pub mod mc_exec;
 pub mod mc_meta;
 pub mod memcache;
+pub mod pubsub;
 pub mod resp;
 pub mod state;
 pub mod tls;
@@ -271,6 +272,7 @@ impl Server {
             stopping: AtomicBool::new(false),
             ports: Mutex::new((resp_port.unwrap_or(0), memcached_port.unwrap_or(0))),
             keylocks: keylock::KeyLocks::new(),
+            pubsub: Arc::new(pubsub::Hub::new()),
             config: cfg.clone(),
         });
         let cpus = topology::allowed_cpus();
