@@ -18,5 +18,6 @@ mod bits;
 mod dump;
 pub mod harness;
 mod keyspace;
+mod multi;
 mod prop;
 mod strings;
