@@ -33,6 +33,15 @@
 //! client that only closed its sending side (`nc` piping a file) still gets
 //! every request it sent executed and answered.
 //!
+//! Pub/sub: a subscribed connection also waits on its mailbox (see
+//! [`crate::pubsub`]). Woken by a publisher on any worker, it drains the
+//! messages into its output one [`OUT_SOFT`] chunk at a time and writes
+//! them; it also drains after every batch. Its writes are abandoned, and
+//! the connection closed, once a publisher finds its mailbox over the
+//! pub/sub output buffer limit, so a subscriber that never reads cannot
+//! keep its task (or the messages) alive. The idle timeout does not apply
+//! to it, as in Redis.
+//!
 //! A protocol error (RESP) or an unrecoverable one (memcached) is answered
 //! with one error line, then this connection alone is closed. The idle
 //! `timeout` closes a connection that sent nothing for that long; shutdown
@@ -124,7 +133,11 @@ async fn read_more<S: AsyncRead + Unpin>(
     mail: Option<&Mailbox>,
 ) -> Result<bool, ReadEnd> {
     inb.reserve(want, cap);
-    let timeout = shared.settings.idle_timeout();
+    // As in Redis, the idle timeout does not apply to subscribers.
+    let timeout = match mail {
+        Some(_) => None,
+        None => shared.settings.idle_timeout(),
+    };
     let buf = &mut inb.data[inb.filled..];
     let read = async {
         match timeout {
@@ -210,6 +223,9 @@ async fn deliver<S: AsyncWrite + Unpin>(
         return flush(s, out, stats, None).await;
     };
     loop {
+        if m.is_killed() {
+            return Err(std::io::Error::other("output buffer limit"));
+        }
         let more = m.drain(out, sess.proto, OUT_SOFT);
         flush(s, out, stats, Some(&m)).await?;
         if !more && !m.has_mail() {

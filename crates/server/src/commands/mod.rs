@@ -327,11 +327,11 @@ pub fn execute(ctx: &mut Ctx, args: &[&[u8]], r: &mut Reply) {
             msg.push_str(&shown(a));
             msg.push_str("' ");
         }
-        reject(ctx, r, &msg);
+        reject(ctx, r, &msg, None);
         return;
     };
     if !ctx.sess.authed && !spec.flags.contains(&"noauth") {
-        reject(ctx, r, "NOAUTH Authentication required.");
+        reject(ctx, r, "NOAUTH Authentication required.", Some(spec));
         return;
     }
     let n = args.len() as i32;
@@ -340,7 +340,7 @@ pub fn execute(ctx: &mut Ctx, args: &[&[u8]], r: &mut Reply) {
             "ERR wrong number of arguments for '{}' command",
             spec.name
         );
-        reject(ctx, r, &msg);
+        reject(ctx, r, &msg, Some(spec));
         return;
     }
     if ctx.sess.subs.is_some() && r.proto == Proto::Resp2 && !pubsub::allowed_subscribed(ctx, spec)
@@ -349,7 +349,7 @@ pub fn execute(ctx: &mut Ctx, args: &[&[u8]], r: &mut Reply) {
             "ERR Can't execute '{}': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context",
             spec.name
         );
-        reject(ctx, r, &msg);
+        reject(ctx, r, &msg, Some(spec));
         return;
     }
     if ctx.sess.multi.is_some() && !multi::runs_in_multi(spec) {
@@ -363,10 +363,17 @@ pub fn execute(ctx: &mut Ctx, args: &[&[u8]], r: &mut Reply) {
 }
 
 /// A command refused before it ran: count it, flag a transaction being
-/// queued, answer the error.
+/// queued, answer the error. A refused EXEC discards the transaction and
+/// says so, as Redis's `execCommandAbort` (whether or not in MULTI).
 #[cold]
-fn reject(ctx: &mut Ctx, r: &mut Reply, msg: &str) {
+fn reject(ctx: &mut Ctx, r: &mut Reply, msg: &str, spec: Option<&Spec>) {
     WorkerStats::bump(&ctx.stats.rejected_calls, 1);
+    if spec.is_some_and(|s| s.name == "exec") {
+        multi::abort(ctx);
+        let why = msg.strip_prefix("ERR ").unwrap_or(msg);
+        r.error(&format!("EXECABORT Transaction discarded because of: {why}"));
+        return;
+    }
     multi::flag_error(ctx);
     r.error(msg);
 }

@@ -114,6 +114,12 @@ pub fn flag_error(ctx: &mut Ctx) {
     }
 }
 
+/// Discard the transaction (if any) and the watches: an EXEC refused
+/// before it ran.
+pub fn abort(ctx: &mut Ctx) {
+    end_multi(ctx);
+}
+
 /// Queue a command (dispatch checked name, arity and authentication).
 pub fn queue(ctx: &mut Ctx, spec: &'static Spec, args: &[&[u8]], r: &mut Reply) {
     if let Some(m) = &mut ctx.sess.multi {

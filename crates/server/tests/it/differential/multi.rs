@@ -22,6 +22,7 @@ fn transactions_match_redis() {
         &["MULTI", "WATCH a", "SET a 1", "EXEC"],
         &["MULTI", "DISCARD", "EXEC", "GET a"],
         &["MULTI", "EXEC"],
+        &["MULTI", "SET a 1", "EXEC x", "EXEC", "GET a", "EXEC x"],
         &["MULTI", "PING", "ECHO x", "UNWATCH", "EXEC"],
         // WATCH: own writes before MULTI dirty the transaction.
         &["WATCH a", "SET a 1", "MULTI", "GET a", "EXEC"],
