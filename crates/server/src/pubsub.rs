@@ -197,11 +197,15 @@ impl Mailbox {
 static KILL_LOG: crate::auth::LogLimiter = crate::auth::LogLimiter::new(10);
 
 type Subscribers = Vec<Arc<Mailbox>>;
+/// One shard of the channel registry: channel → its subscribers.
+type ChannelShard = CachePadded<RwLock<HashMap<Box<[u8]>, Subscribers>>>;
+/// Pattern subscriptions: (pattern, subscriber).
+type PatternList = Vec<(Arc<[u8]>, Arc<Mailbox>)>;
 
 /// The registry of channel and pattern subscriptions.
 pub struct Hub {
-    shards: Box<[CachePadded<RwLock<HashMap<Box<[u8]>, Subscribers>>>]>,
-    patterns: RwLock<Vec<(Arc<[u8]>, Arc<Mailbox>)>>,
+    shards: Box<[ChannelShard]>,
+    patterns: RwLock<PatternList>,
     /// Pattern subscriptions (so PUBLISH can skip the list when 0).
     npatterns: AtomicUsize,
 }

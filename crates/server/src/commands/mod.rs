@@ -197,11 +197,7 @@ impl<'a> Ctx<'a> {
 
     /// Take the stripes of keys the command table does not name (see
     /// [`crate::keylock`]); nothing when EXEC already holds every stripe.
-    pub fn lock<'k>(
-        &self,
-        keys: impl IntoIterator<Item = &'k [u8]>,
-        write: bool,
-    ) -> KeyGuard<'a> {
+    pub fn lock<'k>(&self, keys: impl IntoIterator<Item = &'k [u8]>, write: bool) -> KeyGuard<'a> {
         if self.sess.exec_all {
             KeyGuard::none()
         } else {
@@ -336,10 +332,7 @@ pub fn execute(ctx: &mut Ctx, args: &[&[u8]], r: &mut Reply) {
     }
     let n = args.len() as i32;
     if (spec.arity > 0 && n != spec.arity) || (spec.arity < 0 && n < -spec.arity) {
-        let msg = format!(
-            "ERR wrong number of arguments for '{}' command",
-            spec.name
-        );
+        let msg = format!("ERR wrong number of arguments for '{}' command", spec.name);
         reject(ctx, r, &msg, Some(spec));
         return;
     }
@@ -371,7 +364,9 @@ fn reject(ctx: &mut Ctx, r: &mut Reply, msg: &str, spec: Option<&Spec>) {
     if spec.is_some_and(|s| s.name == "exec") {
         multi::abort(ctx);
         let why = msg.strip_prefix("ERR ").unwrap_or(msg);
-        r.error(&format!("EXECABORT Transaction discarded because of: {why}"));
+        r.error(&format!(
+            "EXECABORT Transaction discarded because of: {why}"
+        ));
         return;
     }
     multi::flag_error(ctx);

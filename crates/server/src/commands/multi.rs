@@ -218,7 +218,10 @@ pub fn exec(ctx: &mut Ctx, _a: &[&[u8]], r: &mut Reply) -> CmdResult {
     let shared = ctx.shared;
     let locks = &shared.keylocks;
     // Every stripe if some queued command's keys are unknown to the table.
-    let all = m.queue.iter().any(|q| q.spec.keys.0 <= 0 && !keyless(q.spec));
+    let all = m
+        .queue
+        .iter()
+        .any(|q| q.spec.keys.0 <= 0 && !keyless(q.spec));
     let argv: Vec<Vec<&[u8]>> = m
         .queue
         .iter()

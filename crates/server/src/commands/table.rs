@@ -758,17 +758,120 @@ pub static COMMANDS: &[Spec] = &[
         hash::hincrbyfloat
     ),
     // Transactions (commands/multi.rs).
-    spec!("multi", 1, TX, K0, "transactions", "Starts a transaction.", multi::multi),
-    spec!("exec", 1, TX_EXEC, K0, "transactions", "Executes all commands in a transaction.", multi::exec),
-    spec!("discard", 1, TX, K0, "transactions", "Discards a transaction.", multi::discard),
-    spec!("watch", -2, TX, KALL, "transactions", "Monitors changes to keys to determine the execution of a transaction.", multi::watch),
-    spec!("unwatch", 1, TX, K0, "transactions", "Forgets about watched keys of a transaction.", multi::unwatch),
-    spec!("reset", 1, &["noscript", "loading", "stale", "fast", "noauth", "allow_busy"], K0, "connection", "Resets the connection.", multi::reset),
+    spec!(
+        "multi",
+        1,
+        TX,
+        K0,
+        "transactions",
+        "Starts a transaction.",
+        multi::multi
+    ),
+    spec!(
+        "exec",
+        1,
+        TX_EXEC,
+        K0,
+        "transactions",
+        "Executes all commands in a transaction.",
+        multi::exec
+    ),
+    spec!(
+        "discard",
+        1,
+        TX,
+        K0,
+        "transactions",
+        "Discards a transaction.",
+        multi::discard
+    ),
+    spec!(
+        "watch",
+        -2,
+        TX,
+        KALL,
+        "transactions",
+        "Monitors changes to keys to determine the execution of a transaction.",
+        multi::watch
+    ),
+    spec!(
+        "unwatch",
+        1,
+        TX,
+        K0,
+        "transactions",
+        "Forgets about watched keys of a transaction.",
+        multi::unwatch
+    ),
+    spec!(
+        "reset",
+        1,
+        &[
+            "noscript",
+            "loading",
+            "stale",
+            "fast",
+            "noauth",
+            "allow_busy"
+        ],
+        K0,
+        "connection",
+        "Resets the connection.",
+        multi::reset
+    ),
     // Pub/sub (commands/pubsub.rs).
-    spec!("subscribe", -2, PS, K0, "pubsub", "Listens for messages published to channels.", pubsub::subscribe),
-    spec!("unsubscribe", -1, PS, K0, "pubsub", "Stops listening to messages posted to channels.", pubsub::unsubscribe),
-    spec!("psubscribe", -2, PS, K0, "pubsub", "Listens for messages published to channels that match one or more patterns.", pubsub::psubscribe),
-    spec!("punsubscribe", -1, PS, K0, "pubsub", "Stops listening to messages published to channels that match one or more patterns.", pubsub::punsubscribe),
-    spec!("publish", 3, PS_PUB, K0, "pubsub", "Posts a message to a channel.", pubsub::publish),
-    spec!("pubsub", -2, &["pubsub"], K0, "pubsub", "A container for Pub/Sub commands.", pubsub::pubsub),
+    spec!(
+        "subscribe",
+        -2,
+        PS,
+        K0,
+        "pubsub",
+        "Listens for messages published to channels.",
+        pubsub::subscribe
+    ),
+    spec!(
+        "unsubscribe",
+        -1,
+        PS,
+        K0,
+        "pubsub",
+        "Stops listening to messages posted to channels.",
+        pubsub::unsubscribe
+    ),
+    spec!(
+        "psubscribe",
+        -2,
+        PS,
+        K0,
+        "pubsub",
+        "Listens for messages published to channels that match one or more patterns.",
+        pubsub::psubscribe
+    ),
+    spec!(
+        "punsubscribe",
+        -1,
+        PS,
+        K0,
+        "pubsub",
+        "Stops listening to messages published to channels that match one or more patterns.",
+        pubsub::punsubscribe
+    ),
+    spec!(
+        "publish",
+        3,
+        PS_PUB,
+        K0,
+        "pubsub",
+        "Posts a message to a channel.",
+        pubsub::publish
+    ),
+    spec!(
+        "pubsub",
+        -2,
+        &["pubsub"],
+        K0,
+        "pubsub",
+        "A container for Pub/Sub commands.",
+        pubsub::pubsub
+    ),
 ];

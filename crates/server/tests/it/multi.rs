@@ -147,7 +147,11 @@ fn publish_reaches_subscribers_on_every_worker() {
     let mut subs: Vec<Resp> = (0..4).map(|_| Resp::new(port)).collect();
     for (i, sub) in subs.iter_mut().enumerate() {
         let r = sub.cmd(&["SUBSCRIBE", "news"]);
-        assert_eq!(r, V::Array(vec![bulk("subscribe"), bulk("news"), V::Int(1)]), "{i}");
+        assert_eq!(
+            r,
+            V::Array(vec![bulk("subscribe"), bulk("news"), V::Int(1)]),
+            "{i}"
+        );
     }
     let mut c = client(&s);
     let n: i64 = q(&mut c, &["PUBLISH", "news", "hello"]);
@@ -167,7 +171,10 @@ fn publish_reaches_subscribers_on_every_worker() {
         if n == 0 {
             break;
         }
-        assert!(t.elapsed() < Duration::from_secs(5), "subscribers not removed");
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "subscribers not removed"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     let _ = cmd(&mut c, &["PING"]);
@@ -181,7 +188,8 @@ fn slow_subscriber_is_disconnected_and_memory_bounded() {
     let s = start();
     let port = s.resp_port().unwrap();
     let mut slow = raw(port);
-    slow.write_all(b"*2\r\n$9\r\nSUBSCRIBE\r\n$4\r\nfeed\r\n").unwrap();
+    slow.write_all(b"*2\r\n$9\r\nSUBSCRIBE\r\n$4\r\nfeed\r\n")
+        .unwrap();
     let mut buf = [0u8; 64];
     let _ = slow.read(&mut buf).unwrap();
     let rss0 = server::state::rss_bytes();
@@ -194,8 +202,11 @@ fn slow_subscriber_is_disconnected_and_memory_bounded() {
         let mut batch = Vec::new();
         for _ in 0..800 {
             batch.extend_from_slice(
-                format!("*3\r\n$7\r\nPUBLISH\r\n$4\r\nfeed\r\n${}\r\n{payload}\r\n", payload.len())
-                    .as_bytes(),
+                format!(
+                    "*3\r\n$7\r\nPUBLISH\r\n$4\r\nfeed\r\n${}\r\n{payload}\r\n",
+                    payload.len()
+                )
+                .as_bytes(),
             );
         }
         p.send(&batch);
@@ -205,7 +216,10 @@ fn slow_subscriber_is_disconnected_and_memory_bounded() {
         max_rss = max_rss.max(server::state::rss_bytes());
         let (_, n): (String, i64) = q(&mut c, &["PUBSUB", "NUMSUB", "feed"]);
         if n == 0 {
-            eprintln!("subscriber dropped after round {round}, RSS growth {} MB", (max_rss.saturating_sub(rss0)) >> 20);
+            eprintln!(
+                "subscriber dropped after round {round}, RSS growth {} MB",
+                (max_rss.saturating_sub(rss0)) >> 20
+            );
             break;
         }
         assert!(round < 99, "slow subscriber never disconnected");
@@ -216,7 +230,8 @@ fn slow_subscriber_is_disconnected_and_memory_bounded() {
         (max_rss - rss0) >> 20
     );
     // The subscriber's socket reaches its end after what was sent.
-    slow.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     let mut sink = vec![0u8; 1 << 20];
     loop {
         match slow.read(&mut sink) {

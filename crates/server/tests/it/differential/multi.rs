@@ -10,9 +10,7 @@ fn transactions_match_redis() {
         return;
     };
     p.cases(&[
-        &[
-            "MULTI", "SET a 1", "INCR a", "GET a", "EXEC", "GET a",
-        ],
+        &["MULTI", "SET a 1", "INCR a", "GET a", "EXEC", "GET a"],
         // Queue-time errors abort; runtime errors are per command.
         &["MULTI", "SET a 1", "FOO bar", "INCR a", "EXEC", "GET a"],
         &["MULTI", "SET a 1", "GET", "EXEC", "GET a"],
@@ -28,8 +26,12 @@ fn transactions_match_redis() {
         &["WATCH a", "SET a 1", "MULTI", "GET a", "EXEC"],
         &["SET a 1", "WATCH a", "MULTI", "INCR a", "EXEC", "GET a"],
         &["WATCH a", "UNWATCH", "SET a 1", "MULTI", "GET a", "EXEC"],
-        &["WATCH a", "MULTI", "SET a 2", "DISCARD", "SET a 3", "MULTI", "GET a", "EXEC"],
-        &["WATCH a", "MULTI", "SET a 2", "EXEC", "SET a 3", "MULTI", "GET a", "EXEC"],
+        &[
+            "WATCH a", "MULTI", "SET a 2", "DISCARD", "SET a 3", "MULTI", "GET a", "EXEC",
+        ],
+        &[
+            "WATCH a", "MULTI", "SET a 2", "EXEC", "SET a 3", "MULTI", "GET a", "EXEC",
+        ],
         &["WATCH", "WATCH a b c", "MULTI", "EXEC"],
         // FLUSHALL dirties watches of keys that existed only.
         &["SET a 1", "WATCH a", "FLUSHALL", "MULTI", "PING", "EXEC"],
@@ -112,7 +114,12 @@ fn pubsub_shapes_match_redis() {
         let a = p.ours.0.read();
         let b = p.theirs.0.read();
         assert_eq!(a, b, "pmessage RESP{proto}");
-        for l in ["PUBSUB NUMSUB ch1", "PUBSUB NUMPAT", "PUBSUB CHANNELS", "PUBSUB CHANNELS x*"] {
+        for l in [
+            "PUBSUB NUMSUB ch1",
+            "PUBSUB NUMPAT",
+            "PUBSUB CHANNELS",
+            "PUBSUB CHANNELS x*",
+        ] {
             let s = step(l);
             assert_eq!(opub.run(&s.args), tpub.run(&s.args), "{l}");
         }
