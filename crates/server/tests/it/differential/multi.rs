@@ -37,6 +37,22 @@ fn transactions_match_redis() {
         &["SET a 1", "WATCH a", "FLUSHALL", "MULTI", "PING", "EXEC"],
         &["WATCH nokey", "FLUSHALL", "MULTI", "PING", "EXEC"],
         &["MULTI", "SET a 1", "FLUSHALL", "GET a", "EXEC", "DBSIZE"],
+        // RESP3: EXEC's array, a dirty EXEC's null, a double inside.
+        &[
+            "? HELLO 3",
+            "MULTI",
+            "SET a 1",
+            "INCRBYFLOAT a 1.5",
+            "HSET h f v",
+            "HGETALL h",
+            "EXEC",
+            "WATCH a",
+            "SET a 2",
+            "MULTI",
+            "GET a",
+            "EXEC",
+            "? HELLO 2",
+        ],
         // RESET discards.
         &["MULTI", "SET a 1", "RESET", "EXEC", "GET a"],
     ]);
