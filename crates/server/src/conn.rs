@@ -33,6 +33,15 @@
 //! client that only closed its sending side (`nc` piping a file) still gets
 //! every request it sent executed and answered.
 //!
+//! Pub/sub: a subscribed connection also waits on its mailbox (see
+//! [`crate::pubsub`]). Woken by a publisher on any worker, it drains the
+//! messages into its output one [`OUT_SOFT`] chunk at a time and writes
+//! them; it also drains after every batch. Its writes are abandoned, and
+//! the connection closed, once a publisher finds its mailbox over the
+//! pub/sub output buffer limit, so a subscriber that never reads cannot
+//! keep its task (or the messages) alive. The idle timeout does not apply
+//! to it, as in Redis.
+//!
 //! A protocol error (RESP) or an unrecoverable one (memcached) is answered
 //! with one error line, then this connection alone is closed. The idle
 //! `timeout` closes a connection that sent nothing for that long; shutdown
@@ -46,6 +55,7 @@ use tokio::sync::watch;
 
 use crate::commands::{self, Ctx, Session};
 use crate::memcache::{self, McParsed};
+use crate::pubsub::Mailbox;
 use crate::resp::{Parsed, Parser, Reply};
 use crate::state::{ClientInfo, Shared, WorkerStats};
 
@@ -158,6 +168,9 @@ enum ReadEnd {
     Shutdown,
 }
 
+/// Read more input; `Ok(false)` if woken instead by pub/sub messages for
+/// this connection (`mail`).
+#[allow(clippy::too_many_arguments)]
 async fn read_more<S: AsyncRead + Unpin>(
     s: &mut S,
     inb: &mut InBuf,
@@ -166,9 +179,14 @@ async fn read_more<S: AsyncRead + Unpin>(
     shared: &Shared,
     stats: &WorkerStats,
     shutdown: &mut watch::Receiver<bool>,
-) -> Result<(), ReadEnd> {
+    mail: Option<&Mailbox>,
+) -> Result<bool, ReadEnd> {
     inb.reserve(want, cap);
-    let timeout = shared.settings.idle_timeout();
+    // As in Redis, the idle timeout does not apply to subscribers.
+    let timeout = match mail {
+        Some(_) => None,
+        None => shared.settings.idle_timeout(),
+    };
     let buf = &mut inb.data[inb.filled..];
     let offered = buf.len();
     let read = async {
@@ -179,40 +197,96 @@ async fn read_more<S: AsyncRead + Unpin>(
             None => s.read(buf).await,
         }
     };
+    let mail_wake = async {
+        match mail {
+            Some(m) => m.wake.notified().await,
+            None => std::future::pending().await,
+        }
+    };
     let r = tokio::select! {
         r = read => r,
         _ = shutdown.wait_for(|v| *v) => return Err(ReadEnd::Shutdown),
+        _ = mail_wake => return Ok(false),
     };
     match r {
         Ok(0) => Err(ReadEnd::Closed),
         Ok(n) => {
             inb.note_read(n, offered);
             WorkerStats::bump(&stats.net_in, n as u64);
-            Ok(())
+            Ok(true)
         }
         Err(e) if e.kind() == std::io::ErrorKind::TimedOut => Err(ReadEnd::Timeout),
         Err(_) => Err(ReadEnd::Closed),
     }
 }
 
+/// Write the output buffer. A subscriber's write (`mail`) is abandoned,
+/// with an error, when its mailbox is killed for passing the output
+/// buffer limit (see [`crate::pubsub`]): a client that does not read would
+/// otherwise hold its task in this write forever.
 async fn flush<S: AsyncWrite + Unpin>(
     s: &mut S,
     out: &mut Vec<u8>,
     stats: &WorkerStats,
+    mail: Option<&Mailbox>,
 ) -> std::io::Result<()> {
     if out.is_empty() {
         return Ok(());
     }
-    s.write_all(out).await?;
-    // A no-op on TCP and Unix sockets; TLS may still hold records that the
-    // socket did not take (tokio-rustls sends them on flush).
-    s.flush().await?;
+    let write = async {
+        s.write_all(out).await?;
+        // A no-op on TCP and Unix sockets; TLS may still hold records that
+        // the socket did not take (tokio-rustls sends them on flush).
+        s.flush().await
+    };
+    match mail {
+        None => write.await?,
+        Some(m) => {
+            let killed = std::io::Error::other("output buffer limit");
+            if m.is_killed() {
+                return Err(killed);
+            }
+            tokio::select! {
+                r = write => r?,
+                _ = m.kill.notified() => return Err(killed),
+            }
+        }
+    }
     WorkerStats::bump(&stats.net_out, out.len() as u64);
     out.clear();
     if out.capacity() > 4 * OUT_SOFT {
         out.shrink_to(OUT_SOFT);
     }
     Ok(())
+}
+
+/// Move a subscriber's waiting messages to the client, one output chunk
+/// at a time; `Err` if the connection must close (killed by the output
+/// buffer limit, or the write failed).
+async fn deliver<S: AsyncWrite + Unpin>(
+    s: &mut S,
+    out: &mut Vec<u8>,
+    stats: &WorkerStats,
+    sess: &Session,
+) -> std::io::Result<()> {
+    let Some(m) = sess.subs.as_ref().map(|x| x.mailbox.clone()) else {
+        return flush(s, out, stats, None).await;
+    };
+    loop {
+        if m.is_killed() {
+            return Err(std::io::Error::other("output buffer limit"));
+        }
+        let more = m.drain(out, sess.proto, OUT_SOFT);
+        flush(s, out, stats, Some(&m)).await?;
+        if !more && !m.has_mail() {
+            return Ok(());
+        }
+    }
+}
+
+/// The mailbox of a subscribed session.
+fn mailbox(sess: &Session) -> Option<Arc<Mailbox>> {
+    sess.subs.as_ref().map(|x| x.mailbox.clone())
 }
 
 /// What one look at the socket, without waiting, found.
@@ -349,7 +423,8 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             .unwrap_or(usize::MAX)
             .saturating_add(1);
         let want_now = want.min(cap);
-        if let Err(end) = read_more(
+        let mail = mailbox(&sess);
+        match read_more(
             &mut s,
             &mut inb,
             want_now,
@@ -357,14 +432,25 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             &shared,
             stats,
             &mut shutdown,
+            mail.as_deref(),
         )
         .await
         {
-            if let ReadEnd::Timeout = end {
-                log::debug!("client {} idle timeout", info.id);
+            Ok(true) => {}
+            // Pub/sub messages arrived: write them, then wait again.
+            Ok(false) => {
+                if deliver(&mut s, &mut out, stats, &sess).await.is_err() {
+                    return;
+                }
+                continue;
             }
-            let _ = flush(&mut s, &mut out, stats).await;
-            return;
+            Err(end) => {
+                if let ReadEnd::Timeout = end {
+                    log::debug!("client {} idle timeout", info.id);
+                }
+                let _ = flush(&mut s, &mut out, stats, mail.as_deref()).await;
+                return;
+            }
         }
         if skip > 0 && discard(&mut inb, &mut skip) {
             continue;
@@ -377,7 +463,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 Protocol::Memcached => b"SERVER_ERROR query buffer limit exceeded\r\n",
             };
             out.extend_from_slice(msg);
-            let _ = flush(&mut s, &mut out, stats).await;
+            let _ = flush(&mut s, &mut out, stats, mailbox(&sess).as_deref()).await;
             return;
         }
         if inb.filled - inb.start < want {
@@ -540,14 +626,18 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                     if skip > 0 && discard(&mut inb, &mut skip) {
                         break;
                     }
-                    if out.len() >= OUT_SOFT && flush(&mut s, &mut out, stats).await.is_err() {
+                    if out.len() >= OUT_SOFT
+                        && flush(&mut s, &mut out, stats, mailbox(&sess).as_deref())
+                            .await
+                            .is_err()
+                    {
                         return;
                     }
                     since_check += 1;
                     if since_check >= SLICE_CHECK_EVERY {
                         since_check = 0;
                         if slice_start.elapsed() >= EXEC_SLICE {
-                            if flush(&mut s, &mut out, stats).await.is_err() {
+                            if deliver(&mut s, &mut out, stats, &sess).await.is_err() {
                                 return;
                             }
                             if let Peek::Gone = peek_input(&mut s, &mut inb, cap, stats).await {
@@ -572,7 +662,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         if scratch.capacity() > 4 * OUT_SOFT {
             scratch = Vec::new();
         }
-        if flush(&mut s, &mut out, stats).await.is_err() || close {
+        if deliver(&mut s, &mut out, stats, &sess).await.is_err() || close {
             let _ = s.shutdown().await;
             return;
         }

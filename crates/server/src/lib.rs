@@ -56,6 +56,7 @@ pub mod mc_binary;
 pub mod mc_exec;
 pub mod mc_meta;
 pub mod memcache;
+pub mod pubsub;
 pub mod resp;
 pub mod state;
 pub mod tls;
@@ -290,6 +291,7 @@ impl Server {
             ports: Mutex::new((resp_port.unwrap_or(0), memcached_port.unwrap_or(0))),
             closed_since_trim: AtomicU64::new(0),
             keylocks: keylock::KeyLocks::new(),
+            pubsub: Arc::new(pubsub::Hub::new()),
             config: cfg.clone(),
         });
         trim::start(&shared)?;

@@ -265,6 +265,16 @@ pub fn execute(
         return false;
     }
     let store = &shared.store;
+    // Writes run under their key's stripe, exclusively (see `mc_exec`).
+    let writes = matches!(
+        op,
+        0x01..=0x06 | 0x0e | 0x0f | 0x11..=0x16 | 0x19 | 0x1a | 0x1c | 0x1d | 0x1e | 0x23 | 0x24
+    );
+    let _stripes = if writes {
+        shared.keylocks.lock([key], true)
+    } else {
+        crate::keylock::KeyGuard::none()
+    };
     let quiet = matches!(op, 0x09 | 0x0d | 0x11..=0x1a | 0x1e | 0x24);
     match op {
         // GET, GETQ, GETK, GETKQ, GAT, GATQ, GATK, GATKQ.
@@ -350,7 +360,7 @@ pub fn execute(
             return true;
         }
         // FLUSH(Q).
-        0x08 | 0x18 => match flush(store) {
+        0x08 | 0x18 => match flush(shared) {
             Ok(()) if quiet => {}
             Ok(()) => respond(out, h, OK, 0, &[], &[], &[]),
             Err(e) => error(out, h, store_status(&e)),

@@ -13,6 +13,13 @@
 //! flags; the top sixteen values (4294967280 and up) are reserved for Redis types (see
 //! `types`) and refused here.
 //!
+//! Key stripes: every memcached write (store verbs, delete, incr/decr,
+//! touch, a get that touches, the meta writes) runs under its key's
+//! stripe held exclusively, like a RESP write command (see
+//! [`crate::keylock`]), so an EXEC or a multi-item collection update never
+//! sees one half done, and a WATCH on the key sees it. `flush_all` takes
+//! every stripe. Plain reads take none (an engine read is atomic).
+//!
 //! Errors: a full store answers `SERVER_ERROR out of memory storing
 //! object`, a value over the limit `SERVER_ERROR object too large for
 //! cache`; reads, deletes and touches keep working when the store is full.
@@ -23,6 +30,7 @@ use std::sync::atomic::Ordering;
 use nibble::{Condition, Error as StoreError, Expiry, PutOptions};
 
 use crate::commands::admin::flush;
+use crate::keylock::KeyGuard;
 use crate::memcache::{McCommand, Store, StoreVerb};
 use crate::state::{rss_bytes, unix_ms, Shared, WorkerStats};
 use crate::types::{is_collection, is_reserved_flags};
@@ -60,6 +68,25 @@ fn line(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// The stripes a text or meta command runs under: its keys', exclusively,
+/// if it writes.
+fn lock<'s>(shared: &'s Shared, cmd: &McCommand<'_>) -> KeyGuard<'s> {
+    let locks = &shared.keylocks;
+    match cmd {
+        McCommand::Store(a) => locks.lock([a.key], true),
+        McCommand::Delete { key, .. }
+        | McCommand::Arith { key, .. }
+        | McCommand::Touch { key, .. } => locks.lock([*key], true),
+        McCommand::Get {
+            keys,
+            touch: Some(_),
+            ..
+        } => locks.lock(keys.iter().copied(), true),
+        McCommand::Meta(m) if crate::mc_meta::writes(m) => locks.lock([&m.key[..]], true),
+        _ => KeyGuard::none(),
+    }
+}
+
 /// Execute one command; returns true if the connection should close.
 pub fn execute(
     shared: &Shared,
@@ -70,6 +97,7 @@ pub fn execute(
 ) -> bool {
     WorkerStats::bump(&stats.commands, 1);
     let store = &shared.store;
+    let _stripes = lock(shared, &cmd);
     let (reply, noreply): (String, bool) = match cmd {
         McCommand::Store(a) => {
             WorkerStats::bump(&stats.sets, 1);
@@ -139,7 +167,7 @@ pub fn execute(
             (r.into(), noreply)
         }
         McCommand::FlushAll { noreply, .. } => {
-            let r = match flush(store) {
+            let r = match flush(shared) {
                 Ok(()) => "OK",
                 Err(e) => store_err(&e),
             };

@@ -302,6 +302,17 @@ fn store_err(e: &StoreError) -> &'static str {
     }
 }
 
+/// Does this meta command write its item (and so take its key stripe
+/// exclusively, see `mc_exec`)? Sets, deletes, arithmetic, and a get that
+/// touches (`T`), autovivifies (`N`) or recaches (`R`).
+pub fn writes(m: &Meta<'_>) -> bool {
+    match m.verb {
+        MetaVerb::Set | MetaVerb::Delete | MetaVerb::Arith => true,
+        MetaVerb::Get => has(m, b'T') || has(m, b'N') || has(m, b'R'),
+        MetaVerb::Debug => false,
+    }
+}
+
 /// Execute one meta command, appending its reply to `out`; returns
 /// whether it was a hit (for `get_hits`/`get_misses`), None if not a read.
 pub fn execute(

@@ -596,6 +596,15 @@ impl Reply<'_> {
         self.header(b'*', n);
     }
 
+    /// Push header (RESP3 `>`; RESP2: array), for pub/sub messages.
+    pub fn push(&mut self, n: usize) {
+        if self.proto == Proto::Resp3 {
+            self.header(b'>', n);
+        } else {
+            self.header(b'*', n);
+        }
+    }
+
     /// Map header of `n` pairs (RESP2: array of 2n).
     pub fn map(&mut self, n: usize) {
         if self.proto == Proto::Resp3 {

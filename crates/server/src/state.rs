@@ -14,7 +14,9 @@
 //! [`ClientInfo`].
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{
+    AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -101,6 +103,14 @@ pub struct ClientInfo {
     pub qbuf: AtomicU64,
     /// Free bytes in the query buffer (at the last read).
     pub qbuf_free: AtomicU64,
+    /// Commands queued in MULTI, -1 outside it.
+    pub multi: AtomicI64,
+    /// Keys WATCHed.
+    pub watch: AtomicU32,
+    /// Channels subscribed.
+    pub sub: AtomicU32,
+    /// Patterns subscribed.
+    pub psub: AtomicU32,
 }
 
 /// Mutable strings of a client.
@@ -124,14 +134,35 @@ impl ClientInfo {
                 .last_ms
                 .load(Ordering::Relaxed)
                 .min(age.as_millis() as u64);
+        let multi = self.multi.load(Ordering::Relaxed);
+        let (sub, psub) = (
+            self.sub.load(Ordering::Relaxed),
+            self.psub.load(Ordering::Relaxed),
+        );
+        // Redis's flags letters: x in MULTI, P subscribed, N for neither.
+        let mut flags = String::new();
+        if multi >= 0 {
+            flags.push('x');
+        }
+        if sub + psub > 0 {
+            flags.push('P');
+        }
+        if flags.is_empty() {
+            flags.push('N');
+        }
         format!(
-            "id={} addr={} laddr={} fd=-1 name={} age={} idle={} flags=N db=0 sub=0 psub=0 ssub=0 multi=-1 watch=0 qbuf={} qbuf-free={} argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd=NULL user=default redir=-1 resp={} lib-name={} lib-ver={}",
+            "id={} addr={} laddr={} fd=-1 name={} age={} idle={} flags={} db=0 sub={} psub={} ssub=0 multi={} watch={} qbuf={} qbuf-free={} argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd=NULL user=default redir=-1 resp={} lib-name={} lib-ver={}",
             self.id,
             self.addr,
             self.laddr,
             t.name,
             age.as_secs(),
             idle / 1000,
+            flags,
+            sub,
+            psub,
+            multi,
+            self.watch.load(Ordering::Relaxed),
             self.qbuf.load(Ordering::Relaxed),
             self.qbuf_free.load(Ordering::Relaxed),
             self.resp.load(Ordering::Relaxed),
@@ -177,6 +208,8 @@ pub struct Shared {
     pub closed_since_trim: AtomicU64,
     /// Striped key locks (see [`crate::keylock`]).
     pub keylocks: crate::keylock::KeyLocks,
+    /// Pub/sub channel registry (see [`crate::pubsub`]).
+    pub pubsub: Arc<crate::pubsub::Hub>,
 }
 
 impl Shared {

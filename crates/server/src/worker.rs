@@ -165,6 +165,10 @@ fn admit(
         text: std::sync::Mutex::new(ClientText::default()),
         qbuf: Default::default(),
         qbuf_free: Default::default(),
+        multi: (-1).into(),
+        watch: Default::default(),
+        sub: Default::default(),
+        psub: Default::default(),
     });
     shared.clients[worker]
         .map

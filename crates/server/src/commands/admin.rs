@@ -27,7 +27,14 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 pub const REDIS_VERSION: &str = "7.2.0";
 
 /// PING [message].
-pub fn ping(_ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+pub fn ping(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    if a.len() <= 2 && super::pubsub::resp2_subscriber(ctx, r) {
+        // A RESP2 subscriber's PING answers in the shape of a message.
+        r.array(2);
+        r.bulk(b"pong");
+        r.bulk(a.get(1).copied().unwrap_or(b""));
+        return Ok(());
+    }
     match a.len() {
         1 => r.simple("PONG"),
         2 => r.bulk(a[1]),
@@ -558,16 +565,32 @@ pub fn keyspace(store: &crate::engine::Engine, ttls: bool) -> Result<Keyspace, C
     Ok(k)
 }
 
-/// Delete every key (FLUSHALL, FLUSHDB, memcached flush_all).
-pub fn flush(store: &crate::engine::Engine) -> Result<(), nibble::Error> {
+/// Delete every key (FLUSHALL, FLUSHDB, memcached flush_all), taking
+/// every key stripe first (see [`crate::keylock`]).
+pub fn flush(shared: &crate::state::Shared) -> Result<(), nibble::Error> {
+    let _all = shared.keylocks.lock_all(true);
+    flush_held(shared)
+}
+
+/// Delete every key while the caller holds every stripe exclusively;
+/// bumps the WATCH version of each deleted key's stripe.
+pub fn flush_held(shared: &crate::state::Shared) -> Result<(), nibble::Error> {
+    let store = &shared.store;
     let mut cursor = 0;
     loop {
         // Expired items not yet reclaimed go too: FLUSHALL empties the
         // index, and DBSIZE after it is 0.
-        // Internal keys (large collections' nodes) go too.
         let (next, keys) = store.raw_scan(cursor, 1024)?;
         for k in keys {
-            store.raw_delete(&k)?;
+            // Internal keys (large collections' nodes) go too. An
+            // expired key's delete is no write a watcher could see (EXEC
+            // checks expiry itself); a live user key's is.
+            let is_internal = crate::engine::is_internal_key(&k);
+            if store.raw_delete(&k)? && !is_internal {
+                if let Some(user) = crate::engine::from_engine_key(k) {
+                    shared.keylocks.bump_held(&user);
+                }
+            }
         }
         if next == 0 {
             return Ok(());
@@ -581,7 +604,8 @@ pub fn flushall(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     if a.len() > 2 || (a.len() == 2 && !eq(a[1], "async") && !eq(a[1], "sync")) {
         return Err(SYNTAX.into());
     }
-    flush(&ctx.shared.store)?;
+    // Dispatch (or EXEC) holds every stripe: see `multi::is_global_writer`.
+    flush_held(ctx.shared)?;
     r.ok();
     Ok(())
 }
@@ -634,7 +658,9 @@ pub fn debug(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
                 ..Default::default()
             },
         ) {
-            Ok(_) | Err(nibble::Error::Exists) => {}
+            // Dispatch holds every stripe (see `multi::is_global_writer`).
+            Ok(_) => ctx.shared.keylocks.bump_held(&key),
+            Err(nibble::Error::Exists) => {}
             Err(e) => return Err(e.into()),
         }
     }

@@ -39,7 +39,14 @@
 //!
 //! Modules: [`strings`], [`lcs`], [`bits`] (bitmaps), [`keys`], [`dump`]
 //! (DUMP/RESTORE), [`hash`], [`set`], [`list`], [`admin`] (connection and
-//! server commands); the table itself ([`COMMANDS`]) is in `table.rs`.
+//! server commands), [`multi`] (MULTI/EXEC/WATCH, RESET), [`pubsub`]
+//! (SUBSCRIBE, PUBLISH, PUBSUB); the table itself ([`COMMANDS`]) is in
+//! `table.rs`.
+//!
+//! Connection state that changes what dispatch does: inside MULTI a
+//! command is checked and queued instead of run (see [`multi`]); a RESP2
+//! connection with subscriptions accepts only the pub/sub commands, PING,
+//! QUIT and RESET (see [`pubsub`]). Both are one branch on the hot path.
 
 pub mod admin;
 pub mod bits;
@@ -49,6 +56,8 @@ pub mod keys;
 pub mod lcs;
 pub mod list;
 pub mod lzf;
+pub mod multi;
+pub mod pubsub;
 pub mod set;
 pub mod strings;
 mod table;
@@ -128,6 +137,14 @@ pub struct Session {
     /// Set by a failed attempt: wait this long before replying and before
     /// reading the next request (see `auth`).
     pub penalty: Option<std::time::Duration>,
+    /// Inside MULTI: the queue.
+    pub multi: Option<multi::MultiState>,
+    /// WATCHed keys.
+    pub watched: Vec<multi::Watched>,
+    /// EXEC holds every key stripe (see [`Ctx::lock`]).
+    pub exec_all: bool,
+    /// Channel and pattern subscriptions, once the connection subscribed.
+    pub subs: Option<crate::pubsub::Subs>,
 }
 
 impl Session {
@@ -140,7 +157,16 @@ impl Session {
             close: false,
             auth_failures: 0,
             penalty: None,
+            multi: None,
+            watched: Vec::new(),
+            exec_all: false,
+            subs: None,
         }
+    }
+
+    /// Channels plus patterns this connection is subscribed to.
+    pub fn subscriptions(&self) -> usize {
+        self.subs.as_ref().map_or(0, crate::pubsub::Subs::count)
     }
 
     /// Count a failed authentication attempt: log it (rate-limited, with
@@ -170,10 +196,20 @@ pub struct Ctx<'a> {
     pub buf: &'a mut Vec<u8>,
 }
 
-impl Ctx<'_> {
+impl<'a> Ctx<'a> {
     /// The engine.
     pub fn store(&self) -> &crate::engine::Engine {
         &self.shared.store
+    }
+
+    /// Take the stripes of keys the command table does not name (see
+    /// [`crate::keylock`]); nothing when EXEC already holds every stripe.
+    pub fn lock<'k>(&self, keys: impl IntoIterator<Item = &'k [u8]>, write: bool) -> KeyGuard<'a> {
+        if self.sess.exec_all {
+            KeyGuard::none()
+        } else {
+            self.shared.keylocks.lock(keys, write)
+        }
     }
 
     /// Count a read hit or miss.
@@ -294,25 +330,59 @@ pub fn execute(ctx: &mut Ctx, args: &[&[u8]], r: &mut Reply) {
             msg.push_str(&shown(a));
             msg.push_str("' ");
         }
-        WorkerStats::bump(&ctx.stats.rejected_calls, 1);
-        r.error(&msg);
+        reject(ctx, r, &msg, None);
         return;
     };
     if !ctx.sess.authed && !spec.flags.contains(&"noauth") {
-        WorkerStats::bump(&ctx.stats.rejected_calls, 1);
-        r.error("NOAUTH Authentication required.");
+        reject(ctx, r, "NOAUTH Authentication required.", Some(spec));
         return;
     }
     let n = args.len() as i32;
     if (spec.arity > 0 && n != spec.arity) || (spec.arity < 0 && n < -spec.arity) {
-        WorkerStats::bump(&ctx.stats.rejected_calls, 1);
-        r.error(&format!(
-            "ERR wrong number of arguments for '{}' command",
+        let msg = format!("ERR wrong number of arguments for '{}' command", spec.name);
+        reject(ctx, r, &msg, Some(spec));
+        return;
+    }
+    if ctx.sess.subs.is_some() && r.proto == Proto::Resp2 && !pubsub::allowed_subscribed(ctx, spec)
+    {
+        let msg = format!(
+            "ERR Can't execute '{}': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context",
             spec.name
-        ));
+        );
+        reject(ctx, r, &msg, Some(spec));
+        return;
+    }
+    if ctx.sess.multi.is_some() && !multi::runs_in_multi(spec) {
+        multi::queue(ctx, spec, args, r);
         return;
     }
     let _keys = lock_keys(ctx.shared, spec, args);
+    if let Err(e) = (spec.run)(ctx, args, r) {
+        r.error(&e.0);
+    }
+}
+
+/// A command refused before it ran: count it, flag a transaction being
+/// queued, answer the error. A refused EXEC discards the transaction and
+/// says so, as Redis's `execCommandAbort` (whether or not in MULTI).
+#[cold]
+fn reject(ctx: &mut Ctx, r: &mut Reply, msg: &str, spec: Option<&Spec>) {
+    WorkerStats::bump(&ctx.stats.rejected_calls, 1);
+    if spec.is_some_and(|s| s.name == "exec") {
+        multi::abort(ctx);
+        let why = msg.strip_prefix("ERR ").unwrap_or(msg);
+        r.error(&format!(
+            "EXECABORT Transaction discarded because of: {why}"
+        ));
+        return;
+    }
+    multi::flag_error(ctx);
+    r.error(msg);
+}
+
+/// Run a checked command whose key stripes the caller (EXEC) holds.
+pub fn execute_held(ctx: &mut Ctx, spec: &'static Spec, args: &[&[u8]], r: &mut Reply) {
+    WorkerStats::bump(&ctx.stats.commands, 1);
     if let Err(e) = (spec.run)(ctx, args, r) {
         r.error(&e.0);
     }
@@ -340,6 +410,9 @@ pub fn key_args<'a: 'b, 'b>(
 /// exclusive for a `write` command, shared otherwise.
 fn lock_keys<'s>(shared: &'s Shared, spec: &Spec, args: &[&[u8]]) -> KeyGuard<'s> {
     if spec.keys.0 <= 0 {
+        if multi::is_global_writer(spec) {
+            return shared.keylocks.lock_all(true);
+        }
         return KeyGuard::none();
     }
     let write = spec.flags.contains(&"write");

@@ -307,7 +307,7 @@ pub fn sintercard(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     } else {
         limit as usize
     };
-    let _g = ctx.shared.keylocks.lock(keys.iter().copied(), false);
+    let _g = ctx.lock(keys.iter().copied(), false);
     let out = combine(ctx, keys, Op::Inter, limit)?;
     r.int(out.len() as i64);
     Ok(())

@@ -2,7 +2,7 @@
 //! lists them. Dispatch ([`lookup`](super::lookup)) indexes it once into
 //! buckets; COMMAND COUNT/INFO/DOCS read it as is.
 
-use super::{admin, bits, dump, hash, keys, lcs, list, set, strings, Spec};
+use super::{admin, bits, dump, hash, keys, lcs, list, multi, pubsub, set, strings, Spec};
 
 // Flag sets (Redis's command flags, as COMMAND INFO reports them).
 const W: &[&str] = &["write", "denyoom", "fast"];
@@ -12,6 +12,11 @@ const R: &[&str] = &["readonly", "fast"];
 const RS: &[&str] = &["readonly"];
 const A: &[&str] = &["fast"];
 const N: &[&str] = &["noauth", "fast"];
+// Transactions and pub/sub (Redis 7's flags for them).
+const TX: &[&str] = &["noscript", "loading", "stale", "fast", "allow_busy"];
+const TX_EXEC: &[&str] = &["noscript", "loading", "stale", "skip_slowlog"];
+const PS: &[&str] = &["pubsub", "noscript", "loading", "stale"];
+const PS_PUB: &[&str] = &["pubsub", "loading", "stale", "fast", "may_replicate"];
 
 macro_rules! spec {
     ($name:literal, $arity:expr, $flags:expr, $keys:expr, $group:literal, $summary:literal, $run:expr) => {
@@ -1066,5 +1071,122 @@ pub static COMMANDS: &[Spec] = &[
         "list",
         "Moves the last element of a list to the head of another.",
         list::rpoplpush
+    ),
+    // Transactions (commands/multi.rs).
+    spec!(
+        "multi",
+        1,
+        TX,
+        K0,
+        "transactions",
+        "Starts a transaction.",
+        multi::multi
+    ),
+    spec!(
+        "exec",
+        1,
+        TX_EXEC,
+        K0,
+        "transactions",
+        "Executes all commands in a transaction.",
+        multi::exec
+    ),
+    spec!(
+        "discard",
+        1,
+        TX,
+        K0,
+        "transactions",
+        "Discards a transaction.",
+        multi::discard
+    ),
+    spec!(
+        "watch",
+        -2,
+        TX,
+        KALL,
+        "transactions",
+        "Monitors changes to keys to determine the execution of a transaction.",
+        multi::watch
+    ),
+    spec!(
+        "unwatch",
+        1,
+        TX,
+        K0,
+        "transactions",
+        "Forgets about watched keys of a transaction.",
+        multi::unwatch
+    ),
+    spec!(
+        "reset",
+        1,
+        &[
+            "noscript",
+            "loading",
+            "stale",
+            "fast",
+            "noauth",
+            "allow_busy"
+        ],
+        K0,
+        "connection",
+        "Resets the connection.",
+        multi::reset
+    ),
+    // Pub/sub (commands/pubsub.rs).
+    spec!(
+        "subscribe",
+        -2,
+        PS,
+        K0,
+        "pubsub",
+        "Listens for messages published to channels.",
+        pubsub::subscribe
+    ),
+    spec!(
+        "unsubscribe",
+        -1,
+        PS,
+        K0,
+        "pubsub",
+        "Stops listening to messages posted to channels.",
+        pubsub::unsubscribe
+    ),
+    spec!(
+        "psubscribe",
+        -2,
+        PS,
+        K0,
+        "pubsub",
+        "Listens for messages published to channels that match one or more patterns.",
+        pubsub::psubscribe
+    ),
+    spec!(
+        "punsubscribe",
+        -1,
+        PS,
+        K0,
+        "pubsub",
+        "Stops listening to messages published to channels that match one or more patterns.",
+        pubsub::punsubscribe
+    ),
+    spec!(
+        "publish",
+        3,
+        PS_PUB,
+        K0,
+        "pubsub",
+        "Posts a message to a channel.",
+        pubsub::publish
+    ),
+    spec!(
+        "pubsub",
+        -2,
+        &["pubsub"],
+        K0,
+        "pubsub",
+        "A container for Pub/Sub commands.",
+        pubsub::pubsub
     ),
 ];

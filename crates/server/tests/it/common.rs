@@ -78,6 +78,8 @@ pub enum V {
     Double(String),
     Bool(bool),
     Verbatim(String),
+    /// RESP3 push (`>`).
+    Push(Vec<V>),
 }
 
 pub struct Resp {
@@ -152,6 +154,7 @@ impl Resp {
                     V::Set(items)
                 }
             }
+            ">" => V::Push((0..n()).map(|_| self.read()).collect()),
             "%" => V::Map((0..n()).map(|_| (self.read(), self.read())).collect()),
             _ => panic!("bad reply line {l:?}"),
         }

@@ -13,6 +13,7 @@ mod limits;
 mod mc_binary;
 mod mc_meta;
 mod memcached;
+mod multi;
 mod parsers;
 mod process;
 mod resp3;

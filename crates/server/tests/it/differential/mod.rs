@@ -20,5 +20,6 @@ mod dump;
 pub mod harness;
 mod keyspace;
 mod lists;
+mod multi;
 mod prop;
 mod strings;
