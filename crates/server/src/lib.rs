@@ -30,6 +30,7 @@
 //! | [`types`] | string/hash typing and the hash encoding |
 //! | [`glob`] | KEYS/SCAN pattern matching |
 //! | [`tls`] | TLS on `tls-port` (rustls + ring), its settings and handshake |
+//! | [`rdb`] | RDB snapshots: SAVE/BGSAVE, import of a `dump.rdb` at start |
 //!
 //! ```no_run
 //! let cfg = server::config::ServerConfig { port: Some(0), ..Default::default() };
@@ -52,6 +53,7 @@ pub mod mc_binary;
 pub mod mc_exec;
 pub mod mc_meta;
 pub mod memcache;
+pub mod rdb;
 pub mod resp;
 pub mod state;
 pub mod tls;
@@ -215,6 +217,10 @@ impl Server {
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         // A shared store's capacity was fixed when it was created.
         cfg.capacity = capacity;
+        // A dump.rdb (or --load-rdb) is imported before any client is
+        // served; a bad file stops the start, as in Redis.
+        let loaded = rdb::load::load_at_start(&cfg, &store)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         auth::check_ports(&cfg).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let mut settings = Settings::new(&cfg, store.max_value_bytes())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
@@ -271,8 +277,10 @@ impl Server {
             stopping: AtomicBool::new(false),
             ports: Mutex::new((resp_port.unwrap_or(0), memcached_port.unwrap_or(0))),
             keylocks: keylock::KeyLocks::new(),
+            persist: rdb::Persistence::new(&cfg, loaded),
             config: cfg.clone(),
         });
+        rdb::persist::start(&shared)?;
         let cpus = topology::allowed_cpus();
         let mut handles = Vec::with_capacity(threads);
         for (i, l) in per_worker.into_iter().enumerate() {
@@ -349,6 +357,7 @@ impl Drop for Server {
         for h in self.threads.drain(..) {
             let _ = h.join();
         }
+        rdb::persist::at_shutdown(&self.shared);
         if let Some(p) = &self.unix {
             let _ = std::fs::remove_file(p);
         }

@@ -46,6 +46,8 @@ pub struct WorkerStats {
     pub proto_errors: AtomicU64,
     /// Commands refused before they ran (unknown, wrong arity, NOAUTH).
     pub rejected_calls: AtomicU64,
+    /// RESP write commands run (RDB's changes since the last save).
+    pub writes: AtomicU64,
 }
 
 impl WorkerStats {
@@ -174,6 +176,8 @@ pub struct Shared {
     pub ports: Mutex<(u16, u16)>,
     /// Striped key locks (see [`crate::keylock`]).
     pub keylocks: crate::keylock::KeyLocks,
+    /// RDB snapshots (see [`crate::rdb`]).
+    pub persist: crate::rdb::Persistence,
 }
 
 impl Shared {

@@ -84,7 +84,7 @@ pub fn crc64(mut crc: u64, data: &[u8]) -> u64 {
 }
 
 /// `rdbSaveLen`.
-fn put_len(out: &mut Vec<u8>, len: u64) {
+pub(crate) fn put_len(out: &mut Vec<u8>, len: u64) {
     if len < 1 << 6 {
         out.push(len as u8);
     } else if len < 1 << 14 {
@@ -121,7 +121,7 @@ const LZF_MIN_BYTES: usize = 20;
 /// A string as Redis saves it (`rdbSaveRawString`, or the integer form
 /// of an int-encoded object): an integer encoding, LZF when it saves at
 /// least 4 bytes, or the bytes as they are.
-fn put_string(out: &mut Vec<u8>, s: &[u8]) {
+pub(crate) fn put_string(out: &mut Vec<u8>, s: &[u8]) {
     // Redis holds a canonical integer of up to 20 characters as an
     // integer, and tries the integer form for raw strings of up to 11;
     // both come to: canonical integer that fits 32 bits.
@@ -178,7 +178,7 @@ fn lp_backlen(out: &mut Vec<u8>, l: usize) {
 
 /// One listpack entry: integers as listpack's integer encodings (as
 /// `lpStringToInt64` decides), other bytes as strings.
-fn lp_entry(out: &mut Vec<u8>, s: &[u8]) {
+pub(crate) fn lp_entry(out: &mut Vec<u8>, s: &[u8]) {
     let start = out.len();
     match parse_i64(s) {
         Some(v) if (0..=127).contains(&v) => out.push(v as u8),
@@ -221,7 +221,7 @@ fn lp_entry(out: &mut Vec<u8>, s: &[u8]) {
 }
 
 /// A hash as a listpack.
-fn listpack(h: &Hash) -> Vec<u8> {
+pub(crate) fn listpack(h: &Hash) -> Vec<u8> {
     let mut lp = vec![0u8; 6];
     for (f, v) in h {
         lp_entry(&mut lp, f);
@@ -237,7 +237,12 @@ fn listpack(h: &Hash) -> Vec<u8> {
 
 /// The `hash-max-listpack-*` tunables.
 fn listpack_limits(ctx: &Ctx) -> (usize, usize) {
-    let t = ctx.shared.settings.tunables.get_all();
+    hash_listpack_limits(&ctx.shared.settings)
+}
+
+/// The `hash-max-listpack-*` tunables of `settings` (entries, bytes).
+pub(crate) fn hash_listpack_limits(settings: &crate::config::Settings) -> (usize, usize) {
+    let t = settings.tunables.get_all();
     let num = |n: &str| {
         t.iter()
             .find(|(k, _)| *k == n)
@@ -302,10 +307,10 @@ pub fn dump(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
 }
 
 /// A cursor over a payload; every read fails on truncation.
-struct Rd<'a>(&'a [u8]);
+pub(crate) struct Rd<'a>(pub(crate) &'a [u8]);
 
 impl<'a> Rd<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+    pub(crate) fn take(&mut self, n: usize) -> Option<&'a [u8]> {
         if self.0.len() < n {
             return None;
         }
@@ -314,12 +319,12 @@ impl<'a> Rd<'a> {
         Some(h)
     }
 
-    fn byte(&mut self) -> Option<u8> {
+    pub(crate) fn byte(&mut self) -> Option<u8> {
         Some(self.take(1)?[0])
     }
 
     /// `rdbLoadLenByRef`: (length or special encoding, is it encoded).
-    fn len(&mut self) -> Option<(u64, bool)> {
+    pub(crate) fn len(&mut self) -> Option<(u64, bool)> {
         let b = self.byte()?;
         Some(match b >> 6 {
             0 => (u64::from(b & 0x3f), false),
@@ -337,7 +342,7 @@ impl<'a> Rd<'a> {
     }
 
     /// `rdbGenericLoadStringObject`.
-    fn string(&mut self) -> Option<Vec<u8>> {
+    pub(crate) fn string(&mut self) -> Option<Vec<u8>> {
         let (n, enc) = self.len()?;
         if !enc {
             return Some(self.take(usize::try_from(n).ok()?)?.to_vec());
@@ -362,7 +367,7 @@ impl<'a> Rd<'a> {
 }
 
 /// listpack entries as strings; `None` if malformed.
-fn listpack_entries(lp: &[u8]) -> Option<Vec<Vec<u8>>> {
+pub(crate) fn listpack_entries(lp: &[u8]) -> Option<Vec<Vec<u8>>> {
     if lp.len() < 7 || u32::from_le_bytes(lp[..4].try_into().ok()?) as usize != lp.len() {
         return None;
     }
@@ -422,7 +427,7 @@ fn listpack_entries(lp: &[u8]) -> Option<Vec<Vec<u8>>> {
 
 /// Fields and values in pairs into a hash: `None` if odd, empty or with
 /// a field twice (Redis refuses all three).
-fn pairs_to_hash(items: Vec<Vec<u8>>) -> Option<Hash> {
+pub(crate) fn pairs_to_hash(items: Vec<Vec<u8>>) -> Option<Hash> {
     if items.is_empty() || !items.len().is_multiple_of(2) {
         return None;
     }
