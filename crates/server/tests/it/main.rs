@@ -13,6 +13,7 @@ mod mc_meta;
 mod memcached;
 mod parsers;
 mod process;
+mod rdb;
 mod resp3;
 mod security;
 mod tls;
