@@ -125,6 +125,11 @@ def run(name, argv, port, keys, size, n_bench):
         fill(port, keys, size)
         fill_s = time.time() - t
         mem = info(port, "memory")
+        t = time.time()
+        cli(port, "bgsave")
+        while info(port)["rdb_bgsave_in_progress"] != "0":
+            time.sleep(0.01)
+        idle_s = time.time() - t
         base = bench(port, n_bench, keys, size)
         rss0 = rss(p.pid)
         peak = [rss0]
@@ -153,7 +158,7 @@ def run(name, argv, port, keys, size, n_bench):
                                capture_output=True, text=True).stdout
         print(f"{name}: {keys} keys x {size} B, used_memory {int(mem['used_memory'])/2**30:.2f} GiB, "
               f"RSS before save {rss0/2**30:.2f} GiB, fill {fill_s:.1f} s")
-        print(f"  BGSAVE {save_s:.2f} s (benchmark ran {bench_s:.2f} s of it), file {fsize/2**30:.2f} GiB, "
+        print(f"  BGSAVE alone {idle_s:.2f} s; under load {save_s:.2f} s (benchmark ran {bench_s:.2f} s of it), file {fsize/2**30:.2f} GiB, "
               f"status {pi['rdb_last_bgsave_status']}, redis-check-rdb {'OK' if 'RDB looks OK' in check else 'FAILED'}")
         for t_ in base:
             b, w = base[t_], during[t_]

@@ -14,7 +14,10 @@
 //! BGSAVE is a plain thread that walks the index with that cursor, reads
 //! each key (value, type, expiry) and streams it to a temp file through
 //! a 1 MiB buffer, while the workers keep serving. Nothing is copied but
-//! the key being written; memory grows by the buffer, not by the store.
+//! the key being written; memory grows by the buffer and a set of 16-byte
+//! key fingerprints (the local engine's cursor may return a key twice
+//! while its index grows, and redis-server refuses a file that holds a
+//! key twice), not by a copy of the store.
 //! The thread runs at a lower priority (nice +10) so the workers win the
 //! CPU when they need it.
 //!

@@ -14,8 +14,10 @@
 //! the workers run them, whether or not they changed a key: Redis counts
 //! keys actually modified.
 
+use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::fs::File;
+use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -302,6 +304,11 @@ fn write_snapshot(sh: &Shared, tmp: &Path, abort: &dyn Fn() -> bool) -> Result<(
     let mut w = Writer::new(f, lim, store.stats().used_bytes, store.len(), 0).map_err(io)?;
     let (mut cursor, mut keys) = (0u64, 0u64);
     let mut buf = Vec::new();
+    // The local engine's cursor may return a key twice when the index
+    // grows during the walk, and redis-server refuses a file with a key
+    // twice: keys already written are remembered by a 128-bit
+    // fingerprint (16 bytes a key, no copy of the key).
+    let mut seen: HashSet<u128> = HashSet::with_capacity(store.len() as usize);
     loop {
         if abort() {
             return Err("aborted (the server is shutting down)".into());
@@ -310,6 +317,9 @@ fn write_snapshot(sh: &Shared, tmp: &Path, abort: &dyn Fn() -> bool) -> Result<(
             .scan(cursor, SAVE_SCAN_BATCH_KEYS)
             .map_err(|e| format!("engine scan: {e}"))?;
         for k in batch {
+            if !seen.insert(fingerprint(&k)) {
+                continue;
+            }
             // Each key is read whole, as of this instant.
             let Some(m) = store
                 .get_into(&k, &mut buf)
@@ -343,6 +353,17 @@ fn write_snapshot(sh: &Shared, tmp: &Path, abort: &dyn Fn() -> bool) -> Result<(
     let (f, bytes) = w.finish().map_err(io)?;
     f.sync_all().map_err(io)?;
     Ok((keys, bytes))
+}
+
+/// Two independent 64-bit SipHashes of `key`.
+fn fingerprint(key: &[u8]) -> u128 {
+    let h = |salt: u64| {
+        let mut s = std::hash::DefaultHasher::new();
+        salt.hash(&mut s);
+        key.hash(&mut s);
+        s.finish()
+    };
+    (u128::from(h(0x9e37_79b9_7f4a_7c15)) << 64) | u128::from(h(0xc2b2_ae3d_27d4_eb4f))
 }
 
 /// Lower this thread's priority (nice), best effort.
