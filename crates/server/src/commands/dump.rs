@@ -62,7 +62,7 @@ fn crc64_tables() -> &'static [[u64; 256]; 8] {
     static T: std::sync::OnceLock<[[u64; 256]; 8]> = std::sync::OnceLock::new();
     T.get_or_init(|| {
         let mut t = [[0u64; 256]; 8];
-        for i in 0..256 {
+        for (i, e) in t[0].iter_mut().enumerate() {
             let mut c = i as u64;
             for _ in 0..8 {
                 c = if c & 1 == 1 {
@@ -71,12 +71,12 @@ fn crc64_tables() -> &'static [[u64; 256]; 8] {
                     c >> 1
                 };
             }
-            t[0][i] = c;
+            *e = c;
         }
         for k in 1..8 {
-            for i in 0..256 {
-                let p = t[k - 1][i];
-                t[k][i] = (p >> 8) ^ t[0][(p & 0xff) as usize];
+            let (done, rest) = t.split_at_mut(k);
+            for (e, &p) in rest[0].iter_mut().zip(done[k - 1].iter()) {
+                *e = (p >> 8) ^ done[0][(p & 0xff) as usize];
             }
         }
         t

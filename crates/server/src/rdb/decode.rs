@@ -623,8 +623,7 @@ pub fn zipmap(z: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
         }
     };
     let mut items = Vec::new();
-    loop {
-        let Some(fl) = len(&mut p)? else { break };
+    while let Some(fl) = len(&mut p)? {
         let f = z.get(p..p.checked_add(fl)?)?.to_vec();
         p += fl;
         let vl = len(&mut p)??;

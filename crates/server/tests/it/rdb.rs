@@ -735,3 +735,25 @@ proptest! {
         prop_assert!(decode::parse(&file, |_| Ok(())).is_err());
     }
 }
+
+#[test]
+fn save_points_start_a_bgsave() {
+    let dir = Dir::new("points");
+    let s = start_with(|c| {
+        c.rdb.dir = Some(dir.0.clone());
+        c.rdb.save = vec![(1, 2)];
+    });
+    let mut con = client(&s);
+    cmd(&mut con, &["SET", "a", "1"]).unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    // One change is below the point's two: no save yet.
+    assert!(!dir.0.join("dump.rdb").exists());
+    cmd(&mut con, &["SET", "b", "2"]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !dir.0.join("dump.rdb").exists() {
+        assert!(Instant::now() < deadline, "no save after 2 changes");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let info: String = redis::cmd("INFO").arg("persistence").query(&mut con).unwrap();
+    assert!(info.contains("rdb_last_bgsave_status:ok"), "{info}");
+}
