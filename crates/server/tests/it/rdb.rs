@@ -754,6 +754,9 @@ fn save_points_start_a_bgsave() {
         assert!(Instant::now() < deadline, "no save after 2 changes");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let info: String = redis::cmd("INFO").arg("persistence").query(&mut con).unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("persistence")
+        .query(&mut con)
+        .unwrap();
     assert!(info.contains("rdb_last_bgsave_status:ok"), "{info}");
 }
