@@ -44,7 +44,12 @@
 //! The entry holds only 16 hash bits, so the resizer asks the store for the
 //! hash of each moved object ([`Index::new`]'s `rehash`). Growth fails with
 //! [`IndexError::Full`] beyond the reservation or the byte budget; it also
-//! starts early once a subtable's load passes `grow_load_factor`.
+//! starts early once a subtable's load passes `grow_load_factor`. The byte
+//! budget (`max_bytes`) is the index's own share; with an
+//! [`IndexOverflow`] set ([`Index::set_overflow`]) the index may grow past
+//! it, each byte above it borrowed from the owner's budget (the store
+//! lends it from the log's free blocks), so the split between index and
+//! log follows the data instead of a fixed share.
 //!
 //! Files: this one holds the types, construction and the optimistic read;
 //! `index/bucket.rs` the seqlocked bucket, `index/write.rs` the writers'
@@ -283,6 +288,15 @@ enum Trigger {
 /// given a location, hash the key stored there (see [`Index::new`]).
 pub type RehashFn = Box<dyn Fn(Loc) -> u64 + Send + Sync>;
 
+/// Where an index that outgrew its own byte budget borrows more (the
+/// store: its log's free blocks).
+pub trait IndexOverflow: Send + Sync {
+    /// Take `bytes` more; false if they are not there.
+    fn take(&self, bytes: u64) -> bool;
+    /// Give back `bytes` taken earlier.
+    fn give_back(&self, bytes: u64);
+}
+
 /// The concurrent hash index of §4.3. See the module documentation.
 pub struct Index {
     subtables: Box<[CachePadded<Subtable>]>,
@@ -300,6 +314,9 @@ pub struct Index {
     /// Bytes of buckets in use, all subtables; a growth reserves its share
     /// here (compare-and-swap against `max_bytes`) before touching memory.
     bucket_bytes: CachePadded<AtomicU64>,
+    /// Bytes of `bucket_bytes` above `max_bytes`, borrowed from `overflow`.
+    borrowed_bytes: AtomicU64,
+    overflow: std::sync::OnceLock<Box<dyn IndexOverflow>>,
     rehash: RehashFn,
 }
 
@@ -426,6 +443,8 @@ impl Index {
             max_bytes,
             metadata_bytes,
             bucket_bytes: CachePadded::new(AtomicU64::new(initial_bytes)),
+            borrowed_bytes: AtomicU64::new(0),
+            overflow: std::sync::OnceLock::new(),
             rehash: Box::new(rehash),
         })
     }
@@ -592,9 +611,21 @@ impl Index {
 
     /// Memory the index accounts for: the buckets in use (`n × 128` per
     /// subtable, all touched or about to be) plus fixed metadata. The store
-    /// charges this against its capacity; it never exceeds `max_bytes`.
+    /// charges this against its capacity; it exceeds `max_bytes` only by
+    /// what it borrowed ([`Index::borrowed_bytes`]).
     pub fn memory_bytes(&self) -> u64 {
         self.metadata_bytes + self.bucket_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Bytes borrowed beyond `max_bytes` from the [`IndexOverflow`].
+    pub fn borrowed_bytes(&self) -> u64 {
+        self.borrowed_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Let the index grow past `max_bytes` by borrowing from `overflow`.
+    /// Set once; later calls are ignored (returns false).
+    pub fn set_overflow(&self, overflow: Box<dyn IndexOverflow>) -> bool {
+        self.overflow.set(overflow).is_ok()
     }
 
     /// Shape and counters (a racy but cheap snapshot).

@@ -19,7 +19,11 @@
 //! [`LiveBytes`] table beside it.
 //!
 //! Capacity. Blocks are counted against a budget: clients may use all but
-//! the compaction reserve, compaction may use everything. A location (`Loc`,
+//! the compaction reserve, compaction may use everything. The index may
+//! borrow from the same budget once it outgrows its own share
+//! ([`Memory::borrow_for_index`]): a store of small objects is then
+//! limited by its memory, not by a fixed index size, and every byte of
+//! both still counts against one capacity. A location (`Loc`,
 //! what the index stores) is the pool byte offset plus one, so that 0 can
 //! mean "empty".
 //!
@@ -148,6 +152,10 @@ pub(crate) struct Memory {
     blocks_total: u64,
     reserve_blocks: u64,
     blocks_in_use: CachePadded<AtomicU64>,
+    /// Bytes the index has borrowed from the block budget; the blocks they
+    /// round up to are counted in `blocks_in_use` (never allocated: the
+    /// pool's pages behind them stay untouched).
+    index_borrowed: Mutex<u64>,
     next_block: Box<[AtomicU32]>,
     block_seg: Box<[AtomicU32]>,
     segs: Box<[SegInfo]>,
@@ -226,6 +234,7 @@ impl Memory {
             blocks_total,
             reserve_blocks: reserve_blocks.min(blocks_total / 2),
             blocks_in_use: CachePadded::new(AtomicU64::new(0)),
+            index_borrowed: Mutex::new(0),
             next_block: (0..n).map(|_| AtomicU32::new(NO_BLOCK)).collect(),
             block_seg: (0..n).map(|_| AtomicU32::new(u32::MAX)).collect(),
             segs,
@@ -266,6 +275,54 @@ impl Memory {
     /// Blocks allocated to segments.
     pub(crate) fn blocks_in_use(&self) -> u64 {
         self.blocks_in_use.load(Ordering::Relaxed)
+    }
+
+    /// Blocks allocated to segments (the budget's use less the index's
+    /// borrowed blocks).
+    pub(crate) fn segment_blocks_in_use(&self) -> u64 {
+        let borrowed = self.index_borrowed.lock();
+        self.blocks_in_use()
+            .saturating_sub(borrowed.div_ceil(BLOCK_BYTES as u64))
+    }
+
+    /// Let the index use `bytes` more than its own share, taken from the
+    /// clients' block budget (the index grows rarely: a mutex is enough).
+    /// False when the clients' free blocks cannot cover it; the caller
+    /// then fails the growth and compaction or eviction must free blocks
+    /// first.
+    pub(crate) fn borrow_for_index(&self, bytes: u64) -> bool {
+        let mut borrowed = self.index_borrowed.lock();
+        let block = BLOCK_BYTES as u64;
+        let need = (*borrowed + bytes).div_ceil(block) - borrowed.div_ceil(block);
+        let limit = self.blocks_total - self.reserve_blocks;
+        let mut cur = self.blocks_in_use.load(Ordering::Relaxed);
+        loop {
+            if cur + need > limit {
+                return false;
+            }
+            match self.blocks_in_use.compare_exchange_weak(
+                cur,
+                cur + need,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(v) => cur = v,
+            }
+        }
+        *borrowed += bytes;
+        true
+    }
+
+    /// Give back bytes [`Memory::borrow_for_index`] lent (a growth that
+    /// was rolled back).
+    pub(crate) fn return_from_index(&self, bytes: u64) {
+        let mut borrowed = self.index_borrowed.lock();
+        let block = BLOCK_BYTES as u64;
+        let before = borrowed.div_ceil(block);
+        *borrowed = borrowed.saturating_sub(bytes);
+        self.blocks_in_use
+            .fetch_sub(before - borrowed.div_ceil(block), Ordering::AcqRel);
     }
 
     /// Blocks clients may still take before hitting the reserve.

@@ -89,6 +89,20 @@ pub(crate) struct Inner {
     pub(crate) workers: Vec<Vec<Mutex<crate::compaction::WorkerState>>>,
 }
 
+/// The index's overflow budget: past its own share it borrows the log's
+/// free blocks (see `Memory::borrow_for_index`).
+struct LogLendsToIndex(Arc<Memory>);
+
+impl crate::index::IndexOverflow for LogLendsToIndex {
+    fn take(&self, bytes: u64) -> bool {
+        self.0.borrow_for_index(bytes)
+    }
+
+    fn give_back(&self, bytes: u64) {
+        self.0.return_from_index(bytes)
+    }
+}
+
 /// The key hash used by the index.
 #[inline]
 pub fn hash_key(key: &[u8]) -> u64 {
@@ -188,6 +202,9 @@ impl Store {
             rehash,
         )
         .map_err(|e| Error::Config(format!("index: {e}")))?;
+        if cfg.index_borrows_from_log {
+            index.set_overflow(Box::new(LogLendsToIndex(mem.clone())));
+        }
         let logs = (0..nodes)
             .map(|_| Log::new(heads_per_node, workers_per_node, segment_blocks))
             .collect();

@@ -51,8 +51,15 @@ use crate::state::{ClientInfo, Shared, WorkerStats};
 
 /// Flush the output once it holds this many bytes.
 pub const OUT_SOFT: usize = 64 << 10;
-/// Read at least this much at a time.
+/// Read up to this much at a time once a client sends more than an idle
+/// read holds.
 const READ_CHUNK: usize = 16 << 10;
+/// An idle connection's input buffer, and the read size a connection
+/// starts with: a request-reply client never needs more, so 10,000 idle
+/// connections hold 10 MB of input buffers, not 160.
+const IDLE_READ_BYTES: usize = 1 << 10;
+/// An idle connection keeps at most this much output capacity.
+const IDLE_OUT_BYTES: usize = 4 << 10;
 /// Longest stretch of one connection's batch before it yields the worker.
 pub const EXEC_SLICE: std::time::Duration = std::time::Duration::from_millis(1);
 /// Requests executed between two looks at the clock.
@@ -67,14 +74,56 @@ pub enum Protocol {
     Memcached,
 }
 
-/// The input buffer: bytes `[start, filled)` are unconsumed.
+/// The input buffer: bytes `[start, filled)` are unconsumed. It starts at
+/// [`IDLE_READ_BYTES`], reads up to `chunk` bytes at a time (doubling,
+/// up to [`READ_CHUNK`], while reads fill what they are offered), and
+/// shrinks back when the connection is idle after small reads
+/// ([`InBuf::shrink_when_idle`]), as Redis's query buffer does.
 struct InBuf {
     data: Vec<u8>,
     start: usize,
     filled: usize,
+    /// How much the next read may take.
+    chunk: usize,
+    /// Bytes the last read returned.
+    last_read: usize,
 }
 
 impl InBuf {
+    fn new() -> InBuf {
+        InBuf {
+            data: vec![0; IDLE_READ_BYTES],
+            start: 0,
+            filled: 0,
+            chunk: IDLE_READ_BYTES,
+            last_read: 0,
+        }
+    }
+
+    /// Record a read of `n` bytes out of `offered`: a read that took all
+    /// it was offered doubles the next one.
+    fn note_read(&mut self, n: usize, offered: usize) {
+        self.filled += n;
+        self.last_read = n;
+        if n == offered && self.chunk < READ_CHUNK {
+            self.chunk = (self.chunk * 2).min(READ_CHUNK);
+        }
+    }
+
+    /// With nothing pending and small recent reads, give the buffer's
+    /// memory back down to [`IDLE_READ_BYTES`].
+    fn shrink_when_idle(&mut self) {
+        if self.start == self.filled
+            && self.data.len() > IDLE_READ_BYTES
+            && self.last_read <= IDLE_READ_BYTES
+        {
+            self.start = 0;
+            self.filled = 0;
+            self.chunk = IDLE_READ_BYTES;
+            self.data = vec![0; IDLE_READ_BYTES];
+        }
+    }
+
     fn pending(&self) -> &[u8] {
         &self.data[self.start..self.filled]
     }
@@ -94,7 +143,7 @@ impl InBuf {
             self.filled -= self.start;
             self.start = 0;
         }
-        let chunk_end = (self.filled + READ_CHUNK).min(self.start + cap);
+        let chunk_end = (self.filled + self.chunk).min(self.start + cap);
         let need = (self.start + want).max(chunk_end).max(self.filled + 1);
         if self.data.len() < need {
             self.data.resize(need, 0);
@@ -121,6 +170,7 @@ async fn read_more<S: AsyncRead + Unpin>(
     inb.reserve(want, cap);
     let timeout = shared.settings.idle_timeout();
     let buf = &mut inb.data[inb.filled..];
+    let offered = buf.len();
     let read = async {
         match timeout {
             Some(t) => tokio::time::timeout(t, s.read(buf))
@@ -136,7 +186,7 @@ async fn read_more<S: AsyncRead + Unpin>(
     match r {
         Ok(0) => Err(ReadEnd::Closed),
         Ok(n) => {
-            inb.filled += n;
+            inb.note_read(n, offered);
             WorkerStats::bump(&stats.net_in, n as u64);
             Ok(())
         }
@@ -275,12 +325,8 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let stats = &shared.stats[worker];
-    let mut inb = InBuf {
-        data: vec![0; READ_CHUNK],
-        start: 0,
-        filled: 0,
-    };
-    let mut out = Vec::with_capacity(READ_CHUNK);
+    let mut inb = InBuf::new();
+    let mut out = Vec::new();
     let mut scratch = Vec::new();
     let mut sess = Session::new(info.clone(), shared.settings.password().is_none());
     // The memcached side's authentication (its authfile), see `auth`.
@@ -532,6 +578,10 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         }
         if inb.start == inb.filled {
             parser.reset();
+            inb.shrink_when_idle();
+            if out.capacity() > IDLE_OUT_BYTES && inb.last_read <= IDLE_READ_BYTES {
+                out = Vec::new();
+            }
         }
     }
 }

@@ -18,6 +18,26 @@
 //!      SHUTDOWN / SIGTERM    ─▶   close: the last process out marks the store clean
 //! ```
 //!
+//! # User keys and internal keys
+//!
+//! Large collections (see `coll`) keep their elements in engine items of
+//! their own, under keys no client can name. This file is the one place
+//! that keeps the two key spaces apart: every method below takes a *user*
+//! key and maps it, the `raw_*` methods take engine keys as they are.
+//!
+//! ```text
+//!  user key k, k[0] != 0xFF   ─▶ k                      (no copy: one compare per call)
+//!  user key 0xFF ‖ rest       ─▶ 0xFF 0x01 ‖ rest       (escaped: one byte longer)
+//!  internal key               ─▶ 0xFF 0x00 ‖ ...        (`coll` node and instance items)
+//! ```
+//!
+//! The map is injective and its image never starts with `0xFF 0x00`, so
+//! no user key reaches an internal item. [`Engine::scan`] drops internal
+//! keys and unescapes the rest, so SCAN, KEYS, DBSIZE and RANDOMKEY never
+//! show an internal key. The price: one byte compare per call, and a user
+//! key that starts with `0xFF` may be one byte shorter than
+//! `nibble::MAX_KEY_BYTES`.
+//!
 //! What differs between the two, and the server reports honestly: the
 //! shared store is append-only (no Nibble-2 in-place overwrite; `mode`
 //! does not apply), its capacity is fixed when it is created (a later
@@ -25,6 +45,7 @@
 //! must fit one log segment, which the server sizes from the capacity
 //! (1 to 16 MiB).
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -43,6 +64,43 @@ pub const SHARED_SEGMENTS_WANTED: u64 = 256;
 /// How long a write waits for compaction before -OOM (as the local
 /// engine's `max_write_wait_ms`).
 const SHARED_OOM_WAIT_MS: u64 = 100;
+
+/// First byte of every internal key and of every escaped user key.
+pub const KEY_ESCAPE_BYTE: u8 = 0xFF;
+/// Second byte of an internal key.
+pub const INTERNAL_KEY_TAG: u8 = 0x00;
+/// Second byte of an escaped user key.
+const ESCAPED_KEY_TAG: u8 = 0x01;
+
+/// The engine key of user key `k`.
+#[inline]
+pub fn user_key(k: &[u8]) -> Cow<'_, [u8]> {
+    if k.first() != Some(&KEY_ESCAPE_BYTE) {
+        return Cow::Borrowed(k);
+    }
+    let mut v = Vec::with_capacity(k.len() + 1);
+    v.push(KEY_ESCAPE_BYTE);
+    v.push(ESCAPED_KEY_TAG);
+    v.extend_from_slice(&k[1..]);
+    Cow::Owned(v)
+}
+
+/// The user key of engine key `raw`; `None` for an internal key.
+pub fn from_engine_key(mut raw: Vec<u8>) -> Option<Vec<u8>> {
+    if raw.first() != Some(&KEY_ESCAPE_BYTE) {
+        return Some(raw);
+    }
+    if raw.get(1) != Some(&ESCAPED_KEY_TAG) {
+        return None;
+    }
+    raw.remove(1);
+    Some(raw)
+}
+
+/// True if `raw` is an internal key.
+pub fn is_internal_key(raw: &[u8]) -> bool {
+    raw.len() >= 2 && raw[0] == KEY_ESCAPE_BYTE && raw[1] == INTERNAL_KEY_TAG
+}
 
 /// The engine.
 pub enum Engine {
@@ -125,54 +183,79 @@ impl Engine {
     /// Store `value` under `key` (no conditions); the new version.
     #[inline]
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<u64, Error> {
-        dispatch!(self, put(key, value))
+        dispatch!(self, put(&user_key(key), value))
     }
 
     /// The general write (`nibble::Store::put_with`).
     #[inline]
     pub fn put_with(&self, key: &[u8], value: &[u8], opts: PutOptions) -> Result<u64, Error> {
-        dispatch!(self, put_with(key, value, opts))
+        dispatch!(self, put_with(&user_key(key), value, opts))
     }
 
     /// Copy the value into `buf`; its metadata, `None` if absent or expired.
     #[inline]
     pub fn get_into(&self, key: &[u8], buf: &mut Vec<u8>) -> Result<Option<ItemMeta>, Error> {
-        dispatch!(self, get_into(key, buf))
+        dispatch!(self, get_into(&user_key(key), buf))
     }
 
     /// Metadata without the value.
     #[inline]
     pub fn meta(&self, key: &[u8]) -> Result<Option<ItemMeta>, Error> {
-        dispatch!(self, meta(key))
+        dispatch!(self, meta(&user_key(key)))
     }
 
     /// True if present.
     #[inline]
     pub fn contains(&self, key: &[u8]) -> Result<bool, Error> {
-        dispatch!(self, contains(key))
+        dispatch!(self, contains(&user_key(key)))
     }
 
     /// Remove; whether a live item was removed.
     #[inline]
     pub fn delete(&self, key: &[u8]) -> Result<bool, Error> {
-        dispatch!(self, delete(key))
+        dispatch!(self, delete(&user_key(key)))
     }
 
     /// Conditional delete (`nibble::Store::delete_if`).
     #[inline]
     pub fn delete_if(&self, key: &[u8], cond: Condition) -> Result<(), Error> {
-        dispatch!(self, delete_if(key, cond))
+        dispatch!(self, delete_if(&user_key(key), cond))
     }
 
     /// Set or clear the expiry; whether the key exists.
     #[inline]
     pub fn set_expiry(&self, key: &[u8], expiry_ms: Option<u64>) -> Result<bool, Error> {
-        dispatch!(self, set_expiry(key, expiry_ms))
+        dispatch!(self, set_expiry(&user_key(key), expiry_ms))
     }
 
-    /// One cursor step over the keys (start with 0; 0 at the end).
+    /// One cursor step over the user keys (start with 0; 0 at the end).
     pub fn scan(&self, cursor: u64, count: usize) -> Result<(u64, Vec<Vec<u8>>), Error> {
-        dispatch!(self, scan(cursor, count))
+        let (next, keys) = dispatch!(self, scan(cursor, count))?;
+        Ok((next, keys.into_iter().filter_map(from_engine_key).collect()))
+    }
+
+    /// One cursor step over every engine key, internal ones included,
+    /// expired ones not reclaimed yet included (FLUSHALL, the sweeper).
+    pub fn raw_scan(&self, cursor: u64, count: usize) -> Result<(u64, Vec<Vec<u8>>), Error> {
+        dispatch!(self, scan_with_expired(cursor, count))
+    }
+
+    /// `get_into` of an engine key as it is.
+    #[inline]
+    pub fn raw_get_into(&self, raw: &[u8], buf: &mut Vec<u8>) -> Result<Option<ItemMeta>, Error> {
+        dispatch!(self, get_into(raw, buf))
+    }
+
+    /// `put_with` of an engine key as it is.
+    #[inline]
+    pub fn raw_put_with(&self, raw: &[u8], value: &[u8], opts: PutOptions) -> Result<u64, Error> {
+        dispatch!(self, put_with(raw, value, opts))
+    }
+
+    /// `delete` of an engine key as it is.
+    #[inline]
+    pub fn raw_delete(&self, raw: &[u8]) -> Result<bool, Error> {
+        dispatch!(self, delete(raw))
     }
 
     /// [`scan`](Engine::scan) with expired keys not reclaimed yet.
@@ -181,10 +264,12 @@ impl Engine {
         cursor: u64,
         count: usize,
     ) -> Result<(u64, Vec<Vec<u8>>), Error> {
-        dispatch!(self, scan_with_expired(cursor, count))
+        let (next, keys) = dispatch!(self, scan_with_expired(cursor, count))?;
+        Ok((next, keys.into_iter().filter_map(from_engine_key).collect()))
     }
 
-    /// Keys in the index (expired ones not yet reclaimed included).
+    /// Engine keys in the index (expired ones not yet reclaimed and the
+    /// internal keys of large collections included).
     pub fn len(&self) -> u64 {
         dispatch!(self, len())
     }
@@ -216,9 +301,9 @@ fn open_shared(dir: &Path, cfg: &ServerConfig) -> Result<SharedEngine, String> {
     let opts = nibblejmp::Options {
         seg_bytes: segment_bytes_for(cfg.capacity),
         oom_wait: Duration::from_millis(SHARED_OOM_WAIT_MS),
-        // One slot per worker and one for the compaction thread, so a
-        // worker never waits for a slot.
-        epoch_slots: Some((cfg.threads + 1).clamp(2, nibblejmp::store::MAX_PROCESS_SLOTS)),
+        // One slot per worker, one for the compaction thread and one for
+        // the collection sweeper, so a worker never waits for a slot.
+        epoch_slots: Some((cfg.threads + 2).clamp(2, nibblejmp::store::MAX_PROCESS_SLOTS)),
         ..nibblejmp::Options::default()
     };
     let t = Instant::now();
@@ -289,6 +374,17 @@ fn open_shared(dir: &Path, cfg: &ServerConfig) -> Result<SharedEngine, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn user_keys_never_reach_internal_keys() {
+        for k in [&b""[..], b"a", b"\xff", b"\xff\x00x", b"\xff\x01", b"\x00"] {
+            let e = user_key(k).into_owned();
+            assert!(!is_internal_key(&e));
+            assert_eq!(from_engine_key(e).as_deref(), Some(k));
+        }
+        assert_eq!(from_engine_key(vec![0xFF, 0x00, 7]), None);
+        assert_ne!(user_key(b"\xff"), user_key(b"\xff\x01"));
+    }
 
     #[test]
     fn segment_size_follows_capacity() {

@@ -42,12 +42,14 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod auth;
+pub mod coll;
 pub mod commands;
 pub mod config;
 pub mod conn;
 pub mod engine;
 pub mod glob;
 pub mod keylock;
+pub mod list;
 pub mod longdouble;
 pub mod mc_binary;
 pub mod mc_exec;
@@ -57,6 +59,7 @@ pub mod rdb;
 pub mod resp;
 pub mod state;
 pub mod tls;
+pub mod trim;
 pub mod tunables;
 pub mod types;
 pub mod worker;
@@ -219,8 +222,6 @@ impl Server {
         cfg.capacity = capacity;
         // A dump.rdb (or --load-rdb) is imported before any client is
         // served; a bad file stops the start, as in Redis.
-        let loaded = rdb::load::load_at_start(&cfg, &store)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         auth::check_ports(&cfg).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let mut settings = Settings::new(&cfg, store.max_value_bytes())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
@@ -276,13 +277,27 @@ impl Server {
             shutdown_tx: tx,
             stopping: AtomicBool::new(false),
             ports: Mutex::new((resp_port.unwrap_or(0), memcached_port.unwrap_or(0))),
+            closed_since_trim: AtomicU64::new(0),
             keylocks: keylock::KeyLocks::new(),
-            persist: rdb::Persistence::new(&cfg, loaded),
+            persist: rdb::Persistence::new(&cfg),
             config: cfg.clone(),
         });
+        // A dump.rdb (or --load-rdb) is imported before any client is
+        // served; a bad file stops the start, as in Redis.
+        let loaded = rdb::load::load_at_start(&shared)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let _ = shared.persist.load.set(loaded);
         rdb::persist::start(&shared)?;
+        trim::start(&shared)?;
         let cpus = topology::allowed_cpus();
-        let mut handles = Vec::with_capacity(threads);
+        let mut handles = Vec::with_capacity(threads + 1);
+        // The sweeper of dead large collections' nodes (see `coll`).
+        let sh = shared.clone();
+        handles.push(
+            std::thread::Builder::new()
+                .name("nibble-sweeper".into())
+                .spawn(move || coll::sweeper(sh))?,
+        );
         for (i, l) in per_worker.into_iter().enumerate() {
             let cpu = (cfg.pin && !cpus.is_empty()).then(|| cpus[i % cpus.len()]);
             let sh = shared.clone();

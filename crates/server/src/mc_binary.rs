@@ -47,7 +47,7 @@ use crate::commands::admin::flush;
 use crate::mc_exec::{expiry_of, stats_pairs, MC_VERSION};
 use crate::memcache::MAX_KEY;
 use crate::state::{Shared, WorkerStats};
-use crate::types::{is_hash, HASH_FLAGS};
+use crate::types::{is_collection, is_reserved_flags};
 
 /// Header length in bytes.
 pub const HEADER_BYTES: usize = 24;
@@ -271,7 +271,7 @@ pub fn execute(
         0x00 | 0x09 | 0x0c | 0x0d | 0x1d | 0x1e | 0x23 | 0x24 => {
             let with_key = matches!(op, 0x0c | 0x0d | 0x23 | 0x24);
             let hit = match store.get_into(key, buf) {
-                Ok(Some(m)) if !is_hash(&m) => {
+                Ok(Some(m)) if !is_collection(&m) => {
                     if matches!(op, 0x1d | 0x1e | 0x23 | 0x24) {
                         let _ = store.set_expiry(key, expiry_of(i64::from(be32(extras))));
                     }
@@ -298,7 +298,7 @@ pub fn execute(
         0x01..=0x03 | 0x11..=0x13 => {
             WorkerStats::bump(&stats.sets, 1);
             let flags = be32(&extras[..4]);
-            if flags == HASH_FLAGS {
+            if is_reserved_flags(flags) {
                 error(out, h, EINVAL);
                 return false;
             }
@@ -379,7 +379,7 @@ pub fn execute(
         }
         // TOUCH: answers the flags and CAS, without the value.
         0x1c => match store.get_into(key, buf) {
-            Ok(Some(m)) if !is_hash(&m) => {
+            Ok(Some(m)) if !is_collection(&m) => {
                 match store.set_expiry(key, expiry_of(i64::from(be32(extras)))) {
                     Ok(true) => respond(out, h, OK, m.version, &m.flags.to_be_bytes(), &[], &[]),
                     Ok(false) => error(out, h, NOT_FOUND),
@@ -484,7 +484,7 @@ fn concat(
     let max = shared.settings.max_bulk();
     loop {
         let m = match store.get_into(key, buf) {
-            Ok(Some(m)) if !is_hash(&m) => m,
+            Ok(Some(m)) if !is_collection(&m) => m,
             Ok(_) => return Err(NOT_STORED),
             Err(e) => return Err(store_status(&e)),
         };

@@ -10,7 +10,7 @@
 //! Expiry follows memcached: 0 = never, a negative value = already
 //! expired, up to 30 days = seconds from now, above that = an absolute Unix
 //! time in seconds. Client flags are stored whole in the item's 32-bit
-//! flags; the one value 4294967295 is reserved for Redis hashes (see
+//! flags; the top sixteen values (4294967280 and up) are reserved for Redis types (see
 //! `types`) and refused here.
 //!
 //! Errors: a full store answers `SERVER_ERROR out of memory storing
@@ -25,7 +25,7 @@ use nibble::{Condition, Error as StoreError, Expiry, PutOptions};
 use crate::commands::admin::flush;
 use crate::memcache::{McCommand, Store, StoreVerb};
 use crate::state::{rss_bytes, unix_ms, Shared, WorkerStats};
-use crate::types::{is_hash, HASH_FLAGS};
+use crate::types::{is_collection, is_reserved_flags};
 
 /// memcached's "relative vs absolute" threshold: 30 days in seconds.
 pub const REALTIME_MAXDELTA: i64 = 60 * 60 * 24 * 30;
@@ -73,8 +73,11 @@ pub fn execute(
     let (reply, noreply): (String, bool) = match cmd {
         McCommand::Store(a) => {
             WorkerStats::bump(&stats.sets, 1);
-            let r = if a.flags == HASH_FLAGS {
-                "CLIENT_ERROR flags value 4294967295 is reserved by this server".into()
+            let r = if is_reserved_flags(a.flags) {
+                format!(
+                    "CLIENT_ERROR flags value {} is reserved by this server",
+                    a.flags
+                )
             } else {
                 storage(shared, &a, buf).into()
             };
@@ -222,7 +225,7 @@ fn concat(
             Ok(None) => return "NOT_STORED",
             Err(e) => return store_err(&e),
         };
-        if is_hash(&m) {
+        if is_collection(&m) {
             return "CLIENT_ERROR cannot append to a Redis hash";
         }
         if buf.len() + data.len() > max {
@@ -343,7 +346,7 @@ pub(crate) fn counter_step(
     incr: bool,
     delta: u64,
 ) -> Option<u64> {
-    if is_hash(meta) {
+    if is_collection(meta) {
         return None;
     }
     let cur = std::str::from_utf8(stored)

@@ -48,7 +48,7 @@ use nibble::{Condition, Error as StoreError, Expiry, PutOptions};
 use crate::mc_exec::{expiry_of, Wr};
 use crate::memcache::{McCommand, McParsed, MAX_KEY};
 use crate::state::{unix_ms, Shared};
-use crate::types::{is_hash, HASH_FLAGS};
+use crate::types::{is_collection, is_reserved_flags};
 
 /// Which meta command.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -338,7 +338,7 @@ fn get(shared: &Shared, m: &Meta<'_>, out: &mut Vec<u8>, buf: &mut Vec<u8>) -> b
         return false;
     };
     let (meta, won) = match store.get_into(&m.key[..], buf) {
-        Ok(Some(meta)) if !is_hash(&meta) => (meta, false),
+        Ok(Some(meta)) if !is_collection(&meta) => (meta, false),
         Ok(_) => {
             let Some(ttl) = viv_ttl else {
                 if !has(m, b'q') {
@@ -412,10 +412,10 @@ fn set(shared: &Shared, m: &Meta<'_>, out: &mut Vec<u8>, buf: &mut Vec<u8>) {
         return;
     };
     let flags = flags.unwrap_or(0);
-    if flags == HASH_FLAGS {
+    if is_reserved_flags(flags) {
         line(
             out,
-            "CLIENT_ERROR flags value 4294967295 is reserved by this server",
+            &format!("CLIENT_ERROR flags value {flags} is reserved by this server"),
         );
         return;
     }
@@ -474,7 +474,7 @@ fn concat(
     let max = shared.settings.max_bulk();
     loop {
         let (v, opts) = match store.get_into(&m.key[..], buf) {
-            Ok(Some(meta)) if is_hash(&meta) => {
+            Ok(Some(meta)) if is_collection(&meta) => {
                 return line(out, "CLIENT_ERROR cannot append to a Redis hash")
             }
             Ok(Some(meta)) => {

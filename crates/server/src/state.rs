@@ -174,6 +174,9 @@ pub struct Shared {
     pub stopping: AtomicBool,
     /// Ports actually bound (RESP, memcached).
     pub ports: Mutex<(u16, u16)>,
+    /// Connections closed since the heap was last trimmed (see
+    /// [`crate::trim`]).
+    pub closed_since_trim: AtomicU64,
     /// Striped key locks (see [`crate::keylock`]).
     pub keylocks: crate::keylock::KeyLocks,
     /// RDB snapshots (see [`crate::rdb`]).

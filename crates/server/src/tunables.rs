@@ -1,13 +1,15 @@
 //! Redis's encoding tunables, accepted by CONFIG SET and shown by CONFIG
-//! GET, with no effect on this server.
+//! GET; the hash and set thresholds decide when a collection leaves its
+//! one-item form (see `coll`), the others have no effect on this server.
 //!
 //! Redis picks a compact encoding (listpack, intset) for small hashes,
 //! sets, sorted sets and lists, and these parameters say how small is
 //! small. Client libraries, admin tools and test suites set them (often
 //! with `CONFIG SET hash-max-ziplist-entries ...`) and fail if the server
-//! refuses. Here a hash is always one encoded item (see `types`), so the
-//! values change nothing: they are validated with redis-server 7.0's
-//! ranges and error texts, stored, and echoed back. A pre-7.0 `ziplist`
+//! refuses. They are validated with redis-server 7.0's ranges and error
+//! texts, stored, and echoed back; `hash-max-listpack-*`,
+//! `set-max-intset-entries` and `set-max-listpack-*` are read by `coll`
+//! on every hash or set write. A pre-7.0 `ziplist`
 //! name is an alias of its `listpack` name, as in Redis: setting either
 //! changes both, and CONFIG GET lists both.
 //!
@@ -15,6 +17,7 @@
 //! append-only file either way.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// How a tunable's value is checked.
@@ -82,17 +85,36 @@ const TUNABLES: &[(&str, Option<&str>, &str, Kind)] = &[
     ("appendonly", None, "no", Kind::Bool),
 ];
 
+/// The thresholds `coll` reads on every hash or set command, mirrored in
+/// atomics so the request path takes no lock for them.
+const HOT: [&str; 5] = [
+    "hash-max-listpack-entries",
+    "hash-max-listpack-value",
+    "set-max-intset-entries",
+    "set-max-listpack-entries",
+    "set-max-listpack-value",
+];
+
 /// The tunables' current values.
 pub struct Tunables {
     values: Mutex<BTreeMap<&'static str, String>>,
+    hot: [AtomicUsize; HOT.len()],
 }
 
 impl Default for Tunables {
     fn default() -> Self {
+        let values: BTreeMap<&'static str, String> =
+            TUNABLES.iter().map(|t| (t.0, t.2.to_string())).collect();
+        let hot = HOT.map(|n| AtomicUsize::new(parse_usize(values.get(n))));
         Tunables {
-            values: Mutex::new(TUNABLES.iter().map(|t| (t.0, t.2.to_string())).collect()),
+            values: Mutex::new(values),
+            hot,
         }
     }
+}
+
+fn parse_usize(v: Option<&String>) -> usize {
+    v.and_then(|s| s.parse().ok()).unwrap_or(0)
 }
 
 impl Tunables {
@@ -115,6 +137,17 @@ impl Tunables {
             out.push((t.0, val));
         }
         out
+    }
+
+    /// The value of the numeric tunable `name` (0 if unset or not a
+    /// number): one lock and one parse, for the collection writes that
+    /// check the encoding thresholds on every call.
+    pub fn get_usize(&self, name: &str) -> usize {
+        if let Some(i) = HOT.iter().position(|h| *h == name) {
+            return self.hot[i].load(Ordering::Relaxed);
+        }
+        let v = self.values.lock().unwrap_or_else(|e| e.into_inner());
+        parse_usize(v.get(name))
     }
 
     /// CONFIG SET `name` `value`: `None` if `name` is not a tunable, else
@@ -151,6 +184,9 @@ impl Tunables {
                 _ => return Some(Err(failed("argument must be 'yes' or 'no'"))),
             },
         };
+        if let Some(i) = HOT.iter().position(|h| *h == t.0) {
+            self.hot[i].store(parse_usize(Some(&stored)), Ordering::Relaxed);
+        }
         self.values
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -196,6 +232,9 @@ mod tests {
         assert_eq!(t.set("appendonly", "YES"), Some(Ok(())));
         assert!(t.set("nope", "1").is_none());
         assert_eq!(t.set("hash-max-listpack-value", "1kb"), Some(Ok(())));
+        assert_eq!(t.get_usize("hash-max-listpack-value"), 1024);
+        assert_eq!(t.set("set-max-intset-entries", "7"), Some(Ok(())));
+        assert_eq!(t.get_usize("set-max-intset-entries"), 7);
         assert!(t
             .get_all()
             .contains(&("hash-max-ziplist-value", "1024".into())));

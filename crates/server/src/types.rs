@@ -1,22 +1,28 @@
-//! Value types: how a Redis hash and a memcached item share one engine.
+//! Value types: how Redis collections and memcached items share one engine.
 //!
 //! The engine stores bytes plus a 32-bit `flags` word per item. memcached
 //! clients own those flags (they are its opaque client flags), so the
 //! server cannot steal bits from them without breaking clients that use
-//! all 32. Instead one *value* of the flags is reserved:
+//! all 32. Instead the top sixteen *values* of the flags are reserved
+//! ([`RESERVED_FLAGS_MIN`]..=`u32::MAX`), one per Redis type:
 //!
-//! * `flags == HASH_FLAGS` (0xFFFF_FFFF) marks a Redis hash. Its value is
-//!   the encoding below and starts with [`HASH_MAGIC`].
+//! * `flags == HASH_FLAGS` (0xFFFF_FFFF) marks a Redis hash, `SET_FLAGS`
+//!   (0xFFFF_FFFE) a set, `LIST_FLAGS` (0xFFFF_FFFD) a list. The value's first byte says how it is stored:
+//!   [`HASH_MAGIC`] for a small hash in one item (below), the magics of
+//!   `coll` for a small set or for the root of a large collection whose
+//!   elements live in items of their own (see `coll`).
 //! * Every other flags value is a string. Redis writes strings with flags
 //!   0; memcached writes the client's flags. Redis string commands that
 //!   modify a memcached item in place (APPEND, SETRANGE, INCR) keep its
 //!   flags.
-//! * memcached `set`/`add`/... with flags 4294967295 are refused with
-//!   `CLIENT_ERROR`, so no memcached item can ever look like a hash, and a
-//!   memcached `append`/`prepend`/`incr` on a hash is refused, so a hash
-//!   can never be corrupted through memcached. A memcached `get` of a hash
-//!   returns its encoded bytes with flags 4294967295: honest, and
-//!   harmless.
+//! * memcached `set`/`add`/... with reserved flags are refused with
+//!   `CLIENT_ERROR`, so no memcached item can ever look like a collection,
+//!   and a memcached `append`/`prepend`/`incr` on a collection is refused,
+//!   so a collection can never be corrupted through memcached. A memcached
+//!   `get` of a collection returns its encoded bytes (for a large one, its
+//!   root) with the reserved flags: honest, and harmless. A memcached
+//!   `set` or `delete` over a large collection's root orphans its nodes,
+//!   which the sweeper (`coll`) reclaims.
 //!
 //! Hash encoding (all integers little-endian u32):
 //!
@@ -24,15 +30,42 @@
 //!  MAGIC | count | flen | field | vlen | value | flen | field | ...
 //! ```
 //!
-//! A hash is read, changed and written back whole under a compare-and-swap
-//! on the item's version, so concurrent HSETs to one key never lose
-//! updates (see `commands::hash`). This suits the small hashes of YCSB and
-//! redis-benchmark; a hash is bounded by the engine's largest value.
+//! A small hash is read, changed and written back whole (see `coll`); past
+//! `hash-max-listpack-entries` fields or `hash-max-listpack-value` bytes it
+//! becomes a large one, whose update costs O(1) items.
 
 use nibble::ItemMeta;
 
 /// The flags value reserved for Redis hashes.
 pub const HASH_FLAGS: u32 = u32::MAX;
+/// The flags value reserved for Redis sets.
+pub const SET_FLAGS: u32 = u32::MAX - 1;
+/// The flags value reserved for Redis lists.
+pub const LIST_FLAGS: u32 = u32::MAX - 2;
+/// Smallest reserved flags value (future types: sorted sets, lists).
+pub const RESERVED_FLAGS_MIN: u32 = u32::MAX - 15;
+
+/// True if memcached may not write these flags (they mark a Redis type).
+pub fn is_reserved_flags(flags: u32) -> bool {
+    flags >= RESERVED_FLAGS_MIN
+}
+
+/// True if the item is a Redis collection (any type but a string).
+pub fn is_collection(m: &ItemMeta) -> bool {
+    is_reserved_flags(m.flags)
+}
+
+/// The TYPE name of an item.
+pub fn type_name(m: &ItemMeta) -> &'static str {
+    match m.flags {
+        HASH_FLAGS => "hash",
+        SET_FLAGS => "set",
+        LIST_FLAGS => "list",
+        f if is_reserved_flags(f) => "none",
+        _ => "string",
+    }
+}
+
 /// First byte of an encoded hash.
 pub const HASH_MAGIC: u8 = 0xB5;
 

@@ -128,6 +128,9 @@ struct ClientGuard {
 impl Drop for ClientGuard {
     fn drop(&mut self) {
         self.shared.connected.fetch_sub(1, Ordering::AcqRel);
+        self.shared
+            .closed_since_trim
+            .fetch_add(1, Ordering::Relaxed);
         self.shared.clients[self.worker]
             .map
             .lock()

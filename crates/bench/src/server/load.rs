@@ -63,6 +63,33 @@ pub fn filler(size: usize) -> &'static [u8] {
     &f[..size.min(MAX_VALUE)]
 }
 
+/// Collections of the collection phases: `COLLECTIONS` keys per type,
+/// named by type (`list:`, `set:`, `zset:`, `ctr:`) + 12 digits, apart
+/// from the string keys.
+pub const COLLECTIONS: u64 = 1000;
+
+/// The key of collection `n` with prefix `p` (4 bytes).
+#[inline]
+pub fn coll_key(p: &[u8; 4], n: u64) -> [u8; KEY_LEN] {
+    let mut k = key(n);
+    k[..4].copy_from_slice(p);
+    k
+}
+
+/// `n` in decimal, written at the end of `buf`.
+fn decimal(n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    let mut x = n;
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (x % 10) as u8;
+        x /= 10;
+        if x == 0 {
+            return &buf[i..];
+        }
+    }
+}
+
 /// One request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
@@ -71,6 +98,21 @@ pub enum Op {
     Set(u64, u32),
     /// Key number, value bytes it had (for the live-bytes account).
     Del(u64, u32),
+    /// LPUSH list:n, an element of this many bytes.
+    LPush(u64, u32),
+    /// RPOP list:n (a queue: pushed at the head, popped at the tail).
+    RPop(u64),
+    /// SADD set:n member.
+    SAdd(u64, u64),
+    /// SISMEMBER set:n member.
+    SIsMember(u64, u64),
+    /// ZADD zset:n score member (the score is the member number).
+    ZAdd(u64, u64),
+    /// ZRANGE zset:n 0 9 (the ten lowest scores).
+    ZRange(u64),
+    /// MULTI, SET key:k, INCR ctr:(k mod COLLECTIONS), EXEC: four
+    /// requests, four replies; its latency is the EXEC's.
+    Multi(u64, u32),
 }
 
 impl Op {
@@ -78,6 +120,14 @@ impl Op {
         match self {
             Op::Get(_) => Expect::Get,
             _ => Expect::Line,
+        }
+    }
+
+    /// Replies the op's requests get.
+    fn replies(self) -> usize {
+        match self {
+            Op::Multi(..) => 4,
+            _ => 1,
         }
     }
 }
@@ -256,10 +306,37 @@ impl Conn {
 
     fn encode(&mut self, op: Op) {
         let p = self.proto;
+        let w = &mut self.wbuf;
+        let mut num = [0u8; 20];
         match op {
-            Op::Get(k) => proto::enc_get(p, &mut self.wbuf, &key(k)),
-            Op::Set(k, n) => proto::enc_set(p, &mut self.wbuf, &key(k), filler(n as usize)),
-            Op::Del(k, _) => proto::enc_del(p, &mut self.wbuf, &key(k)),
+            Op::Get(k) => proto::enc_get(p, w, &key(k)),
+            Op::Set(k, n) => proto::enc_set(p, w, &key(k), filler(n as usize)),
+            Op::Del(k, _) => proto::enc_del(p, w, &key(k)),
+            Op::LPush(l, n) => {
+                proto::enc_cmd(p, w, &[b"LPUSH", &coll_key(b"list", l), filler(n as usize)])
+            }
+            Op::RPop(l) => proto::enc_cmd(p, w, &[b"RPOP", &coll_key(b"list", l)]),
+            Op::SAdd(c, m) => proto::enc_cmd(
+                p,
+                w,
+                &[b"SADD", &coll_key(b"set:", c), decimal(m, &mut num)],
+            ),
+            Op::SIsMember(c, m) => proto::enc_cmd(
+                p,
+                w,
+                &[b"SISMEMBER", &coll_key(b"set:", c), decimal(m, &mut num)],
+            ),
+            Op::ZAdd(c, m) => {
+                let m = decimal(m, &mut num);
+                proto::enc_cmd(p, w, &[b"ZADD", &coll_key(b"zset", c), m, m])
+            }
+            Op::ZRange(c) => proto::enc_cmd(p, w, &[b"ZRANGE", &coll_key(b"zset", c), b"0", b"9"]),
+            Op::Multi(k, n) => {
+                proto::enc_cmd(p, w, &[b"MULTI"]);
+                proto::enc_set(p, w, &key(k), filler(n as usize));
+                proto::enc_cmd(p, w, &[b"INCR", &coll_key(b"ctr:", k % COLLECTIONS)]);
+                proto::enc_cmd(p, w, &[b"EXEC"]);
+            }
         }
     }
 
@@ -281,12 +358,13 @@ impl Conn {
 }
 
 /// Drive `conns` until `next` has no more batches: every connection keeps
-/// one batch in flight; `on_reply(op index, op, reply, latency, now)` sees
-/// every reply.
+/// one batch in flight; `on_reply(op index, op, part, reply, latency,
+/// now)` sees every reply (`part` counts the replies of a multi-request
+/// op from 0).
 fn drive(
     conns: &mut [Conn],
     mut next: impl FnMut(&mut Vec<(usize, Op)>),
-    mut on_reply: impl FnMut(usize, Op, &Reply<'_>, Duration, Instant),
+    mut on_reply: impl FnMut(usize, Op, usize, &Reply<'_>, Duration, Instant),
 ) -> Result<()> {
     let mut active = 0;
     for c in conns.iter_mut() {
@@ -302,10 +380,13 @@ fn drive(
             let batch = std::mem::take(&mut c.inflight);
             let sent = c.sent_at;
             for &(i, op) in &batch {
-                c.reply(op.expect(), |r| {
-                    let now = Instant::now();
-                    on_reply(i, op, &r, now.saturating_duration_since(sent), now);
-                })?;
+                for part in 0..op.replies() {
+                    c.reply(op.expect(), |r| {
+                        let now = Instant::now();
+                        let lat = now.saturating_duration_since(sent);
+                        on_reply(i, op, part, &r, lat, now);
+                    })?;
+                }
             }
             c.inflight = batch;
             if !c.refill(&mut next)? {
@@ -326,10 +407,27 @@ fn groups(conns: &mut [Conn], threads: usize) -> Vec<&mut [Conn]> {
 // ---------------------------------------------------------------------------
 // The closed loop
 
+/// Which requests a measured phase sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MixKind {
+    /// GET (read) and SET (write) on the string keys.
+    Kv,
+    /// RPOP (read) and LPUSH (write) on `COLLECTIONS` lists.
+    List,
+    /// SISMEMBER (read) and SADD (write) on `COLLECTIONS` sets.
+    Set,
+    /// ZRANGE 0 9 (read) and ZADD (write) on `COLLECTIONS` sorted sets.
+    ZSet,
+    /// MULTI, SET, INCR, EXEC (no reads).
+    Multi,
+}
+
 /// What a measured phase sends.
 #[derive(Clone, Copy, Debug)]
 pub struct Mix {
-    /// Share of GETs; the rest are SETs of `value_size` bytes.
+    pub kind: MixKind,
+    /// Share of reads (GET, RPOP, SISMEMBER, ZRANGE); the rest are writes
+    /// of `value_size` bytes.
     pub read_ratio: f64,
     pub value_size: usize,
     pub chooser: KeyChooser,
@@ -449,10 +547,18 @@ fn phase_worker(
         }
         for _ in 0..mix.pipeline {
             let k = mix.chooser.next(&mut rng);
-            let op = if mix.read_ratio >= 1.0 || rng.next_f64() < mix.read_ratio {
-                Op::Get(k)
-            } else {
-                Op::Set(k, size)
+            let read = mix.read_ratio >= 1.0 || rng.next_f64() < mix.read_ratio;
+            let c = k % COLLECTIONS;
+            let op = match (mix.kind, read) {
+                (MixKind::Kv, true) => Op::Get(k),
+                (MixKind::Kv, false) => Op::Set(k, size),
+                (MixKind::List, true) => Op::RPop(c),
+                (MixKind::List, false) => Op::LPush(c, size),
+                (MixKind::Set, true) => Op::SIsMember(c, k),
+                (MixKind::Set, false) => Op::SAdd(c, k),
+                (MixKind::ZSet, true) => Op::ZRange(c),
+                (MixKind::ZSet, false) => Op::ZAdd(c, k),
+                (MixKind::Multi, _) => Op::Multi(k, size),
             };
             batch.push((0, op));
         }
@@ -463,24 +569,38 @@ fn phase_worker(
             out.first_error = Some(r.describe());
         }
     };
-    let on_reply = |_: usize, op: Op, r: &Reply<'_>, lat: Duration, now: Instant| {
-        match op {
-            Op::Get(_) => match r {
-                Reply::Value(v) if v.len() == mix.value_size => {}
-                Reply::Value(_) => out.bad_values += 1,
-                Reply::Nil => out.misses += 1,
-                _ => err(&mut out, r),
-            },
-            _ => {
-                if !r.is_stored() {
-                    err(&mut out, r);
+    let on_reply = |_: usize, op: Op, part: usize, r: &Reply<'_>, lat: Duration, now: Instant| {
+        let ok = match (op, part) {
+            (Op::Get(_), _) => match r {
+                Reply::Value(v) if v.len() == mix.value_size => true,
+                Reply::Value(_) => {
+                    out.bad_values += 1;
+                    true
                 }
+                Reply::Nil => {
+                    out.misses += 1;
+                    true
+                }
+                _ => false,
+            },
+            (Op::Set(..) | Op::Del(..), _) => r.is_stored(),
+            (Op::RPop(_), _) => matches!(r, Reply::Value(_) | Reply::Nil),
+            (Op::LPush(..) | Op::SAdd(..) | Op::SIsMember(..) | Op::ZAdd(..), _) => {
+                matches!(r, Reply::Int(_))
             }
+            (Op::ZRange(_), _) => matches!(r, Reply::Array(_)),
+            (Op::Multi(..), 0) => r.is_stored(),
+            (Op::Multi(..), 1 | 2) => matches!(r, Reply::Status(b"QUEUED")),
+            (Op::Multi(..), _) => matches!(r, Reply::Array(2)),
+        };
+        if !ok {
+            err(&mut out, r);
         }
-        if now >= start && now < end {
+        // A multi-request op counts once, at its last reply.
+        if part + 1 == op.replies() && now >= start && now < end {
             out.ops += 1;
             match op {
-                Op::Get(_) => out.gets += 1,
+                Op::Get(_) | Op::RPop(_) | Op::SIsMember(..) | Op::ZRange(_) => out.gets += 1,
                 _ => out.sets += 1,
             }
             // Saturates at the histogram's top (100 s).
@@ -553,11 +673,13 @@ fn bulk_worker(conns: &mut [Conn], ops: &[Op], base: usize, pipeline: usize) -> 
         batch.extend((at..hi).map(|i| (base + i, ops[i])));
         at = hi;
     };
-    let on_reply = |i: usize, op: Op, r: &Reply<'_>, _: Duration, _: Instant| {
+    let on_reply = |i: usize, op: Op, _: usize, r: &Reply<'_>, _: Duration, _: Instant| {
         let ok = match op {
             Op::Set(..) => r.is_stored(),
             Op::Del(..) => r.is_deleted(),
             Op::Get(_) => matches!(r, Reply::Value(_)),
+            // Bulk lists hold string ops only.
+            _ => !matches!(r, Reply::Error(_)),
         };
         if !ok {
             out.failed.push(i);

@@ -153,6 +153,14 @@ pub enum Phase {
     Mixed,
     /// Insert, delete 90 %, insert other sizes; then RSS / live bytes
     Churn,
+    /// LPUSH / RPOP half and half on 1,000 lists (RESP only)
+    Lpush,
+    /// SADD / SISMEMBER half and half on 1,000 sets (RESP only)
+    Sadd,
+    /// ZADD / ZRANGE 0 9 half and half on 1,000 sorted sets (RESP only)
+    Zadd,
+    /// MULTI, SET, INCR, EXEC (RESP only)
+    Multi,
 }
 
 impl Phase {
@@ -162,7 +170,33 @@ impl Phase {
             Phase::Set => "set",
             Phase::Mixed => "mixed",
             Phase::Churn => "churn",
+            Phase::Lpush => "lpush",
+            Phase::Sadd => "sadd",
+            Phase::Zadd => "zadd",
+            Phase::Multi => "multi",
         }
+    }
+
+    /// What the phase sends: its request kind and share of reads.
+    fn mix_kind(self, read_ratio: f64) -> (load::MixKind, f64) {
+        use load::MixKind;
+        match self {
+            Phase::Get => (MixKind::Kv, 1.0),
+            Phase::Set => (MixKind::Kv, 0.0),
+            Phase::Mixed | Phase::Churn => (MixKind::Kv, read_ratio),
+            Phase::Lpush => (MixKind::List, 0.5),
+            Phase::Sadd => (MixKind::Set, 0.5),
+            Phase::Zadd => (MixKind::ZSet, 0.5),
+            Phase::Multi => (MixKind::Multi, 0.0),
+        }
+    }
+
+    /// Needs a RESP server (collections, transactions).
+    fn resp_only(self) -> bool {
+        matches!(
+            self,
+            Phase::Lpush | Phase::Sadd | Phase::Zadd | Phase::Multi
+        )
     }
 }
 
@@ -205,7 +239,8 @@ pub struct ServerArgs {
     /// [default: 3; --quick: 1]
     #[arg(long, value_parser = crate::parse_seconds)]
     seconds: Option<f64>,
-    /// Phases, comma-separated: get, set, mixed, churn [default: all]
+    /// Phases, comma-separated: get, set, mixed, churn, lpush, sadd, zadd,
+    /// multi [default: get, set, mixed, churn]
     #[arg(long, value_enum, value_delimiter = ',')]
     phases: Option<Vec<Phase>>,
     /// Memory limit of every system, MiB [default: 1024; --quick: 256]
@@ -588,6 +623,7 @@ mod tests {
         assert!(used.unwrap() > keys * 100);
         for (read_ratio, dist) in [(1.0, Dist::Uniform), (0.5, Dist::Zipfian)] {
             let mix = Mix {
+                kind: load::MixKind::Kv,
                 read_ratio,
                 value_size: 100,
                 chooser: KeyChooser::new(dist, keys),
@@ -628,6 +664,63 @@ mod tests {
         assert!(sut::proc_rss(pid).is_none());
     }
 
+    /// The collection and transaction phases, a fraction of a second each
+    /// against redis-server: every reply has the expected shape.
+    #[test]
+    fn collection_phases_run_against_redis_server() {
+        let bins = Bins::find(None, Vec::new());
+        let Ok(_) = &bins.redis else {
+            eprintln!("skipping: redis-server not installed ({})", sut::APT_HINT);
+            return;
+        };
+        let server = ServerProc::start(Sys::Redis, &bins, 64 << 20, Proto::Resp).unwrap();
+        let mut conns: Vec<Conn> = (0..4)
+            .map(|_| Conn::connect(server.addr, server.proto).unwrap())
+            .collect();
+        for ph in [Phase::Lpush, Phase::Sadd, Phase::Zadd, Phase::Multi] {
+            let (kind, read_ratio) = ph.mix_kind(0.9);
+            let mix = Mix {
+                kind,
+                read_ratio,
+                value_size: 32,
+                chooser: KeyChooser::new(Dist::Zipfian, 5000),
+                pipeline: 4,
+            };
+            let out = load::run_phase(
+                &mut conns,
+                2,
+                &mix,
+                Duration::from_millis(20),
+                Duration::from_millis(150),
+                3,
+            )
+            .unwrap();
+            assert!(out.ops > 100, "{}: {} ops", ph.name(), out.ops);
+            assert_eq!(
+                out.errors,
+                0,
+                "{}: first error {:?}",
+                ph.name(),
+                out.first_error
+            );
+            if read_ratio > 0.0 {
+                assert!(out.gets > 0 && out.sets > 0, "{}", ph.name());
+            }
+        }
+        let mut ctl = Conn::connect(server.addr, server.proto).unwrap();
+        let n = ctl
+            .call(
+                Expect::Line,
+                &[b"ZCARD", &load::coll_key(b"zset", 1)],
+                |r| match r {
+                    proto::Reply::Int(n) => n,
+                    _ => -1,
+                },
+            )
+            .unwrap();
+        assert!(n > 0, "zset:1 has {n} members");
+    }
+
     #[test]
     fn generator_runs_against_memcached() {
         let bins = Bins::find(None, Vec::new());
@@ -646,6 +739,7 @@ mod tests {
             .failed
             .is_empty());
         let mix = Mix {
+            kind: load::MixKind::Kv,
             read_ratio: 0.9,
             value_size: 50,
             chooser: KeyChooser::new(Dist::Uniform, 500),

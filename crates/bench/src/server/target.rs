@@ -67,13 +67,15 @@ pub(super) fn run_target(
         };
         for &threads in &o.threads {
             for &ph in &phases {
+                if ph.resp_only() && server.proto() != Proto::Resp {
+                    pb.inc(1);
+                    continue;
+                }
                 pb.set_message(format!("{name}: {} t={threads}", ph.name()));
+                let (kind, read_ratio) = ph.mix_kind(o.read_ratio);
                 let mix = Mix {
-                    read_ratio: match ph {
-                        Phase::Get => 1.0,
-                        Phase::Set => 0.0,
-                        _ => o.read_ratio,
-                    },
+                    kind,
+                    read_ratio,
                     value_size: o.value_size,
                     chooser: KeyChooser::new(o.dist, o.keys),
                     pipeline: o.pipeline,
@@ -253,11 +255,19 @@ impl Server {
     }
 
     pub(super) fn connect(&self, n: usize) -> Result<Vec<Conn>> {
-        let (addr, proto) = match self {
-            Server::Proc(p) => (p.addr, p.proto),
-            Server::External { addr, proto, .. } => (*addr, *proto),
+        let addr = match self {
+            Server::Proc(p) => p.addr,
+            Server::External { addr, .. } => *addr,
         };
-        (0..n).map(|_| Conn::connect(addr, proto)).collect()
+        (0..n).map(|_| Conn::connect(addr, self.proto())).collect()
+    }
+
+    /// The protocol the generator speaks to it.
+    pub(super) fn proto(&self) -> Proto {
+        match self {
+            Server::Proc(p) => p.proto,
+            Server::External { proto, .. } => *proto,
+        }
     }
 
     pub(super) fn pid(&self) -> Option<u32> {

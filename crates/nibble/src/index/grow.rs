@@ -47,25 +47,19 @@ impl Index {
 
         let m = 2 * n;
         let added_bytes = (n * BUCKET_BYTES) as u64;
-        let budget_ok = m <= self.max_buckets
-            && self
-                .bucket_bytes
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
-                    (self.metadata_bytes + b + added_bytes <= self.max_bytes)
-                        .then_some(b + added_bytes)
-                })
-                .is_ok();
-        if !budget_ok {
+        let reserved = if m <= self.max_buckets {
+            self.reserve_budget(added_bytes)
+        } else {
+            None
+        };
+        let Some(mut reserved) = reserved else {
             st.counters.failed_resizes.fetch_add(1, Ordering::Relaxed);
-            // Neither the reservation nor the budget ever grows back, so
-            // stop the proactive check from locking the subtable again.
+            // Stop the proactive check from locking the subtable again: the
+            // reservation never grows back, and the budget only when the
+            // owner frees space, which a later insert that finds its
+            // neighbourhood full tries (and a success re-arms the check).
             st.grow_at.store(u64::MAX, Ordering::Relaxed);
             return Err(IndexError::Full);
-        }
-        // Gives the bytes back if `rehash` panics below.
-        let mut reserved = BudgetReservation {
-            counter: &self.bucket_bytes,
-            bytes: added_bytes,
         };
 
         // The new half is unpublished (no reader or writer can reach it
@@ -146,17 +140,67 @@ impl Index {
     }
 }
 
-/// Gives reserved budget bytes back unless the resize completed (a
-/// panicking `rehash` must not leak budget).
+impl Index {
+    /// Reserve `bytes` more bucket bytes: within `max_bytes`, or past it
+    /// with the part above borrowed from the overflow. `None` when neither
+    /// has room.
+    fn reserve_budget(&self, bytes: u64) -> Option<BudgetReservation<'_>> {
+        let mut b = self.bucket_bytes.load(Ordering::Relaxed);
+        loop {
+            let new = b + bytes;
+            let own_limit = self.max_bytes.max(self.metadata_bytes + b);
+            let over = (self.metadata_bytes + new).saturating_sub(own_limit);
+            if over > 0 && !self.overflow.get().is_some_and(|o| o.take(over)) {
+                return None;
+            }
+            match self.bucket_bytes.compare_exchange_weak(
+                b,
+                new,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    self.borrowed_bytes.fetch_add(over, Ordering::Relaxed);
+                    return Some(BudgetReservation {
+                        index: self,
+                        bytes,
+                        borrowed: over,
+                    });
+                }
+                Err(cur) => {
+                    if let (true, Some(o)) = (over > 0, self.overflow.get()) {
+                        o.give_back(over);
+                    }
+                    b = cur;
+                }
+            }
+        }
+    }
+}
+
+/// Gives reserved budget bytes (and what was borrowed for them) back
+/// unless the resize completed (a panicking `rehash` must not leak
+/// budget).
 struct BudgetReservation<'a> {
-    counter: &'a AtomicU64,
+    index: &'a Index,
     bytes: u64,
+    borrowed: u64,
 }
 
 impl Drop for BudgetReservation<'_> {
     fn drop(&mut self) {
         if self.bytes > 0 {
-            self.counter.fetch_sub(self.bytes, Ordering::Relaxed);
+            self.index
+                .bucket_bytes
+                .fetch_sub(self.bytes, Ordering::Relaxed);
+            if self.borrowed > 0 {
+                self.index
+                    .borrowed_bytes
+                    .fetch_sub(self.borrowed, Ordering::Relaxed);
+                if let Some(o) = self.index.overflow.get() {
+                    o.give_back(self.borrowed);
+                }
+            }
         }
     }
 }

@@ -31,8 +31,11 @@ pub struct Stats {
     pub pool_bytes: u64,
     /// Index bytes in use (touched buckets).
     pub index_bytes: u64,
-    /// Index budget.
+    /// The index's own budget (its share of capacity).
     pub index_budget_bytes: u64,
+    /// Index bytes past its own budget, borrowed from the log's blocks
+    /// (counted in `index_bytes`, not in `blocks_in_use`).
+    pub index_borrowed_bytes: u64,
     /// Metadata outside pool and index.
     pub metadata_bytes: u64,
     /// Live object bytes (headers, keys, values).
@@ -134,11 +137,12 @@ impl Store {
             pool_bytes: mem.pool().bytes() as u64,
             index_bytes: inner.index.memory_bytes(),
             index_budget_bytes: inner.index_budget as u64,
+            index_borrowed_bytes: inner.index.borrowed_bytes(),
             metadata_bytes: mem.metadata_bytes(),
             live_bytes: live,
             items: inner.index.len(),
             blocks_total: mem.blocks_total(),
-            blocks_in_use: mem.blocks_in_use(),
+            blocks_in_use: mem.segment_blocks_in_use(),
             blocks_free_resident: mem.warm_blocks(),
             blocks_released: mem.blocks_purged(),
             reserve_blocks: mem.reserve_blocks(),

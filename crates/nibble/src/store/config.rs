@@ -103,8 +103,14 @@ pub struct Config {
     /// Largest value accepted (at most
     /// [`crate::object::MAX_VALUE_BYTES`], just under 1 GiB).
     pub max_value_bytes: usize,
-    /// Index share of capacity, thousandths.
+    /// Index share of capacity, thousandths: the index's own budget, which
+    /// the log never uses.
     pub index_permille: usize,
+    /// Past its own share, the index may borrow the log's free blocks, so
+    /// a store of small objects is limited by its capacity rather than by
+    /// the index share (default). False: the index stops at its share
+    /// (the fixed split, for comparison).
+    pub index_borrows_from_log: bool,
     /// Compaction reserve share of the pool, thousandths.
     pub reserve_permille: usize,
     /// Compaction trigger, thousandths of the client budget left free.
@@ -129,6 +135,7 @@ impl Config {
             epoch: EpochKind::Tsc,
             max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
             index_permille: DEFAULT_INDEX_PERMILLE,
+            index_borrows_from_log: true,
             reserve_permille: DEFAULT_RESERVE_PERMILLE,
             compaction_trigger_permille: DEFAULT_COMPACTION_TRIGGER_PERMILLE,
             decay_ms: DEFAULT_DECAY_MS,

@@ -278,6 +278,10 @@ impl Store {
                         Err(_) => {
                             drop(g);
                             if inner.index.grow(hash).is_err() {
+                                // The index may be waiting for log blocks
+                                // to borrow: let compaction free some for
+                                // the next write.
+                                inner.wake_workers();
                                 return Err(Error::OutOfMemory { what: "index" });
                             }
                         }

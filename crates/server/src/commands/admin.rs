@@ -569,9 +569,10 @@ pub fn flush(store: &crate::engine::Engine) -> Result<(), nibble::Error> {
     loop {
         // Expired items not yet reclaimed go too: FLUSHALL empties the
         // index, and DBSIZE after it is 0.
-        let (next, keys) = store.scan_with_expired(cursor, 1024)?;
+        // Internal keys (large collections' nodes) go too.
+        let (next, keys) = store.raw_scan(cursor, 1024)?;
         for k in keys {
-            store.delete(&k)?;
+            store.raw_delete(&k)?;
         }
         if next == 0 {
             return Ok(());

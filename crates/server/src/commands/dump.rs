@@ -23,9 +23,14 @@
 //!   encodings, fields in insertion order) while it is small by the
 //!   `hash-max-listpack-*` tunables, else type 4, the field/value pairs.
 //!
+//! * a set: type 2, the members (Redis writes an intset as type 11; both
+//!   load in either server).
+//!
 //! What is read: strings in every RDB string encoding (integers, LZF),
-//! and hashes as listpack (16), ziplist-free hash table (4). Other types
-//! (lists, sets, sorted sets, streams, modules) have no counterpart here
+//! hashes as listpack (16), ziplist-free hash table (4), sets as a table
+//! (2) or an intset (11). A hash or set is restored as one item and turns
+//! large at its first write if it is over the thresholds. Other types
+//! (lists, sorted sets, streams, modules) have no counterpart here
 //! and answer Redis's `Bad data format`, as does a malformed object. A
 //! payload whose version is newer than 10 or whose checksum is wrong
 //! answers `ERR DUMP payload version or checksum are wrong`.
@@ -33,15 +38,18 @@
 use nibble::{Condition, Expiry, PutOptions};
 
 use super::{eq, int_arg, parse_i64, CmdError, CmdResult, Ctx, SYNTAX};
+use crate::coll::{self, Kind};
 use crate::resp::Reply;
 use crate::state::unix_ms;
-use crate::types::{decode_hash, encode_hash, is_hash, Hash, HASH_FLAGS};
+use crate::types::{encode_hash, Hash, HASH_FLAGS, SET_FLAGS};
 
 /// The RDB version redis-server 7.0 writes.
 pub const RDB_VERSION: u16 = 10;
 /// RDB object types this server reads or writes.
 const RDB_TYPE_STRING: u8 = 0;
+const RDB_TYPE_SET: u8 = 2;
 const RDB_TYPE_HASH: u8 = 4;
+const RDB_TYPE_SET_INTSET: u8 = 11;
 const RDB_TYPE_HASH_LISTPACK: u8 = 16;
 /// Special string encodings (the top two bits of the length byte are 11).
 const RDB_ENC_INT8: u8 = 0;
@@ -317,11 +325,23 @@ pub fn dump(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
         r.null();
         return Ok(());
     };
-    let p = if is_hash(&m) {
-        let h = decode_hash(ctx.buf).ok_or(CmdError::from("ERR corrupt hash"))?;
-        payload(ctx, Some(&h), &[])
-    } else {
-        payload(ctx, None, ctx.buf)
+    let p = match coll::load_all(ctx.shared, a[1], m.flags)? {
+        Some((Kind::Hash, h, _)) => payload(ctx, Some(&h), &[]),
+        Some((Kind::Set, members, _)) => {
+            let mut out = vec![RDB_TYPE_SET];
+            put_len(&mut out, members.len() as u64);
+            for (x, _) in &members {
+                put_string(&mut out, x);
+            }
+            out.extend_from_slice(&RDB_VERSION.to_le_bytes());
+            let crc = crc64(0, &out);
+            out.extend_from_slice(&crc.to_le_bytes());
+            out
+        }
+        Some((Kind::List, ..)) => {
+            return Err("ERR DUMP of a list is not supported by this server".into())
+        }
+        None => payload(ctx, None, ctx.buf),
     };
     r.bulk(&p);
     Ok(())
@@ -485,8 +505,50 @@ fn decode_object(body: &[u8]) -> Option<(Vec<u8>, u32)> {
             }
             Some((encode_hash(&pairs_to_hash(items)?), HASH_FLAGS))
         }
+        RDB_TYPE_SET => {
+            let (n, enc) = rd.len()?;
+            if enc || n == 0 || n > body.len() as u64 {
+                return None;
+            }
+            let mut items = Vec::with_capacity(n as usize);
+            for _ in 0..n {
+                items.push(rd.string()?);
+            }
+            encode_set(items)
+        }
+        RDB_TYPE_SET_INTSET => {
+            // An intset blob: encoding (2, 4 or 8 bytes per member), count,
+            // then the members, all little-endian.
+            let blob = rd.string()?;
+            let w = u32::from_le_bytes(blob.get(0..4)?.try_into().ok()?) as usize;
+            let n = u32::from_le_bytes(blob.get(4..8)?.try_into().ok()?) as usize;
+            if !matches!(w, 2 | 4 | 8) || blob.len() != 8 + w * n || n == 0 {
+                return None;
+            }
+            let items = blob[8..]
+                .chunks(w)
+                .map(|c| {
+                    let mut b = [0u8; 8];
+                    b[..w].copy_from_slice(c);
+                    let v = i64::from_le_bytes(b);
+                    let shift = 64 - 8 * w as u32;
+                    ((v << shift) >> shift).to_string().into_bytes()
+                })
+                .collect();
+            encode_set(items)
+        }
         _ => None,
     }
+}
+
+/// Members into a small set's bytes: `None` if empty or with a member twice.
+fn encode_set(items: Vec<Vec<u8>>) -> Option<(Vec<u8>, u32)> {
+    let mut seen = std::collections::HashSet::with_capacity(items.len());
+    if items.is_empty() || !items.iter().all(|m| seen.insert(&m[..])) {
+        return None;
+    }
+    let pairs: Vec<coll::Pair> = items.into_iter().map(|m| (m, Vec::new())).collect();
+    Some((coll::encode_small_set(&pairs), SET_FLAGS))
 }
 
 /// `verifyDumpPayload`: whether the version and checksum are good.
@@ -551,10 +613,13 @@ pub fn restore(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     if at.is_some_and(|t| t <= unix_ms() as i64) {
         // Already expired: the key is gone (REPLACE deleted the old one).
         if replace {
-            store.delete(a[1])?;
+            coll::delete_key(store, a[1])?;
         }
         r.ok();
         return Ok(());
+    }
+    if replace {
+        coll::delete_key(store, a[1])?;
     }
     let opts = PutOptions {
         condition: if replace {

@@ -1,95 +1,18 @@
-//! Hash commands over one engine item per hash (see `types` for the
-//! encoding and the flags value that marks it).
+//! Hash commands over `coll`: a small hash is one engine item, a large one
+//! a linear-hashing table of bucket items (see `coll` for both, and
+//! `types` for the flags value that marks a hash).
 //!
-//! Reads decode the whole item. Writes go through [`modify`], the CAS loop:
-//! decode, change, encode, write with `IfVersion` (or `IfAbsent` for a new
-//! hash), retry on a lost race. A hash left empty is deleted, as Redis
-//! removes empty hashes.
+//! Every command runs under its key's stripe (exclusive for writes), so a
+//! write is read, change, [`coll::modify`]'s commit; the commit reruns the
+//! command only if a writer outside the stripe (memcached, expiry) replaced
+//! the key meanwhile. A hash left empty is deleted, as Redis removes empty
+//! hashes.
 
-use std::collections::HashMap;
-
-use nibble::{Condition, Expiry, PutOptions};
-
-use super::{int_arg, is_race, parse_i64, CmdError, CmdResult, Ctx, WRONGTYPE};
+use super::{eq, int_arg, parse_i64, CmdError, CmdResult, Ctx, SYNTAX};
+use crate::coll::{self, Coll, Kind};
+use crate::glob;
 use crate::longdouble::IncrError;
-use crate::resp::Reply;
-use crate::types::{decode_hash, encode_hash, is_hash, Hash, HASH_FLAGS};
-
-/// The hash at `key` and its version; `WRONGTYPE` for a string.
-fn load(ctx: &mut Ctx, key: &[u8]) -> Result<Option<(Hash, u64)>, CmdError> {
-    let Some(m) = ctx.shared.store.get_into(key, ctx.buf)? else {
-        return Ok(None);
-    };
-    if !is_hash(&m) {
-        return Err(WRONGTYPE.into());
-    }
-    let h = decode_hash(ctx.buf).ok_or(CmdError::from("ERR corrupt hash value"))?;
-    Ok(Some((h, m.version)))
-}
-
-/// Read-modify-write of the hash at `key`. `f` returns the reply value and
-/// whether it changed anything.
-fn modify<T>(
-    ctx: &mut Ctx,
-    key: &[u8],
-    mut f: impl FnMut(&mut Hash) -> Result<(T, bool), CmdError>,
-) -> Result<T, CmdError> {
-    loop {
-        let cur = load(ctx, key)?;
-        let version = cur.as_ref().map(|c| c.1);
-        let mut h = cur.map(|c| c.0).unwrap_or_default();
-        let (out, changed) = f(&mut h)?;
-        if !changed {
-            return Ok(out);
-        }
-        let store = &ctx.shared.store;
-        if h.is_empty() {
-            if let Some(v) = version {
-                if store.meta(key)?.is_some_and(|m| m.version == v) {
-                    store.delete(key)?;
-                } else {
-                    continue;
-                }
-            }
-            return Ok(out);
-        }
-        let bytes = encode_hash(&h);
-        if bytes.len() > ctx.shared.settings.engine_max_value as usize {
-            return Err("ERR hash exceeds the largest value the engine stores".into());
-        }
-        let opts = PutOptions {
-            condition: version.map_or(Condition::IfAbsent, Condition::IfVersion),
-            expiry: Expiry::Keep,
-            flags: HASH_FLAGS,
-        };
-        match store.put_with(key, &bytes, opts) {
-            Ok(_) => return Ok(out),
-            Err(e) if is_race(&e) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
-
-/// Set `pairs` in `h`; returns how many fields were new.
-fn set_fields(h: &mut Hash, pairs: &[&[u8]]) -> usize {
-    let mut pos: HashMap<Vec<u8>, usize> = h
-        .iter()
-        .enumerate()
-        .map(|(i, (f, _))| (f.clone(), i))
-        .collect();
-    let mut added = 0;
-    for kv in pairs.chunks(2) {
-        match pos.get(kv[0]) {
-            Some(&i) => h[i].1 = kv[1].to_vec(),
-            None => {
-                pos.insert(kv[0].to_vec(), h.len());
-                h.push((kv[0].to_vec(), kv[1].to_vec()));
-                added += 1;
-            }
-        }
-    }
-    added
-}
+use crate::resp::{Proto, Reply};
 
 fn check_pairs(a: &[&[u8]], cmd: &str) -> CmdResult {
     if a.len() & 1 != 0 {
@@ -98,34 +21,38 @@ fn check_pairs(a: &[&[u8]], cmd: &str) -> CmdResult {
     Ok(())
 }
 
+fn set_fields(c: &mut Coll, pairs: &[&[u8]]) -> Result<i64, CmdError> {
+    let mut added = 0;
+    for kv in pairs.chunks(2) {
+        added += i64::from(c.insert(kv[0], kv[1])?);
+    }
+    Ok(added)
+}
+
 /// HSET key field value [field value ...].
 pub fn hset(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     check_pairs(a, "hset")?;
-    let n = modify(ctx, a[1], |h| Ok((set_fields(h, &a[2..]), true)))?;
-    r.int(n as i64);
+    let n = coll::modify(ctx.shared, a[1], Kind::Hash, |c| set_fields(c, &a[2..]))?;
+    r.int(n);
     Ok(())
 }
 
 /// HMSET key field value [field value ...].
 pub fn hmset(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     check_pairs(a, "hmset")?;
-    modify(ctx, a[1], |h| Ok((set_fields(h, &a[2..]), true)))?;
+    coll::modify(ctx.shared, a[1], Kind::Hash, |c| set_fields(c, &a[2..]))?;
     r.ok();
     Ok(())
 }
 
-fn find<'h>(h: &'h Hash, f: &[u8]) -> Option<&'h [u8]> {
-    h.iter().find(|(k, _)| k == f).map(|(_, v)| &v[..])
-}
-
 /// HSETNX key field value.
 pub fn hsetnx(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
-    let n = modify(ctx, a[1], |h| {
-        if find(h, a[2]).is_some() {
-            return Ok((0, false));
+    let n = coll::modify(ctx.shared, a[1], Kind::Hash, |c| {
+        if c.contains(a[2])? {
+            return Ok(0);
         }
-        h.push((a[2].to_vec(), a[3].to_vec()));
-        Ok((1, true))
+        c.insert(a[2], a[3])?;
+        Ok(1)
     })?;
     r.int(n);
     Ok(())
@@ -133,26 +60,34 @@ pub fn hsetnx(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
 
 /// HGET key field.
 pub fn hget(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
-    let h = load(ctx, a[1])?;
-    let v = h.as_ref().and_then(|(h, _)| find(h, a[2]));
+    let v = coll::read(ctx.shared, a[1], Kind::Hash, |c| c.get(a[2]))?.flatten();
     ctx.hit(v.is_some());
-    r.opt_bulk(v);
+    r.opt_bulk(v.as_deref());
     Ok(())
 }
 
 /// HMGET key field...
 pub fn hmget(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
-    let h = load(ctx, a[1])?;
+    let vs = coll::read(ctx.shared, a[1], Kind::Hash, |c| {
+        a[2..]
+            .iter()
+            .map(|f| c.get(f))
+            .collect::<Result<Vec<_>, _>>()
+    })?;
     r.array(a.len() - 2);
-    for f in &a[2..] {
-        r.opt_bulk(h.as_ref().and_then(|(h, _)| find(h, f)));
+    for i in 0..a.len() - 2 {
+        r.opt_bulk(vs.as_ref().and_then(|v| v[i].as_deref()));
     }
     Ok(())
 }
 
+fn all(ctx: &mut Ctx, key: &[u8]) -> Result<Vec<coll::Pair>, CmdError> {
+    Ok(coll::read(ctx.shared, key, Kind::Hash, |c| c.all())?.unwrap_or_default())
+}
+
 /// HGETALL key (a map in RESP3).
 pub fn hgetall(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
-    let h = load(ctx, a[1])?.map(|x| x.0).unwrap_or_default();
+    let h = all(ctx, a[1])?;
     r.map(h.len());
     for (f, v) in &h {
         r.bulk(f);
@@ -163,75 +98,65 @@ pub fn hgetall(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
 
 /// HDEL key field...
 pub fn hdel(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
-    let n = modify(ctx, a[1], |h| {
-        let before = h.len();
-        h.retain(|(f, _)| !a[2..].contains(&&f[..]));
-        let n = before - h.len();
-        Ok((n, n > 0))
+    let n = coll::modify(ctx.shared, a[1], Kind::Hash, |c| {
+        let mut n = 0;
+        for f in &a[2..] {
+            n += i64::from(c.remove(f)?);
+        }
+        Ok(n)
     })?;
-    r.int(n as i64);
+    r.int(n);
     Ok(())
 }
 
 /// HEXISTS key field.
 pub fn hexists(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
-    let h = load(ctx, a[1])?;
-    r.int(i64::from(h.is_some_and(|(h, _)| find(&h, a[2]).is_some())));
+    let e = coll::read(ctx.shared, a[1], Kind::Hash, |c| c.contains(a[2]))?;
+    r.int(i64::from(e == Some(true)));
     Ok(())
 }
 
 /// HLEN key.
 pub fn hlen(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
-    let h = load(ctx, a[1])?;
-    r.int(h.map_or(0, |(h, _)| h.len() as i64));
+    let n = coll::read(ctx.shared, a[1], Kind::Hash, |c| Ok(c.len()))?;
+    r.int(n.unwrap_or(0) as i64);
     Ok(())
 }
 
 /// HKEYS key.
 pub fn hkeys(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
-    let h = load(ctx, a[1])?.map(|x| x.0).unwrap_or_default();
+    let h = all(ctx, a[1])?;
     r.bulks(h.iter().map(|(f, _)| f));
     Ok(())
 }
 
 /// HVALS key.
 pub fn hvals(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
-    let h = load(ctx, a[1])?.map(|x| x.0).unwrap_or_default();
+    let h = all(ctx, a[1])?;
     r.bulks(h.iter().map(|(_, v)| v));
     Ok(())
 }
 
 /// HSTRLEN key field.
 pub fn hstrlen(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
-    let h = load(ctx, a[1])?;
-    r.int(
-        h.as_ref()
-            .and_then(|(h, _)| find(h, a[2]))
-            .map_or(0, |v| v.len() as i64),
-    );
+    let v = coll::read(ctx.shared, a[1], Kind::Hash, |c| c.get(a[2]))?.flatten();
+    r.int(v.map_or(0, |v| v.len() as i64));
     Ok(())
-}
-
-fn upsert(h: &mut Hash, f: &[u8], v: Vec<u8>) {
-    match h.iter_mut().find(|(k, _)| k == f) {
-        Some(e) => e.1 = v,
-        None => h.push((f.to_vec(), v)),
-    }
 }
 
 /// HINCRBY key field n.
 pub fn hincrby(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     let by = int_arg(a[3])?;
-    let v = modify(ctx, a[1], |h| {
-        let old = match find(h, a[2]) {
-            Some(v) => parse_i64(v).ok_or(CmdError::from("ERR hash value is not an integer"))?,
+    let v = coll::modify(ctx.shared, a[1], Kind::Hash, |c| {
+        let old = match c.get(a[2])? {
+            Some(v) => parse_i64(&v).ok_or(CmdError::from("ERR hash value is not an integer"))?,
             None => 0,
         };
         let new = old
             .checked_add(by)
             .ok_or(CmdError::from("ERR increment or decrement would overflow"))?;
-        upsert(h, a[2], new.to_string().into_bytes());
-        Ok((new, true))
+        c.insert(a[2], new.to_string().as_bytes())?;
+        Ok(new)
     })?;
     r.int(v);
     Ok(())
@@ -245,16 +170,155 @@ pub fn hincrbyfloat(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
         Err(IncrError::IncrementNotFinite) => return Err("ERR value is NaN or Infinity".into()),
         _ => {}
     }
-    let s = modify(ctx, a[1], |h| {
-        let s = crate::longdouble::incr(find(h, a[2]), a[3], true).map_err(|e| match e {
+    let s = coll::modify(ctx.shared, a[1], Kind::Hash, |c| {
+        let cur = c.get(a[2])?;
+        let s = crate::longdouble::incr(cur.as_deref(), a[3], true).map_err(|e| match e {
             IncrError::Current => CmdError::from("ERR hash value is not a float"),
             IncrError::Increment => CmdError::from("ERR value is not a valid float"),
             IncrError::IncrementNotFinite => CmdError::from("ERR value is NaN or Infinity"),
             IncrError::Result => CmdError::from("ERR increment would produce NaN or Infinity"),
         })?;
-        upsert(h, a[2], s.clone().into_bytes());
-        Ok((s, true))
+        c.insert(a[2], s.as_bytes())?;
+        Ok(s)
     })?;
     r.bulk(s.as_bytes());
+    Ok(())
+}
+
+/// The arguments of HSCAN/SSCAN after the key: cursor, MATCH, COUNT
+/// (redis-server's parsing and error texts).
+pub(super) fn scan_args<'a>(a: &[&'a [u8]]) -> Result<(u64, Option<&'a [u8]>, usize), CmdError> {
+    let cursor: u64 = std::str::from_utf8(a[2])
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or(CmdError::from("ERR invalid cursor"))?;
+    let (mut pat, mut count) = (None, 10usize);
+    let mut i = 3;
+    while i < a.len() {
+        if eq(a[i], "count") && i + 1 < a.len() {
+            let c = int_arg(a[i + 1])?;
+            if c < 1 {
+                return Err(SYNTAX.into());
+            }
+            count = c as usize;
+        } else if eq(a[i], "match") && i + 1 < a.len() {
+            pat = Some(a[i + 1]).filter(|p| *p != b"*");
+        } else {
+            return Err(SYNTAX.into());
+        }
+        i += 2;
+    }
+    Ok((cursor, pat, count))
+}
+
+/// HSCAN key cursor [MATCH pattern] [COUNT count].
+pub fn hscan(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    let (cursor, pat, count) = scan_args(a)?;
+    let (next, items) = coll::read(ctx.shared, a[1], Kind::Hash, |c| c.scan(cursor, count))?
+        .unwrap_or((0, Vec::new()));
+    let items: Vec<_> = items
+        .into_iter()
+        .filter(|(f, _)| pat.is_none_or(|p| glob::matches(p, f)))
+        .collect();
+    r.array(2);
+    r.bulk(next.to_string().as_bytes());
+    r.array(items.len() * 2);
+    for (f, v) in &items {
+        r.bulk(f);
+        r.bulk(v);
+    }
+    Ok(())
+}
+
+/// A random-count argument (HRANDFIELD, SRANDMEMBER): any i64 but
+/// i64::MIN, as redis-server's `-LONG_MAX..LONG_MAX`.
+pub(super) fn rand_count(b: &[u8]) -> Result<i64, CmdError> {
+    let n = int_arg(b)?;
+    if n == i64::MIN {
+        return Err(
+            "ERR value is out of range, value must between -9223372036854775807 and 9223372036854775807"
+                .into(),
+        );
+    }
+    Ok(n)
+}
+
+/// `count` random elements of `c`: distinct if `uniq` (then at most
+/// `len`), else exactly `count`, possibly repeated.
+pub(super) fn random_pick(
+    c: &mut Coll,
+    count: u64,
+    uniq: bool,
+) -> Result<Vec<coll::Pair>, CmdError> {
+    let len = c.len();
+    if !uniq {
+        let mut out = Vec::with_capacity(count.min(1 << 20) as usize);
+        for _ in 0..count {
+            match c.random()? {
+                Some(p) => out.push(p),
+                None => break,
+            }
+        }
+        return Ok(out);
+    }
+    if count >= len {
+        return c.all();
+    }
+    if count * 3 > len {
+        // Many of them: shuffle the whole set and keep a prefix.
+        let mut all = c.all()?;
+        for i in 0..count as usize {
+            let j = i + (coll::random_u64() % (all.len() - i) as u64) as usize;
+            all.swap(i, j);
+        }
+        all.truncate(count as usize);
+        return Ok(all);
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(count as usize);
+    while (out.len() as u64) < count {
+        let Some(p) = c.random()? else { break };
+        if seen.insert(p.0.clone()) {
+            out.push(p);
+        }
+    }
+    Ok(out)
+}
+
+/// HRANDFIELD key [count [WITHVALUES]].
+pub fn hrandfield(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    if a.len() > 4 || (a.len() == 4 && !eq(a[3], "withvalues")) {
+        return Err(SYNTAX.into());
+    }
+    if a.len() == 2 {
+        let p = coll::read(ctx.shared, a[1], Kind::Hash, |c| c.random())?.flatten();
+        r.opt_bulk(p.as_ref().map(|p| &p.0[..]));
+        return Ok(());
+    }
+    let n = rand_count(a[2])?;
+    let with = a.len() == 4;
+    let picked = coll::read(ctx.shared, a[1], Kind::Hash, |c| {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        random_pick(c, n.unsigned_abs(), n > 0)
+    })?
+    .unwrap_or_default();
+    if !with {
+        r.bulks(picked.iter().map(|p| &p.0));
+    } else if ctx.sess.proto == Proto::Resp3 {
+        r.array(picked.len());
+        for (f, v) in &picked {
+            r.array(2);
+            r.bulk(f);
+            r.bulk(v);
+        }
+    } else {
+        r.array(picked.len() * 2);
+        for (f, v) in &picked {
+            r.bulk(f);
+            r.bulk(v);
+        }
+    }
     Ok(())
 }

@@ -12,16 +12,18 @@
 use nibble::{Condition, Expiry, PutOptions};
 
 use super::{eq, int_arg, CmdError, CmdResult, Ctx, SYNTAX};
+use crate::coll;
 use crate::glob;
 use crate::resp::Reply;
 use crate::state::unix_ms;
-use crate::types::is_hash;
+use crate::types::{is_collection, type_name};
 
 /// DEL/UNLINK key...
 pub fn del(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     let mut n = 0;
     for k in &a[1..] {
-        if ctx.shared.store.delete(k)? {
+        // A large collection's nodes go with its root (O(n / 32) items).
+        if coll::delete_key(&ctx.shared.store, k)? {
             n += 1;
         }
     }
@@ -93,7 +95,7 @@ fn expire_generic(
         return Ok(());
     }
     let done = if at <= unix_ms() as i64 {
-        store.delete(a[1])?
+        coll::delete_key(store, a[1])?
     } else {
         store.set_expiry(a[1], Some(at as u64))?
     };
@@ -199,8 +201,7 @@ pub fn persist(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
 pub fn type_(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     let t = match ctx.shared.store.meta(a[1])? {
         None => "none",
-        Some(m) if is_hash(&m) => "hash",
-        Some(_) => "string",
+        Some(m) => type_name(&m),
     };
     r.simple(t);
     Ok(())
@@ -241,9 +242,17 @@ fn rename_generic(ctx: &mut Ctx, a: &[&[u8]], nx: bool) -> Result<bool, CmdError
     if src == dst {
         return Ok(!nx);
     }
-    if !put_copy(store, dst, ctx.buf, &m, !nx)? {
+    if nx && store.contains(dst)? {
         return Ok(false);
     }
+    // A large collection over `dst` dies with its nodes; one moving from
+    // `src` keeps its nodes and learns its new owner (both stripes are
+    // held, so the sweeper sees either the old owner or the new).
+    coll::delete_key(store, dst)?;
+    if !put_copy(store, dst, ctx.buf, &m, true)? {
+        return Ok(false);
+    }
+    coll::renamed(store, m.flags, ctx.buf, dst)?;
     // Delete the source only if it is still the item we copied.
     if store.meta(src)?.is_some_and(|now| now.version == m.version) {
         store.delete(src)?;
@@ -349,7 +358,7 @@ pub fn scan(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
         }
         if let Some(t) = ty {
             let Some(m) = store.meta(&k)? else { continue };
-            let kt = if is_hash(&m) { "hash" } else { "string" };
+            let kt = type_name(&m);
             if !eq(t, kt) {
                 continue;
             }
@@ -422,8 +431,28 @@ pub fn copy(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
         r.int(0);
         return Ok(());
     };
-    let copied = put_copy(store, dst, ctx.buf, &m, replace)?;
-    r.int(i64::from(copied));
+    if !coll::is_big_root(m.flags, ctx.buf) {
+        if replace {
+            coll::delete_key(store, dst)?;
+        }
+        let copied = put_copy(store, dst, ctx.buf, &m, replace)?;
+        r.int(i64::from(copied));
+        return Ok(());
+    }
+    // A large collection is copied element by element into a new one.
+    if store.contains(dst)? {
+        if !replace {
+            r.int(0);
+            return Ok(());
+        }
+        coll::delete_key(store, dst)?;
+    }
+    let Some((kind, items, _)) = coll::load_all(ctx.shared, src, m.flags)? else {
+        r.int(0);
+        return Ok(());
+    };
+    coll::create(ctx.shared, dst, kind, &items, m.expiry_ms)?;
+    r.int(1);
     Ok(())
 }
 
@@ -456,14 +485,9 @@ const EMBSTR_MAX_BYTES: usize = 44;
 /// by the hash-max-listpack-* tunables. (Redis also reports `raw` for a
 /// short string changed in place by APPEND, SETRANGE or SETBIT; the
 /// history is not kept here, so such a string reports `embstr`.)
-fn encoding(ctx: &Ctx, m: &nibble::ItemMeta, v: &[u8]) -> &'static str {
-    if is_hash(m) {
-        let h = crate::types::decode_hash(v).unwrap_or_default();
-        return if super::dump::hash_is_listpack(ctx, &h) {
-            "listpack"
-        } else {
-            "hashtable"
-        };
+fn encoding(ctx: &Ctx, key: &[u8], m: &nibble::ItemMeta, v: &[u8]) -> &'static str {
+    if is_collection(m) {
+        return coll::encoding_of(ctx.shared, key, m.flags).unwrap_or("unknown");
     }
     if v.len() <= 20 && super::parse_i64(v).is_some() {
         "int"
@@ -502,9 +526,9 @@ pub fn object(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
         return Ok(());
     };
     match name {
-        "encoding" => r.bulk(encoding(ctx, &m, ctx.buf).as_bytes()),
+        "encoding" => r.bulk(encoding(ctx, a[2], &m, ctx.buf).as_bytes()),
         "refcount" => {
-            let shared_int = !is_hash(&m)
+            let shared_int = !is_collection(&m)
                 && ctx.buf.len() <= 20
                 && super::parse_i64(ctx.buf).is_some_and(|n| (0..SHARED_INTEGERS).contains(&n));
             r.int(if shared_int { i64::from(i32::MAX) } else { 1 });

@@ -14,13 +14,13 @@ use std::sync::atomic::Ordering;
 
 use super::{eq, int_arg, CmdError, CmdResult, Ctx, SYNTAX};
 use crate::resp::Reply;
-use crate::types::is_hash;
+use crate::types::is_collection;
 
 /// Read a key for LCS: its bytes (empty if missing); `None` if it holds
 /// a hash.
 fn value(ctx: &mut Ctx, key: &[u8]) -> Result<Option<Vec<u8>>, CmdError> {
     match ctx.shared.store.get_into(key, ctx.buf)? {
-        Some(m) if is_hash(&m) => Ok(None),
+        Some(m) if is_collection(&m) => Ok(None),
         Some(_) => Ok(Some(ctx.buf.clone())),
         None => Ok(Some(Vec::new())),
     }

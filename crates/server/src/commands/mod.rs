@@ -10,32 +10,36 @@
 //! a reply in the output.
 //!
 //! Handlers run on the worker thread that read the request, straight
-//! against the engine; there is no command queue and no lock of the
-//! server's own. Commands that read and then write one key (INCR, APPEND,
-//! SETRANGE, SETBIT, BITFIELD, SET ... GET, GETSET, HSET and the other
-//! hash writes) are
-//! made atomic with a compare-and-swap loop on the item's version:
+//! against the engine; there is no command queue, and the only lock of
+//! the server's own is the key stripes below. Commands that read and
+//! then write one key (INCR, APPEND, SETRANGE, SETBIT, BITFIELD,
+//! SET ... GET, GETSET, and a collection's root in `coll::modify`) also
+//! loop on a compare-and-swap of the item's version, against writers
+//! that take no stripe (memcached, expiry):
 //!
 //! ```text
 //!   loop { v = get(key) ; new = f(v) ; put_with(key, new, IfVersion(v.version) or IfAbsent) ;
 //!          if the version moved: retry }
 //! ```
 //!
-//! What is *not* atomic, because the engine has no multi-key transaction
-//! and no conditional delete (see README): MSET (each key is set
-//! atomically, a concurrent reader may see some new and some old), MSETNX
-//! (all-or-nothing is checked key by key; if a key appears concurrently the
-//! keys already written are removed again, which another client may
-//! observe), COPY and BITOP (the sources are read, then the destination
-//! written), RENAME (the destination is written before the source is
-//! deleted), GETDEL (the value returned is the one read just before the
-//! delete) and the emptying HDEL (a concurrent HSET between the last HDEL's
-//! read and its delete can be lost). EXPIRE's NX/XX/GT/LT options check
-//! the current TTL before setting it, with the same window.
+//! Dispatch also takes the stripes of the command's keys (`keylock`),
+//! exclusive for `write` commands, so among RESP commands MSET, MSETNX,
+//! COPY, BITOP, RENAME, GETDEL, the STORE forms of the set commands and
+//! every collection write are atomic. What can still interleave with
+//! them are writers that take no stripe: memcached commands and expiry
+//! (a MSETNX that finds a key appearing from memcached removes the keys
+//! it already wrote, which another client may observe; a RENAME whose
+//! source changes under it deletes nothing). EXPIRE's NX/XX/GT/LT options
+//! check the current TTL before setting it, under the stripe.
+//!
+//! Collections (hashes and sets in `crate::coll`, lists in `crate::list`)
+//! run under the key stripes dispatch takes (exclusive for `write`
+//! commands), which is what makes a multi-item update of a large
+//! collection atomic.
 //!
 //! Modules: [`strings`], [`lcs`], [`bits`] (bitmaps), [`keys`], [`dump`]
-//! (DUMP/RESTORE), [`hash`], [`admin`] (connection and server commands);
-//! the table itself ([`COMMANDS`]) is in `table.rs`.
+//! (DUMP/RESTORE), [`hash`], [`set`], [`list`], [`admin`] (connection and
+//! server commands); the table itself ([`COMMANDS`]) is in `table.rs`.
 
 pub mod admin;
 pub mod bits;
@@ -43,7 +47,9 @@ pub mod dump;
 pub mod hash;
 pub mod keys;
 pub mod lcs;
+pub mod list;
 pub mod lzf;
+pub mod set;
 pub mod strings;
 mod table;
 

@@ -16,13 +16,13 @@ use super::{
 use crate::longdouble::IncrError;
 use crate::resp::Reply;
 use crate::state::unix_ms;
-use crate::types::is_hash;
+use crate::types::is_collection;
 
 /// Read `key` into `ctx.buf` as a string; `WRONGTYPE` for a hash.
 pub fn read_string(ctx: &mut Ctx, key: &[u8]) -> Result<Option<ItemMeta>, CmdError> {
     let m = ctx.shared.store.get_into(key, ctx.buf)?;
     match m {
-        Some(m) if is_hash(&m) => Err(WRONGTYPE.into()),
+        Some(m) if is_collection(&m) => Err(WRONGTYPE.into()),
         Some(m) => Ok(Some(m)),
         // A miss leaves the buffer empty; callers treat it as the current
         // (empty) value.
@@ -292,7 +292,7 @@ pub fn mget(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     r.array(a.len() - 1);
     for k in &a[1..] {
         match ctx.shared.store.get_into(k, ctx.buf) {
-            Ok(Some(m)) if !is_hash(&m) => {
+            Ok(Some(m)) if !is_collection(&m) => {
                 ctx.hit(true);
                 r.bulk(ctx.buf);
             }
@@ -384,7 +384,7 @@ pub fn append(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
 /// STRLEN key.
 pub fn strlen(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     match ctx.shared.store.meta(a[1])? {
-        Some(m) if is_hash(&m) => return Err(WRONGTYPE.into()),
+        Some(m) if is_collection(&m) => return Err(WRONGTYPE.into()),
         Some(m) => r.int(m.value_len as i64),
         None => r.int(0),
     }

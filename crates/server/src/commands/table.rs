@@ -2,7 +2,7 @@
 //! lists them. Dispatch ([`lookup`](super::lookup)) indexes it once into
 //! buckets; COMMAND COUNT/INFO/DOCS read it as is.
 
-use super::{admin, bits, dump, hash, keys, lcs, strings, Spec};
+use super::{admin, bits, dump, hash, keys, lcs, list, set, strings, Spec};
 
 // Flag sets (Redis's command flags, as COMMAND INFO reports them).
 const W: &[&str] = &["write", "denyoom", "fast"];
@@ -778,5 +778,320 @@ pub static COMMANDS: &[Spec] = &[
         "hash",
         "Increments a floating point field.",
         hash::hincrbyfloat
+    ),
+    spec!(
+        "hscan",
+        -3,
+        RS,
+        K1,
+        "hash",
+        "Iterates over fields and values of a hash.",
+        hash::hscan
+    ),
+    spec!(
+        "hrandfield",
+        -2,
+        RS,
+        K1,
+        "hash",
+        "Returns one or more random fields from a hash.",
+        hash::hrandfield
+    ),
+    spec!(
+        "sadd",
+        -3,
+        W,
+        K1,
+        "set",
+        "Adds members to a set.",
+        set::sadd
+    ),
+    spec!(
+        "srem",
+        -3,
+        WD,
+        K1,
+        "set",
+        "Removes members from a set.",
+        set::srem
+    ),
+    spec!(
+        "sismember",
+        3,
+        R,
+        K1,
+        "set",
+        "Tells whether a member belongs to a set.",
+        set::sismember
+    ),
+    spec!(
+        "smismember",
+        -3,
+        R,
+        K1,
+        "set",
+        "Tells whether several members belong to a set.",
+        set::smismember
+    ),
+    spec!(
+        "smembers",
+        2,
+        RS,
+        K1,
+        "set",
+        "Returns all members of a set.",
+        set::smembers
+    ),
+    spec!(
+        "scard",
+        2,
+        R,
+        K1,
+        "set",
+        "Returns the number of members of a set.",
+        set::scard
+    ),
+    spec!(
+        "spop",
+        -2,
+        WD,
+        K1,
+        "set",
+        "Removes and returns random members of a set.",
+        set::spop
+    ),
+    spec!(
+        "srandmember",
+        -2,
+        RS,
+        K1,
+        "set",
+        "Returns random members of a set.",
+        set::srandmember
+    ),
+    spec!(
+        "sinter",
+        -2,
+        RS,
+        KALL,
+        "set",
+        "Returns the intersection of sets.",
+        set::sinter
+    ),
+    spec!(
+        "sunion",
+        -2,
+        RS,
+        KALL,
+        "set",
+        "Returns the union of sets.",
+        set::sunion
+    ),
+    spec!(
+        "sdiff",
+        -2,
+        RS,
+        KALL,
+        "set",
+        "Returns the difference of sets.",
+        set::sdiff
+    ),
+    spec!(
+        "sinterstore",
+        -3,
+        WS,
+        KALL,
+        "set",
+        "Stores the intersection of sets.",
+        set::sinterstore
+    ),
+    spec!(
+        "sunionstore",
+        -3,
+        WS,
+        KALL,
+        "set",
+        "Stores the union of sets.",
+        set::sunionstore
+    ),
+    spec!(
+        "sdiffstore",
+        -3,
+        WS,
+        KALL,
+        "set",
+        "Stores the difference of sets.",
+        set::sdiffstore
+    ),
+    spec!(
+        "sintercard",
+        -3,
+        RS,
+        K0,
+        "set",
+        "Returns the number of members of the intersection of sets.",
+        set::sintercard
+    ),
+    spec!(
+        "smove",
+        4,
+        WD,
+        (1, 2, 1),
+        "set",
+        "Moves a member from one set to another.",
+        set::smove
+    ),
+    spec!(
+        "sscan",
+        -3,
+        RS,
+        K1,
+        "set",
+        "Iterates over members of a set.",
+        set::sscan
+    ),
+    spec!(
+        "lpush",
+        -3,
+        W,
+        K1,
+        "list",
+        "Prepends elements to a list.",
+        list::lpush
+    ),
+    spec!(
+        "rpush",
+        -3,
+        W,
+        K1,
+        "list",
+        "Appends elements to a list.",
+        list::rpush
+    ),
+    spec!(
+        "lpushx",
+        -3,
+        W,
+        K1,
+        "list",
+        "Prepends elements to an existing list.",
+        list::lpushx
+    ),
+    spec!(
+        "rpushx",
+        -3,
+        W,
+        K1,
+        "list",
+        "Appends elements to an existing list.",
+        list::rpushx
+    ),
+    spec!(
+        "lpop",
+        -2,
+        WD,
+        K1,
+        "list",
+        "Removes and returns the first elements of a list.",
+        list::lpop
+    ),
+    spec!(
+        "rpop",
+        -2,
+        WD,
+        K1,
+        "list",
+        "Removes and returns the last elements of a list.",
+        list::rpop
+    ),
+    spec!(
+        "llen",
+        2,
+        R,
+        K1,
+        "list",
+        "Returns the length of a list.",
+        list::llen
+    ),
+    spec!(
+        "lrange",
+        4,
+        RS,
+        K1,
+        "list",
+        "Returns a range of elements of a list.",
+        list::lrange
+    ),
+    spec!(
+        "lindex",
+        3,
+        RS,
+        K1,
+        "list",
+        "Returns an element of a list by its index.",
+        list::lindex
+    ),
+    spec!(
+        "lset",
+        4,
+        WS,
+        K1,
+        "list",
+        "Sets the value of an element of a list by its index.",
+        list::lset
+    ),
+    spec!(
+        "lrem",
+        4,
+        WD,
+        K1,
+        "list",
+        "Removes elements from a list.",
+        list::lrem
+    ),
+    spec!(
+        "ltrim",
+        4,
+        WD,
+        K1,
+        "list",
+        "Trims a list to a range.",
+        list::ltrim
+    ),
+    spec!(
+        "linsert",
+        5,
+        WS,
+        K1,
+        "list",
+        "Inserts an element before or after another.",
+        list::linsert
+    ),
+    spec!(
+        "lpos",
+        -3,
+        RS,
+        K1,
+        "list",
+        "Returns the index of matching elements of a list.",
+        list::lpos
+    ),
+    spec!(
+        "lmove",
+        5,
+        WS,
+        (1, 2, 1),
+        "list",
+        "Moves an element from one list to another.",
+        list::lmove
+    ),
+    spec!(
+        "rpoplpush",
+        3,
+        WS,
+        (1, 2, 1),
+        "list",
+        "Moves the last element of a list to the head of another.",
+        list::rpoplpush
     ),
 ];

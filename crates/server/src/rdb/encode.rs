@@ -11,13 +11,12 @@
 //!
 //! Strings and the string encodings (integers, LZF over 20 bytes), and
 //! the hash listpack, come from `commands::dump`, which DUMP uses too: a
-//! value is written the same way in a DUMP payload and in a file. Types
-//! the server cannot store yet (lists, sets, sorted sets) are written
-//! too, so the encoder and decoder can be tested against each other and
-//! so the collections can be saved as soon as they exist: a list as a
-//! quicklist of listpacks (18), a set as strings (2), a sorted set with
-//! binary scores (5) — encodings Redis 7.0 loads (and converts to its
-//! compact forms where small).
+//! value is written the same way in a DUMP payload and in a file. A list
+//! is written as a quicklist of listpacks (18), a set as strings (2), and
+//! a sorted set (which the server cannot store yet; written so encoder
+//! and decoder are tested against each other) with binary scores (5):
+//! encodings Redis 7.0 loads and converts to its compact forms where
+//! small.
 //!
 //! [`Writer`] streams: it keeps a buffer of about [`WRITE_CHUNK_BYTES`],
 //! folds each full buffer into the running CRC and writes it out, so a

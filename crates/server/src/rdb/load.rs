@@ -1,14 +1,14 @@
 //! The import of an RDB file at start.
 //!
 //! Every key goes through [`import`], which hands the value to one
-//! function per type. Strings and hashes are stored as the server stores
-//! them today (`types`). Lists, sets and sorted sets are parsed fully
+//! function per type. Strings, hashes, sets and lists are stored as the
+//! server stores them (`types`, `coll`, `list`: one item while small, a
+//! root and nodes past the thresholds). Sorted sets are parsed fully
 //! (into [`RdbValue`]) but the server has no representation for them
-//! yet: [`import_list`], [`import_set`] and [`import_zset`] report the
-//! key instead (a count per type in the [`LoadReport`] and INFO
-//! `rdb_last_load_keys_unsupported`, a log line naming the type and the
-//! first keys), and are where the collections are wired in once they
-//! exist. Nothing is dropped silently and nothing crashes: an empty
+//! yet: [`import_zset`] reports the key instead (a count per type in the
+//! [`LoadReport`] and INFO `rdb_last_load_keys_unsupported`, a log line
+//! naming the type and the first keys), and is where they are wired in
+//! once they exist. Nothing is dropped silently and nothing crashes: an empty
 //! collection, a key of a database other than 0, and a key already
 //! expired are counted as such.
 //!
@@ -22,10 +22,8 @@ use nibble::{Condition, Expiry, PutOptions};
 
 use super::decode::{self, Entry, RdbError};
 use super::RdbValue;
-use crate::config::ServerConfig;
-use crate::engine::Engine;
-use crate::state::unix_ms;
-use crate::types::{encode_hash, HASH_FLAGS};
+use crate::coll::{self, Kind, Pair};
+use crate::state::{unix_ms, Shared};
 
 /// Keys named per unsupported type in the log.
 pub const LOG_KEYS_PER_TYPE: usize = 5;
@@ -88,100 +86,116 @@ pub enum Imported {
     TooLarge,
 }
 
-/// Store one key (`expire_ms` already checked to be in the future).
+/// Store one key (`expire_ms` already checked to be in the future),
+/// replacing whatever the key held.
 pub fn import(
-    store: &Engine,
+    shared: &Shared,
     key: &[u8],
     expire_ms: Option<u64>,
     value: RdbValue,
 ) -> Result<Imported, String> {
     match value {
-        RdbValue::String(s) => import_string(store, key, expire_ms, s),
-        RdbValue::Hash(h) => import_hash(store, key, expire_ms, h),
-        RdbValue::List(l) => import_list(store, key, expire_ms, l),
-        RdbValue::Set(s) => import_set(store, key, expire_ms, s),
-        RdbValue::ZSet(z) => import_zset(store, key, expire_ms, z),
+        RdbValue::String(s) => import_string(shared, key, expire_ms, s),
+        RdbValue::Hash(h) => import_hash(shared, key, expire_ms, h),
+        RdbValue::List(l) => import_list(shared, key, expire_ms, l),
+        RdbValue::Set(s) => import_set(shared, key, expire_ms, s),
+        RdbValue::ZSet(z) => import_zset(shared, key, expire_ms, z),
     }
 }
 
-fn put(
-    store: &Engine,
-    key: &[u8],
-    expire_ms: Option<u64>,
-    value: &[u8],
-    flags: u32,
-) -> Result<Imported, String> {
-    let opts = PutOptions {
-        condition: Condition::Always,
-        expiry: expire_ms.map_or(Expiry::Never, Expiry::At),
-        flags,
-    };
-    match store.put_with(key, value, opts) {
-        Ok(_) => Ok(Imported::Stored),
-        Err(nibble::Error::ValueTooLarge { .. }) | Err(nibble::Error::BadKey { .. }) => {
-            Ok(Imported::TooLarge)
-        }
-        Err(e) => Err(format!(
-            "storing key {:?}: {e} (is maxmemory large enough for this dump?)",
-            crate::commands::shown(key)
-        )),
-    }
+fn failed(key: &[u8], e: impl std::fmt::Display) -> String {
+    format!(
+        "storing key {:?}: {e} (is maxmemory large enough for this dump?)",
+        crate::commands::shown(key)
+    )
+}
+
+/// Free `key` (a collection's nodes too).
+fn free(shared: &Shared, key: &[u8]) -> Result<(), String> {
+    coll::delete_key(&shared.store, key)
+        .map(|_| ())
+        .map_err(|e| failed(key, e.0))
 }
 
 /// A string.
 pub fn import_string(
-    store: &Engine,
+    shared: &Shared,
     key: &[u8],
     expire_ms: Option<u64>,
     s: Vec<u8>,
 ) -> Result<Imported, String> {
-    put(store, key, expire_ms, &s, 0)
+    free(shared, key)?;
+    let opts = PutOptions {
+        condition: Condition::Always,
+        expiry: expire_ms.map_or(Expiry::Never, Expiry::At),
+        flags: 0,
+    };
+    match shared.store.put_with(key, &s, opts) {
+        Ok(_) => Ok(Imported::Stored),
+        Err(nibble::Error::ValueTooLarge { .. }) | Err(nibble::Error::BadKey { .. }) => {
+            Ok(Imported::TooLarge)
+        }
+        Err(e) => Err(failed(key, e)),
+    }
+}
+
+/// A collection of `kind` (the `coll` representation: one item while
+/// small, a root and nodes past the thresholds).
+fn import_collection(
+    shared: &Shared,
+    key: &[u8],
+    expire_ms: Option<u64>,
+    kind: Kind,
+    items: Vec<Pair>,
+) -> Result<Imported, String> {
+    if items.is_empty() {
+        return Ok(Imported::Empty);
+    }
+    free(shared, key)?;
+    match coll::create(shared, key, kind, &items, expire_ms) {
+        Ok(()) => Ok(Imported::Stored),
+        Err(e) if e.0.starts_with("ERR string exceeds") || e.0.contains("longer than") => {
+            Ok(Imported::TooLarge)
+        }
+        Err(e) => Err(failed(key, e.0)),
+    }
 }
 
 /// A hash (fields in file order).
 pub fn import_hash(
-    store: &Engine,
+    shared: &Shared,
     key: &[u8],
     expire_ms: Option<u64>,
     h: Vec<(Vec<u8>, Vec<u8>)>,
 ) -> Result<Imported, String> {
-    if h.is_empty() {
-        return Ok(Imported::Empty);
-    }
-    put(store, key, expire_ms, &encode_hash(&h), HASH_FLAGS)
+    import_collection(shared, key, expire_ms, Kind::Hash, h)
 }
 
-/// A list: no list type in the server yet (reported).
+/// A list (head first).
 pub fn import_list(
-    _store: &Engine,
-    _key: &[u8],
-    _expire_ms: Option<u64>,
+    shared: &Shared,
+    key: &[u8],
+    expire_ms: Option<u64>,
     l: Vec<Vec<u8>>,
 ) -> Result<Imported, String> {
-    Ok(if l.is_empty() {
-        Imported::Empty
-    } else {
-        Imported::Unsupported("list")
-    })
+    let items = l.into_iter().map(|e| (e, Vec::new())).collect();
+    import_collection(shared, key, expire_ms, Kind::List, items)
 }
 
-/// A set: no set type in the server yet (reported).
+/// A set.
 pub fn import_set(
-    _store: &Engine,
-    _key: &[u8],
-    _expire_ms: Option<u64>,
+    shared: &Shared,
+    key: &[u8],
+    expire_ms: Option<u64>,
     s: Vec<Vec<u8>>,
 ) -> Result<Imported, String> {
-    Ok(if s.is_empty() {
-        Imported::Empty
-    } else {
-        Imported::Unsupported("set")
-    })
+    let items = s.into_iter().map(|e| (e, Vec::new())).collect();
+    import_collection(shared, key, expire_ms, Kind::Set, items)
 }
 
 /// A sorted set: no sorted-set type in the server yet (reported).
 pub fn import_zset(
-    _store: &Engine,
+    _shared: &Shared,
     _key: &[u8],
     _expire_ms: Option<u64>,
     z: Vec<(Vec<u8>, f64)>,
@@ -194,7 +208,7 @@ pub fn import_zset(
 }
 
 /// Import the file at `path` into `store`.
-pub fn load_file(store: &Engine, path: &Path) -> Result<LoadReport, String> {
+pub fn load_file(shared: &Shared, path: &Path) -> Result<LoadReport, String> {
     let t = std::time::Instant::now();
     let shown = path.display();
     let data = std::fs::read(path).map_err(|e| format!("reading RDB file {shown}: {e}"))?;
@@ -216,7 +230,7 @@ pub fn load_file(store: &Engine, path: &Path) -> Result<LoadReport, String> {
             }
         }
         let ty = e.value.type_name();
-        match import(store, &e.key, e.expire_ms.map(|x| x as u64), e.value) {
+        match import(shared, &e.key, e.expire_ms.map(|x| x as u64), e.value) {
             Ok(Imported::Stored) => rep.loaded += 1,
             Ok(Imported::Unsupported(_)) => rep.unsupported(ty, &e.key),
             Ok(Imported::Empty) => rep.empty += 1,
@@ -271,9 +285,10 @@ pub fn load_file(store: &Engine, path: &Path) -> Result<LoadReport, String> {
 /// The import at start (see the module text of `rdb`): `--load-rdb`, or
 /// `dir`/`dbfilename` if it exists (for a `--data-dir` store only when
 /// it was just created). An error stops the start.
-pub fn load_at_start(cfg: &ServerConfig, store: &Engine) -> Result<LoadReport, String> {
+pub fn load_at_start(shared: &Shared) -> Result<LoadReport, String> {
+    let (cfg, store) = (&shared.config, &shared.store);
     if let Some(path) = &cfg.rdb.load_rdb {
-        return load_file(store, path);
+        return load_file(shared, path);
     }
     let name = cfg
         .rdb
@@ -295,5 +310,5 @@ pub fn load_at_start(cfg: &ServerConfig, store: &Engine) -> Result<LoadReport, S
             return Ok(LoadReport::default());
         }
     }
-    load_file(store, &path)
+    load_file(shared, &path)
 }

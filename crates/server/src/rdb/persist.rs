@@ -27,11 +27,12 @@ use std::time::{Duration, Instant};
 use super::encode::{Limits, Writer};
 use super::load::LoadReport;
 use super::{check_dbfilename, parse_save, show_save, RdbValue, SavePoint, DEFAULT_DBFILENAME};
+use crate::coll::{self, Kind};
 use crate::commands::{eq, CmdResult, Ctx};
 use crate::config::ServerConfig;
 use crate::resp::Reply;
 use crate::state::{unix_ms, Shared};
-use crate::types::{decode_hash, is_hash};
+use crate::types::is_collection;
 
 /// Keys asked of the index cursor per step of a save.
 pub const SAVE_SCAN_BATCH_KEYS: usize = 1024;
@@ -77,7 +78,7 @@ pub struct Persistence {
     temp_seq: AtomicU64,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// What the import at start did.
-    pub load: LoadReport,
+    pub load: OnceLock<LoadReport>,
 }
 
 /// What one save wrote.
@@ -116,7 +117,7 @@ fn now_s() -> u64 {
 
 impl Persistence {
     /// State for a server configured by `cfg`, after the import `load`.
-    pub fn new(cfg: &ServerConfig, load: LoadReport) -> Persistence {
+    pub fn new(cfg: &ServerConfig) -> Persistence {
         Persistence {
             run: Mutex::new(Run {
                 dir: default_dir(cfg),
@@ -145,7 +146,7 @@ impl Persistence {
             shutdown: AtomicU8::new(SHUTDOWN_DEFAULT),
             temp_seq: AtomicU64::new(0),
             threads: Mutex::new(Vec::new()),
-            load,
+            load: OnceLock::new(),
         }
     }
 
@@ -327,18 +328,41 @@ fn write_snapshot(sh: &Shared, tmp: &Path, abort: &dyn Fn() -> bool) -> Result<(
             else {
                 continue;
             };
-            if is_hash(&m) {
-                let Some(h) = decode_hash(&buf) else {
-                    log::error!(
-                        "save: key {:?} holds a damaged hash; not saved",
-                        crate::commands::shown(&k)
-                    );
-                    continue;
+            if is_collection(&m) {
+                // A collection may span many engine items: read it whole
+                // under its key's stripe, as a reader command would.
+                let loaded = {
+                    let _g = sh.keylocks.lock([k.as_slice()], false);
+                    coll::load_all(sh, &k, m.flags)
                 };
-                if h.is_empty() {
+                let v = match loaded {
+                    Ok(Some((Kind::Hash, h, _))) => RdbValue::Hash(h),
+                    Ok(Some((Kind::Set, s, _))) => {
+                        RdbValue::Set(s.into_iter().map(|p| p.0).collect())
+                    }
+                    Ok(Some((Kind::List, l, _))) => {
+                        RdbValue::List(l.into_iter().map(|p| p.0).collect())
+                    }
+                    // Deleted since the scan.
+                    Ok(None) => continue,
+                    Err(e) => {
+                        log::error!(
+                            "save: key {:?}: {}; not saved",
+                            crate::commands::shown(&k),
+                            e.0
+                        );
+                        continue;
+                    }
+                };
+                let empty = match &v {
+                    RdbValue::Hash(h) => h.is_empty(),
+                    RdbValue::Set(s) | RdbValue::List(s) => s.is_empty(),
+                    _ => false,
+                };
+                if empty {
                     continue;
                 }
-                w.put(&k, m.expiry_ms, &RdbValue::Hash(h)).map_err(io)?;
+                w.put(&k, m.expiry_ms, &v).map_err(io)?;
             } else {
                 w.put_string_key(&k, m.expiry_ms, &buf).map_err(io)?;
             }
@@ -581,7 +605,7 @@ pub fn info(sh: &Shared) -> String {
     } else {
         (0, 0)
     };
-    let l = &p.load;
+    let l = p.load.get().cloned().unwrap_or_default();
     let mut o = String::new();
     let _ = write!(
         o,

@@ -46,14 +46,16 @@ fn storage_and_retrieval() {
     m.send(b"get e\r\n");
     assert_eq!(m.until_end(), vec!["VALUE e 0 0", ""]);
     assert_eq!(m.req("set bin 0 0 4\r\na\r\nb\r\n"), "STORED");
-    // Full 32-bit flags survive.
-    assert_eq!(m.req("set f 4294967294 0 1\r\nx\r\n"), "STORED");
+    // 32-bit flags survive, up to the sixteen reserved values.
+    assert_eq!(m.req("set f 4294967279 0 1\r\nx\r\n"), "STORED");
     m.send(b"get f\r\n");
-    assert_eq!(m.until_end()[0], "VALUE f 4294967294 1");
-    // The reserved flags value is refused.
-    assert!(m
-        .req("set f 4294967295 0 1\r\nx\r\n")
-        .starts_with("CLIENT_ERROR"));
+    assert_eq!(m.until_end()[0], "VALUE f 4294967279 1");
+    // The reserved flags values (Redis types) are refused.
+    for f in ["4294967295", "4294967294", "4294967280"] {
+        assert!(m
+            .req(&format!("set f {f} 0 1\r\nx\r\n"))
+            .starts_with("CLIENT_ERROR"));
+    }
 }
 
 #[test]

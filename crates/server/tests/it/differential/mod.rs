@@ -15,8 +15,10 @@
 //! lists by command group, and [`prop`] (random command sequences).
 
 mod bits;
+mod collections;
 mod dump;
 pub mod harness;
 mod keyspace;
+mod lists;
 mod prop;
 mod strings;

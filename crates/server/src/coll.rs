@@ -1,0 +1,1246 @@
+//! Collections in the log: Redis hashes and sets as engine items, small
+//! ones in one item, large ones as a linear-hashing table whose buckets
+//! are items of their own.
+//!
+//! # Why
+//!
+//! A hash used to be one engine item rewritten whole on every HSET: O(n)
+//! per update, 291 HSETs/s at 5 k fields, and a log that filled with
+//! copies. Here an update of one element of a large collection reads and
+//! writes a constant number of items, whatever the collection's size,
+//! and every byte still lives in engine items: the engine's capacity,
+//! maxmemory, OOM, compaction and a `--data-dir` restart cover
+//! collections exactly as they cover strings.
+//!
+//! # Layout
+//!
+//! ```text
+//!  user key K ── flags HASH_FLAGS / SET_FLAGS (types.rs) ──────────────────────────
+//!   small:  HASH_MAGIC | n | (len field len value)*        hash, insertion order ("listpack")
+//!           SET_MAGIC  | n | (len member)*                 set, insertion order  ("listpack")
+//!           INTSET_MAGIC | n | (len member)*               set of integers, ascending ("intset")
+//!   large:  ROOT_MAGIC | kind | id u64 | count u64 | nbuckets u32 | first u32 ("hashtable")
+//!   (a list is always a root and chunks, `crate::list`; same root, same keys)
+//!
+//!  internal keys (engine.rs keeps them out of every user key's reach):
+//!   0xFF 0x00 'i' id            ─▶ kind | K             the instance record: who owns id
+//!   0xFF 0x00 'n' id bucket(u32) ─▶ n | (len elem len value)*   one bucket, ~BUCKET_SPLIT_ELEMS elements
+//! ```
+//!
+//! A small collection is read, changed and written back whole, as Redis
+//! rewrites a listpack; it turns large the first time a write leaves it
+//! over the `hash-max-listpack-*` / `set-max-intset-entries` /
+//! `set-max-listpack-*` thresholds, and, as in Redis, never turns back.
+//!
+//! A large collection is a linear-hashing table (Litwin, 1980) over
+//! `nbuckets` buckets. Element e lives in bucket `h mod 2p`, or `h mod p`
+//! when that is `>= nbuckets`, where `h = xxh3(e)` and p is the largest
+//! power of two `<= nbuckets`. When `count > nbuckets *
+//! BUCKET_SPLIT_ELEMS`, bucket `nbuckets - p` is split into itself and a
+//! new bucket `nbuckets`: one bucket read, two written. So an insert,
+//! update or delete costs: read the root, read one bucket, write it, write
+//! the root (count) — four engine operations, plus an amortized split —
+//! independent of the size. Buckets only ever split into higher indices,
+//! so HSCAN/SSCAN's cursor is the bucket index and keeps Redis's
+//! guarantee (an element present for the whole iteration is returned at
+//! least once).
+//!
+//! # Atomicity
+//!
+//! A command runs under its key's stripe lock (keylock.rs), exclusive for
+//! writes, so readers never see a half-applied multi-item update and
+//! writers never interleave. Within a command [`Coll`] caches the buckets
+//! it touches and [`Coll::commit`] writes them, then the root, the root
+//! last and with `IfVersion`: the only writers that bypass the stripe are
+//! memcached `set`/`delete` and expiry, and they can only make the whole
+//! collection dead, never change its elements.
+//!
+//! # Reclaiming
+//!
+//! Each large collection has a unique id, so its nodes can be found from
+//! its root. DEL/UNLINK, an emptying HDEL/SREM/SPOP, and the STORE forms
+//! over an existing large destination delete the nodes at once (O(n / 32)
+//! items, as Redis's DEL of a big collection is O(n)). A large collection
+//! can also die without a command seeing it: its root expires, or SET or
+//! memcached `set`/`delete` replaces it. The sweeper thread ([`sweeper`])
+//! walks the engine's keys every [`SWEEP_INTERVAL_MS`] to
+//! [`SWEEP_MAX_INTERVAL_MS`] while internal items exist; for each id it finds it reads the instance record, takes
+//! the owner key's stripe, and deletes the nodes of an id whose owner no
+//! longer points at it. Ids are never reused, so a dead id stays dead; the
+//! instance record is written before any node and the root after all of
+//! them, so a collection being built (under its stripe) is never mistaken
+//! for a dead one. Nothing leaks longer than the longest pause plus one
+//! pass.
+//!
+//! # Known limits
+//!
+//! A crash (SIGKILL of a `--data-dir` server) between a bucket write and
+//! the root write can leave the root's count off by that command's
+//! changes. Random picks (SPOP, SRANDMEMBER, HRANDFIELD) on a large
+//! collection pick a random bucket, then a random element: fair only as
+//! far as bucket sizes are even, like Redis's own dict sampling.
+
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use nibble::{Condition, Expiry, PutOptions};
+
+use crate::commands::{CmdError, WRONGTYPE};
+use crate::engine::{is_internal_key, Engine, INTERNAL_KEY_TAG, KEY_ESCAPE_BYTE};
+use crate::state::Shared;
+use crate::types::{HASH_FLAGS, HASH_MAGIC, LIST_FLAGS, SET_FLAGS};
+
+/// Average elements per bucket above which a large collection splits one
+/// bucket.
+pub const BUCKET_SPLIT_ELEMS: u64 = 32;
+/// First byte of a small set (insertion order).
+pub const SET_MAGIC: u8 = 0xB6;
+/// First byte of a small set of integers (ascending).
+pub const INTSET_MAGIC: u8 = 0xB7;
+/// First byte of a large collection's root.
+pub const ROOT_MAGIC: u8 = 0xB8;
+/// Third byte of a node key.
+const NODE_TAG: u8 = b'n';
+/// Third byte of an instance record's key.
+const INSTANCE_TAG: u8 = b'i';
+/// Pause between two sweeper passes after one that reclaimed something.
+pub const SWEEP_INTERVAL_MS: u64 = 2_000;
+/// Longest pause: passes that reclaim nothing double the pause up to this.
+pub const SWEEP_MAX_INTERVAL_MS: u64 = 30_000;
+/// Set when a large collection is created: the sweeper, idle while the
+/// store holds no internal key, has work again.
+static LARGE_CREATED: AtomicBool = AtomicBool::new(false);
+/// The sweeper's nap between checks of the shutdown flag.
+const SWEEP_NAP_MS: u64 = 50;
+/// Keys the sweeper asks the engine for per cursor step.
+const SWEEP_SCAN_KEYS: usize = 1024;
+
+/// A pair: element and value (empty for a set).
+pub type Pair = (Vec<u8>, Vec<u8>);
+
+/// What a collection holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Field-value pairs.
+    Hash,
+    /// Members (values empty).
+    Set,
+    /// A list (`crate::list`): chunks of elements in order.
+    List,
+}
+
+impl Kind {
+    /// The item flags of this type.
+    pub fn flags(self) -> u32 {
+        match self {
+            Kind::Hash => HASH_FLAGS,
+            Kind::Set => SET_FLAGS,
+            Kind::List => LIST_FLAGS,
+        }
+    }
+
+    pub(crate) fn tag(self) -> u8 {
+        match self {
+            Kind::Hash => b'h',
+            Kind::Set => b's',
+            Kind::List => b'l',
+        }
+    }
+
+    fn of_tag(t: u8) -> Option<Kind> {
+        match t {
+            b'h' => Some(Kind::Hash),
+            b's' => Some(Kind::Set),
+            b'l' => Some(Kind::List),
+            _ => None,
+        }
+    }
+
+    /// The kind of items with flags `flags`, if a collection.
+    pub fn of_flags(flags: u32) -> Option<Kind> {
+        match flags {
+            HASH_FLAGS => Some(Kind::Hash),
+            SET_FLAGS => Some(Kind::Set),
+            LIST_FLAGS => Some(Kind::List),
+            _ => None,
+        }
+    }
+}
+
+/// The thresholds below which a collection stays one item.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Most elements of a listpack.
+    pub entries: usize,
+    /// Longest element (or value) of a listpack.
+    pub value: usize,
+    /// Most members of an intset (sets only).
+    pub intset: usize,
+}
+
+impl Limits {
+    /// The current tunables for `kind`.
+    pub fn of(shared: &Shared, kind: Kind) -> Limits {
+        let t = &shared.settings.tunables;
+        match kind {
+            Kind::Hash => Limits {
+                entries: t.get_usize("hash-max-listpack-entries"),
+                value: t.get_usize("hash-max-listpack-value"),
+                intset: 0,
+            },
+            Kind::Set => Limits {
+                entries: t.get_usize("set-max-listpack-entries"),
+                value: t.get_usize("set-max-listpack-value"),
+                intset: t.get_usize("set-max-intset-entries"),
+            },
+            Kind::List => Limits {
+                entries: 0,
+                value: 0,
+                intset: 0,
+            },
+        }
+    }
+}
+
+/// A large collection's root: its nodes are numbered `first ..
+/// first + nbuckets` (hash and set: buckets from 0; list: chunks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Root {
+    pub(crate) id: u64,
+    pub(crate) count: u64,
+    pub(crate) nbuckets: u32,
+    pub(crate) first: u32,
+}
+
+const ROOT_BYTES: usize = 2 + 8 + 8 + 4 + 4;
+
+pub(crate) fn encode_root(kind: Kind, r: &Root) -> Vec<u8> {
+    let mut v = Vec::with_capacity(ROOT_BYTES);
+    v.push(ROOT_MAGIC);
+    v.push(kind.tag());
+    v.extend_from_slice(&r.id.to_le_bytes());
+    v.extend_from_slice(&r.count.to_le_bytes());
+    v.extend_from_slice(&r.nbuckets.to_le_bytes());
+    v.extend_from_slice(&r.first.to_le_bytes());
+    v
+}
+
+pub(crate) fn decode_root(b: &[u8]) -> Option<(Kind, Root)> {
+    if b.len() != ROOT_BYTES || b[0] != ROOT_MAGIC {
+        return None;
+    }
+    let kind = Kind::of_tag(b[1])?;
+    let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+    let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or([0; 4]));
+    let nbuckets = u32_at(18);
+    (nbuckets > 0).then_some((
+        kind,
+        Root {
+            id: u64_at(2),
+            count: u64_at(10),
+            nbuckets,
+            first: u32_at(22),
+        },
+    ))
+}
+
+/// A fresh instance id: the start time in ns plus a counter, so ids are
+/// unique across restarts of a `--data-dir` store and never reused.
+pub(crate) fn new_id() -> u64 {
+    static BASE: OnceLock<u64> = OnceLock::new();
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let base = *BASE.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    });
+    base.wrapping_add(SEQ.fetch_add(1, Ordering::Relaxed))
+}
+
+pub(crate) fn node_key(id: u64, bucket: u32) -> [u8; 15] {
+    let mut k = [0u8; 15];
+    k[0] = KEY_ESCAPE_BYTE;
+    k[1] = INTERNAL_KEY_TAG;
+    k[2] = NODE_TAG;
+    k[3..11].copy_from_slice(&id.to_be_bytes());
+    k[11..15].copy_from_slice(&bucket.to_be_bytes());
+    k
+}
+
+pub(crate) fn instance_key(id: u64) -> [u8; 11] {
+    let mut k = [0u8; 11];
+    k[0] = KEY_ESCAPE_BYTE;
+    k[1] = INTERNAL_KEY_TAG;
+    k[2] = INSTANCE_TAG;
+    k[3..11].copy_from_slice(&id.to_be_bytes());
+    k
+}
+
+/// The id an internal key belongs to.
+fn id_of_internal(raw: &[u8]) -> Option<u64> {
+    if !is_internal_key(raw) || raw.len() < 11 {
+        return None;
+    }
+    Some(u64::from_be_bytes(raw[3..11].try_into().ok()?))
+}
+
+/// Encode pairs: `n | (len a len b)*`, or without values for a set.
+pub(crate) fn encode_pairs(out: &mut Vec<u8>, items: &[Pair], values: bool) {
+    out.extend_from_slice(&(items.len() as u32).to_le_bytes());
+    for (a, b) in items {
+        out.extend_from_slice(&(a.len() as u32).to_le_bytes());
+        out.extend_from_slice(a);
+        if values {
+            out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+            out.extend_from_slice(b);
+        }
+    }
+}
+
+fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+    if b.len() < n {
+        return None;
+    }
+    let (h, t) = b.split_at(n);
+    *b = t;
+    Some(h)
+}
+
+fn take_u32(b: &mut &[u8]) -> Option<usize> {
+    let s = take(b, 4)?;
+    Some(u32::from_le_bytes([s[0], s[1], s[2], s[3]]) as usize)
+}
+
+pub(crate) fn decode_pairs(mut b: &[u8], values: bool) -> Option<Vec<Pair>> {
+    let n = take_u32(&mut b)?;
+    let mut out = Vec::with_capacity(n.min(b.len() / 4));
+    for _ in 0..n {
+        let l = take_u32(&mut b)?;
+        let a = take(&mut b, l)?.to_vec();
+        let v = if values {
+            let l = take_u32(&mut b)?;
+            take(&mut b, l)?.to_vec()
+        } else {
+            Vec::new()
+        };
+        out.push((a, v));
+    }
+    b.is_empty().then_some(out)
+}
+
+/// The bucket of hash `h` in a table of `n` buckets (linear hashing).
+fn bucket_of(h: u64, n: u32) -> u32 {
+    let p = 1u64 << (63 - u64::from(n).leading_zeros());
+    let b = h % (2 * p);
+    if b >= u64::from(n) {
+        (h % p) as u32
+    } else {
+        b as u32
+    }
+}
+
+fn elem_hash(e: &[u8]) -> u64 {
+    nibble::hash_key(e)
+}
+
+/// A tiny xorshift generator for the random picks (no crate needed).
+pub fn random_u64() -> u64 {
+    use std::cell::Cell;
+    thread_local! {
+        static S: Cell<u64> = Cell::new(new_id() | 1);
+    }
+    S.with(|s| {
+        let mut x = s.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.set(x);
+        x
+    })
+}
+
+fn is_int(m: &[u8]) -> Option<i64> {
+    crate::commands::parse_i64(m)
+}
+
+/// How the collection is held during one command.
+enum Repr {
+    Small {
+        items: Vec<Pair>,
+        intset: bool,
+    },
+    Big {
+        root: Root,
+        /// Buckets read or written by this command, and whether changed.
+        cache: HashMap<u32, (Vec<Pair>, bool)>,
+        /// The instance record is still to be written (converted now).
+        fresh: bool,
+    },
+}
+
+/// One collection, opened by one command (under its key's stripe).
+pub struct Coll<'e> {
+    store: &'e Engine,
+    key: Vec<u8>,
+    kind: Kind,
+    limits: Limits,
+    /// The root item's version; `None` if the key was absent.
+    version: Option<u64>,
+    repr: Repr,
+    dirty: bool,
+    buf: Vec<u8>,
+}
+
+/// Load the collection of `kind` at `key`: `Ok(None)` if absent,
+/// WRONGTYPE if the key holds another type.
+pub fn open<'e>(
+    store: &'e Engine,
+    key: &[u8],
+    kind: Kind,
+    limits: Limits,
+) -> Result<Option<Coll<'e>>, CmdError> {
+    let mut buf = Vec::new();
+    let Some(m) = store.get_into(key, &mut buf)? else {
+        return Ok(None);
+    };
+    if m.flags != kind.flags() {
+        return Err(WRONGTYPE.into());
+    }
+    let corrupt = || CmdError::from("ERR corrupt collection value");
+    let repr = match buf.first() {
+        Some(&HASH_MAGIC) if kind == Kind::Hash => Repr::Small {
+            items: decode_pairs(&buf[1..], true).ok_or_else(corrupt)?,
+            intset: false,
+        },
+        Some(&m @ (SET_MAGIC | INTSET_MAGIC)) if kind == Kind::Set => Repr::Small {
+            items: decode_pairs(&buf[1..], false).ok_or_else(corrupt)?,
+            intset: m == INTSET_MAGIC,
+        },
+        Some(&ROOT_MAGIC) => {
+            let (k, root) = decode_root(&buf).ok_or_else(corrupt)?;
+            if k != kind {
+                return Err(corrupt());
+            }
+            Repr::Big {
+                root,
+                cache: HashMap::new(),
+                fresh: false,
+            }
+        }
+        _ => return Err(corrupt()),
+    };
+    Ok(Some(Coll {
+        store,
+        key: key.to_vec(),
+        kind,
+        limits,
+        version: Some(m.version),
+        repr,
+        dirty: false,
+        buf,
+    }))
+}
+
+/// [`open`], or a new empty collection if the key is absent.
+pub fn open_or_new<'e>(
+    store: &'e Engine,
+    key: &[u8],
+    kind: Kind,
+    limits: Limits,
+) -> Result<Coll<'e>, CmdError> {
+    Ok(match open(store, key, kind, limits)? {
+        Some(c) => c,
+        None => Coll {
+            store,
+            key: key.to_vec(),
+            kind,
+            limits,
+            version: None,
+            repr: Repr::Small {
+                items: Vec::new(),
+                intset: kind == Kind::Set,
+            },
+            dirty: false,
+            buf: Vec::new(),
+        },
+    })
+}
+
+impl Coll<'_> {
+    /// Number of elements.
+    pub fn len(&self) -> u64 {
+        match &self.repr {
+            Repr::Small { items, .. } => items.len() as u64,
+            Repr::Big { root, .. } => root.count,
+        }
+    }
+
+    /// True if empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// OBJECT ENCODING's name for the current representation.
+    pub fn encoding(&self) -> &'static str {
+        match &self.repr {
+            Repr::Small { intset: true, .. } => "intset",
+            Repr::Small { items, .. } => {
+                // A small item over thresholds lowered since it was written
+                // reports what Redis would report after converting it.
+                let fits = items.len() <= self.limits.entries
+                    && items
+                        .iter()
+                        .all(|(a, b)| a.len() <= self.limits.value && b.len() <= self.limits.value);
+                if fits {
+                    "listpack"
+                } else {
+                    "hashtable"
+                }
+            }
+            Repr::Big { .. } => "hashtable",
+        }
+    }
+
+    /// The bucket `b` of a large collection, loaded into the cache.
+    fn bucket(&mut self, b: u32) -> Result<&mut (Vec<Pair>, bool), CmdError> {
+        let Repr::Big { root, cache, .. } = &mut self.repr else {
+            unreachable!("bucket() on a small collection")
+        };
+        match cache.entry(b) {
+            Entry::Occupied(o) => Ok(o.into_mut()),
+            Entry::Vacant(v) => {
+                let items = match self
+                    .store
+                    .raw_get_into(&node_key(root.id, b), &mut self.buf)?
+                {
+                    Some(_) => decode_pairs(&self.buf, true)
+                        .ok_or(CmdError::from("ERR corrupt collection node"))?,
+                    None => Vec::new(),
+                };
+                Ok(v.insert((items, false)))
+            }
+        }
+    }
+
+    /// The value of element `e`, if present.
+    pub fn get(&mut self, e: &[u8]) -> Result<Option<Vec<u8>>, CmdError> {
+        match &self.repr {
+            Repr::Small { items, .. } => {
+                Ok(items.iter().find(|(a, _)| a == e).map(|(_, v)| v.clone()))
+            }
+            Repr::Big { root, .. } => {
+                let b = bucket_of(elem_hash(e), root.nbuckets);
+                let (items, _) = self.bucket(b)?;
+                Ok(items.iter().find(|(a, _)| a == e).map(|(_, v)| v.clone()))
+            }
+        }
+    }
+
+    /// True if `e` is present.
+    pub fn contains(&mut self, e: &[u8]) -> Result<bool, CmdError> {
+        Ok(self.get(e)?.is_some())
+    }
+
+    /// Set `e` to `v` (insert or overwrite); true if `e` is new.
+    pub fn insert(&mut self, e: &[u8], v: &[u8]) -> Result<bool, CmdError> {
+        self.dirty = true;
+        let new = match &mut self.repr {
+            Repr::Small { items, intset } => {
+                if let Some(x) = items.iter_mut().find(|(a, _)| a == e) {
+                    x.1 = v.to_vec();
+                    return Ok(false);
+                }
+                match (*intset, is_int(e)) {
+                    (true, Some(n)) => {
+                        let at = items.partition_point(|(a, _)| is_int(a).is_some_and(|x| x < n));
+                        items.insert(at, (e.to_vec(), Vec::new()));
+                    }
+                    _ => {
+                        *intset = false;
+                        items.push((e.to_vec(), v.to_vec()));
+                    }
+                }
+                self.grow_if_needed()?;
+                true
+            }
+            Repr::Big { root, .. } => {
+                let b = bucket_of(elem_hash(e), root.nbuckets);
+                let (items, dirty) = self.bucket(b)?;
+                *dirty = true;
+                if let Some(x) = items.iter_mut().find(|(a, _)| a == e) {
+                    x.1 = v.to_vec();
+                    false
+                } else {
+                    items.push((e.to_vec(), v.to_vec()));
+                    if let Repr::Big { root, .. } = &mut self.repr {
+                        root.count += 1;
+                    }
+                    self.split_if_needed()?;
+                    true
+                }
+            }
+        };
+        Ok(new)
+    }
+
+    /// Remove `e`; true if it was present.
+    pub fn remove(&mut self, e: &[u8]) -> Result<bool, CmdError> {
+        match &mut self.repr {
+            Repr::Small { items, .. } => {
+                let Some(i) = items.iter().position(|(a, _)| a == e) else {
+                    return Ok(false);
+                };
+                items.remove(i);
+            }
+            Repr::Big { root, .. } => {
+                let b = bucket_of(elem_hash(e), root.nbuckets);
+                let (items, dirty) = self.bucket(b)?;
+                let Some(i) = items.iter().position(|(a, _)| a == e) else {
+                    return Ok(false);
+                };
+                items.swap_remove(i);
+                *dirty = true;
+                if let Repr::Big { root, .. } = &mut self.repr {
+                    root.count -= 1;
+                }
+            }
+        }
+        self.dirty = true;
+        Ok(true)
+    }
+
+    /// Every element with its value (small: in order; large: by bucket).
+    pub fn all(&mut self) -> Result<Vec<Pair>, CmdError> {
+        match &self.repr {
+            Repr::Small { items, .. } => Ok(items.clone()),
+            Repr::Big { root, .. } => {
+                let mut out = Vec::with_capacity(root.count as usize);
+                for b in 0..root.nbuckets {
+                    out.extend(self.bucket(b)?.0.iter().cloned());
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// One SCAN step from `cursor`, at least `count` elements (large) or
+    /// everything with cursor 0 (small, as Redis for listpacks).
+    pub fn scan(&mut self, cursor: u64, count: usize) -> Result<(u64, Vec<Pair>), CmdError> {
+        let n = match &self.repr {
+            Repr::Small { items, .. } => return Ok((0, items.clone())),
+            Repr::Big { root, .. } => root.nbuckets,
+        };
+        let mut out = Vec::new();
+        let mut b = cursor;
+        while b < u64::from(n) && out.len() < count {
+            out.extend(self.bucket(b as u32)?.0.iter().cloned());
+            b += 1;
+        }
+        Ok((if b >= u64::from(n) { 0 } else { b }, out))
+    }
+
+    /// A random element (roughly uniform; see the module notes).
+    pub fn random(&mut self) -> Result<Option<Pair>, CmdError> {
+        if self.is_empty() {
+            return Ok(None);
+        }
+        match &self.repr {
+            Repr::Small { items, .. } => Ok(Some(
+                items[(random_u64() % items.len() as u64) as usize].clone(),
+            )),
+            Repr::Big { root, .. } => {
+                let n = root.nbuckets;
+                let start = (random_u64() % u64::from(n)) as u32;
+                for i in 0..n {
+                    let (items, _) = self.bucket((start + i) % n)?;
+                    if !items.is_empty() {
+                        let j = (random_u64() % items.len() as u64) as usize;
+                        return Ok(Some(items[j].clone()));
+                    }
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// Turn a small collection that outgrew its thresholds into a large
+    /// one (in memory; written by [`commit`](Coll::commit)).
+    fn grow_if_needed(&mut self) -> Result<(), CmdError> {
+        let Repr::Small { items, intset } = &mut self.repr else {
+            return Ok(());
+        };
+        let l = self.limits;
+        if *intset {
+            if items.len() <= l.intset {
+                return Ok(());
+            }
+            // Over the intset limit: a listpack if it fits one, as Redis.
+            *intset = false;
+        }
+        let fits = items.len() <= l.entries
+            && items
+                .iter()
+                .all(|(a, b)| a.len() <= l.value && b.len() <= l.value);
+        if fits {
+            return Ok(());
+        }
+        let items = std::mem::take(items);
+        let nbuckets =
+            ((items.len() as u64 / BUCKET_SPLIT_ELEMS) + 1).min(u64::from(u32::MAX)) as u32;
+        let mut cache: HashMap<u32, (Vec<Pair>, bool)> =
+            (0..nbuckets).map(|b| (b, (Vec::new(), true))).collect();
+        let count = items.len() as u64;
+        for (a, v) in items {
+            let b = bucket_of(elem_hash(&a), nbuckets);
+            cache.get_mut(&b).expect("every bucket").0.push((a, v));
+        }
+        self.repr = Repr::Big {
+            root: Root {
+                id: new_id(),
+                count,
+                nbuckets,
+                first: 0,
+            },
+            cache,
+            fresh: true,
+        };
+        Ok(())
+    }
+
+    /// Split one bucket if the table is over its load.
+    fn split_if_needed(&mut self) -> Result<(), CmdError> {
+        let Repr::Big { root, .. } = &self.repr else {
+            return Ok(());
+        };
+        let n = root.nbuckets;
+        if root.count <= u64::from(n) * BUCKET_SPLIT_ELEMS || n == u32::MAX {
+            return Ok(());
+        }
+        let p = 1u32 << (31 - n.leading_zeros());
+        let s = n - p;
+        let (items, dirty) = self.bucket(s)?;
+        let old = std::mem::take(items);
+        *dirty = true;
+        let (mut stay, mut go) = (Vec::new(), Vec::new());
+        for x in old {
+            if bucket_of(elem_hash(&x.0), n + 1) == s {
+                stay.push(x);
+            } else {
+                go.push(x);
+            }
+        }
+        let Repr::Big { root, cache, .. } = &mut self.repr else {
+            unreachable!()
+        };
+        cache.insert(s, (stay, true));
+        cache.insert(n, (go, true));
+        root.nbuckets = n + 1;
+        Ok(())
+    }
+
+    /// Write what this command changed: the buckets, then the root (or
+    /// delete everything if the collection is now empty). `Ok(false)`:
+    /// the root changed under us (memcached or expiry); rerun the command.
+    pub fn commit(&mut self) -> Result<bool, CmdError> {
+        if !self.dirty {
+            return Ok(true);
+        }
+        let store = self.store;
+        let cond = self
+            .version
+            .map_or(Condition::IfAbsent, Condition::IfVersion);
+        let flags = self.kind.flags();
+        let opts = PutOptions {
+            condition: cond,
+            expiry: Expiry::Keep,
+            flags,
+        };
+        match &mut self.repr {
+            Repr::Small { items, intset } => {
+                if items.is_empty() {
+                    return self.delete_root();
+                }
+                let mut v = Vec::new();
+                match (self.kind, *intset) {
+                    (Kind::Hash, _) => v.push(HASH_MAGIC),
+                    (Kind::Set, true) => v.push(INTSET_MAGIC),
+                    (Kind::Set, false) => v.push(SET_MAGIC),
+                    (Kind::List, _) => return Err("ERR a list is never a small collection".into()),
+                }
+                encode_pairs(&mut v, items, self.kind == Kind::Hash);
+                if v.len() as u64 > store.max_value_bytes() {
+                    return Err("ERR collection exceeds the largest value the engine stores".into());
+                }
+                match store.put_with(&self.key, &v, opts) {
+                    Ok(_) => Ok(true),
+                    Err(e) if crate::commands::is_race(&e) => Ok(false),
+                    Err(e) => Err(e.into()),
+                }
+            }
+            Repr::Big { root, cache, fresh } => {
+                let root = *root;
+                if *fresh {
+                    let mut rec = vec![self.kind.tag()];
+                    rec.extend_from_slice(&self.key);
+                    store.raw_put_with(&instance_key(root.id), &rec, PutOptions::default())?;
+                    *fresh = false;
+                    LARGE_CREATED.store(true, Ordering::Relaxed);
+                }
+                let mut v = Vec::new();
+                for (b, (items, dirty)) in cache.iter_mut() {
+                    if !*dirty {
+                        continue;
+                    }
+                    let k = node_key(root.id, *b);
+                    if items.is_empty() {
+                        store.raw_delete(&k)?;
+                    } else {
+                        v.clear();
+                        encode_pairs(&mut v, items, true);
+                        store.raw_put_with(&k, &v, PutOptions::default())?;
+                    }
+                    *dirty = false;
+                }
+                if root.count == 0 {
+                    return self.delete_root();
+                }
+                let bytes = encode_root(self.kind, &root);
+                match store.put_with(&self.key, &bytes, opts) {
+                    Ok(ver) => {
+                        self.version = Some(ver);
+                        self.dirty = false;
+                        Ok(true)
+                    }
+                    Err(e) if crate::commands::is_race(&e) => Ok(false),
+                    Err(e) => Err(e.into()),
+                }
+            }
+        }
+    }
+
+    /// Delete the (now empty) collection: root, then its nodes.
+    fn delete_root(&mut self) -> Result<bool, CmdError> {
+        if let Some(v) = self.version {
+            match self.store.delete_if(&self.key, Condition::IfVersion(v)) {
+                Ok(()) => {}
+                Err(e) if crate::commands::is_race(&e) => return Ok(false),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if let Repr::Big { root, .. } = &self.repr {
+            drop_nodes(self.store, root)?;
+        }
+        self.dirty = false;
+        Ok(true)
+    }
+}
+
+/// Delete the nodes and the instance record of the large collection of
+/// `root`.
+pub(crate) fn drop_nodes(store: &Engine, root: &Root) -> Result<(), CmdError> {
+    for i in 0..root.nbuckets {
+        store.raw_delete(&node_key(root.id, root.first.wrapping_add(i)))?;
+    }
+    store.raw_delete(&instance_key(root.id))?;
+    Ok(())
+}
+
+/// The large-collection id and bucket count of the root bytes `v` of an
+/// item with flags `flags`, if it is one.
+fn big_root_of(flags: u32, v: &[u8]) -> Option<(Kind, Root)> {
+    if !crate::types::is_reserved_flags(flags) {
+        return None;
+    }
+    decode_root(v)
+}
+
+/// Delete the key `key` whatever it holds, with a large collection's
+/// nodes (DEL, UNLINK, the STORE forms, RENAME over a collection).
+/// Whether a live key was removed. Caller holds `key`'s stripe.
+pub fn delete_key(store: &Engine, key: &[u8]) -> Result<bool, CmdError> {
+    let mut buf = Vec::new();
+    let Some(m) = store.get_into(key, &mut buf)? else {
+        return Ok(store.delete(key)?);
+    };
+    let removed = store.delete(key)?;
+    if let Some((_, root)) = big_root_of(m.flags, &buf) {
+        drop_nodes(store, &root)?;
+    }
+    Ok(removed)
+}
+
+/// After RENAME moved the item `v` (flags `flags`) to `dst`: point a large
+/// collection's instance record at its new owner.
+pub fn renamed(store: &Engine, flags: u32, v: &[u8], dst: &[u8]) -> Result<(), CmdError> {
+    if let Some((kind, root)) = big_root_of(flags, v) {
+        let mut rec = vec![kind.tag()];
+        rec.extend_from_slice(dst);
+        store.raw_put_with(&instance_key(root.id), &rec, PutOptions::default())?;
+    }
+    Ok(())
+}
+
+/// True if `v` (flags `flags`) is a large collection's root, which must
+/// not be copied byte for byte (COPY, RESTORE).
+pub fn is_big_root(flags: u32, v: &[u8]) -> bool {
+    big_root_of(flags, v).is_some()
+}
+
+/// A whole collection as read: its kind, elements and OBJECT ENCODING.
+pub type Loaded = (Kind, Vec<Pair>, &'static str);
+
+/// Every element of the collection whose item is `(flags, v)` as read
+/// from `key`: for DUMP, COPY and OBJECT. `None` if not a collection.
+pub fn load_all(shared: &Shared, key: &[u8], flags: u32) -> Result<Option<Loaded>, CmdError> {
+    let kind = match flags {
+        HASH_FLAGS => Kind::Hash,
+        SET_FLAGS => Kind::Set,
+        LIST_FLAGS => {
+            let Some(items) = crate::list::load_all(&shared.store, key)? else {
+                return Ok(None);
+            };
+            let pairs = items.into_iter().map(|e| (e, Vec::new())).collect();
+            return Ok(Some((Kind::List, pairs, "quicklist")));
+        }
+        _ => return Ok(None),
+    };
+    let Some(mut c) = open(&shared.store, key, kind, Limits::of(shared, kind))? else {
+        return Ok(None);
+    };
+    let all = c.all()?;
+    Ok(Some((kind, all, c.encoding())))
+}
+
+/// The bytes of a small set holding `items` (RESTORE): an intset when
+/// every member is an integer (sorted), else insertion order.
+pub fn encode_small_set(items: &[Pair]) -> Vec<u8> {
+    let ints: Option<Vec<i64>> = items.iter().map(|(m, _)| is_int(m)).collect();
+    let mut v = Vec::new();
+    match ints {
+        Some(mut ns) => {
+            ns.sort_unstable();
+            let sorted: Vec<Pair> = ns
+                .iter()
+                .map(|n| (n.to_string().into_bytes(), Vec::new()))
+                .collect();
+            v.push(INTSET_MAGIC);
+            encode_pairs(&mut v, &sorted, false);
+        }
+        None => {
+            v.push(SET_MAGIC);
+            encode_pairs(&mut v, items, false);
+        }
+    }
+    v
+}
+
+/// OBJECT ENCODING of the collection at `key` (flags `flags`).
+pub fn encoding_of(shared: &Shared, key: &[u8], flags: u32) -> Option<&'static str> {
+    let kind = match flags {
+        HASH_FLAGS => Kind::Hash,
+        SET_FLAGS => Kind::Set,
+        LIST_FLAGS => return Some("quicklist"),
+        _ => return None,
+    };
+    open(&shared.store, key, kind, Limits::of(shared, kind))
+        .ok()
+        .flatten()
+        .map(|c| c.encoding())
+}
+
+/// Build a new collection of `kind` at `key` from `items` (the key must be
+/// free: the caller deleted it), with `expiry`.
+pub fn create(
+    shared: &Shared,
+    key: &[u8],
+    kind: Kind,
+    items: &[Pair],
+    expiry: Option<u64>,
+) -> Result<(), CmdError> {
+    let store = &shared.store;
+    if kind == Kind::List {
+        let elems: Vec<Vec<u8>> = items.iter().map(|p| p.0.clone()).collect();
+        crate::list::create(store, key, &elems)?;
+        if let Some(at) = expiry {
+            store.set_expiry(key, Some(at))?;
+        }
+        return Ok(());
+    }
+    let mut c = open_or_new(store, key, kind, Limits::of(shared, kind))?;
+    for (a, b) in items {
+        c.insert(a, b)?;
+    }
+    if !c.commit()? {
+        return Err("ERR the key changed while it was written".into());
+    }
+    if let Some(at) = expiry {
+        store.set_expiry(key, Some(at))?;
+    }
+    Ok(())
+}
+
+/// Run `f` over the collection at `key` (new if absent), commit, and rerun
+/// on a lost race with a writer outside the stripe. For write commands.
+pub fn modify<T>(
+    shared: &Shared,
+    key: &[u8],
+    kind: Kind,
+    mut f: impl FnMut(&mut Coll) -> Result<T, CmdError>,
+) -> Result<T, CmdError> {
+    let limits = Limits::of(shared, kind);
+    loop {
+        let mut c = open_or_new(&shared.store, key, kind, limits)?;
+        let out = f(&mut c)?;
+        if c.commit()? {
+            return Ok(out);
+        }
+    }
+}
+
+/// Run `f` over the collection at `key` if present (`None` if absent).
+/// For read commands.
+pub fn read<T>(
+    shared: &Shared,
+    key: &[u8],
+    kind: Kind,
+    f: impl FnOnce(&mut Coll) -> Result<T, CmdError>,
+) -> Result<Option<T>, CmdError> {
+    match open(&shared.store, key, kind, Limits::of(shared, kind))? {
+        Some(mut c) => Ok(Some(f(&mut c)?)),
+        None => Ok(None),
+    }
+}
+
+/// One sweeper pass: reclaim the nodes of every dead large collection.
+/// Returns the number of internal items deleted and the number seen.
+pub fn sweep_once(shared: &Shared) -> Result<(u64, u64), CmdError> {
+    let store = &shared.store;
+    let mut alive: HashMap<u64, bool> = HashMap::new();
+    let (mut deleted, mut seen) = (0, 0);
+    let mut cursor = 0;
+    let mut buf = Vec::new();
+    loop {
+        let (next, keys) = store.raw_scan(cursor, SWEEP_SCAN_KEYS)?;
+        for k in keys {
+            let Some(id) = id_of_internal(&k) else {
+                continue;
+            };
+            seen += 1;
+            let live = match alive.get(&id) {
+                Some(&l) => l,
+                None => {
+                    let l = is_alive(shared, id, &mut buf)?;
+                    alive.insert(id, l);
+                    l
+                }
+            };
+            if !live && store.raw_delete(&k)? {
+                deleted += 1;
+            }
+        }
+        if next == 0 || shared.stopping.load(Ordering::Relaxed) {
+            return Ok((deleted, seen));
+        }
+        cursor = next;
+    }
+}
+
+/// Whether large collection `id` still has an owner pointing at it.
+fn is_alive(shared: &Shared, id: u64, buf: &mut Vec<u8>) -> Result<bool, CmdError> {
+    let store = &shared.store;
+    loop {
+        let Some(_) = store.raw_get_into(&instance_key(id), buf)? else {
+            return Ok(false);
+        };
+        let Some(kind) = buf.first().and_then(|&t| Kind::of_tag(t)) else {
+            return Ok(false);
+        };
+        let owner = buf[1..].to_vec();
+        // The owner's stripe: no command is half-way through building,
+        // renaming or deleting this collection while we look.
+        let _g = shared.keylocks.lock([&owner[..]], true);
+        // A RENAME may have moved it before we took the stripe.
+        match store.raw_get_into(&instance_key(id), buf)? {
+            Some(_) if buf[1..] == owner[..] => {}
+            Some(_) => continue,
+            None => return Ok(false),
+        }
+        let Some(m) = store.get_into(&owner, buf)? else {
+            return Ok(false);
+        };
+        return Ok(m.flags == kind.flags()
+            && decode_root(buf).is_some_and(|(k, r)| k == kind && r.id == id));
+    }
+}
+
+/// The sweeper thread's body, until the server stops: a pass
+/// [`SWEEP_INTERVAL_MS`] after one that reclaimed something, backing off
+/// to [`SWEEP_MAX_INTERVAL_MS`] while passes reclaim nothing, and no pass
+/// at all while the store holds no internal key and no large collection
+/// was created since (a store of strings is never walked after the first
+/// pass). So an orphan waits at most the longest pause plus one pass.
+pub fn sweeper(shared: std::sync::Arc<Shared>) {
+    let stopping = || shared.stopping.load(Ordering::Relaxed);
+    let mut pause_ms = SWEEP_INTERVAL_MS;
+    let mut idle = false;
+    while !stopping() {
+        // Short naps, so shutdown (which joins this thread) is prompt.
+        for _ in 0..pause_ms / SWEEP_NAP_MS {
+            if stopping() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(SWEEP_NAP_MS));
+        }
+        let created = LARGE_CREATED.swap(false, Ordering::Relaxed);
+        if idle && !created {
+            continue;
+        }
+        match sweep_once(&shared) {
+            Ok((deleted, seen)) => {
+                idle = seen == 0;
+                pause_ms = if deleted > 0 || created {
+                    SWEEP_INTERVAL_MS
+                } else {
+                    (pause_ms * 2).min(SWEEP_MAX_INTERVAL_MS)
+                };
+                if deleted > 0 {
+                    log::info!("collection sweeper reclaimed {deleted} orphaned items");
+                }
+            }
+            Err(e) => log::warn!("collection sweeper: {}", e.0),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn linear_hashing_buckets_stay_in_range_and_split_upwards() {
+        for n in 1..200u32 {
+            for h in 0..1000u64 {
+                let b = bucket_of(h.wrapping_mul(0x9E37_79B9_7F4A_7C15), n);
+                assert!(b < n);
+                // Growing to n + 1 moves an element only from the split
+                // bucket n - p to the new bucket n.
+                let b2 = bucket_of(h.wrapping_mul(0x9E37_79B9_7F4A_7C15), n + 1);
+                let p = 1u32 << (31 - n.leading_zeros());
+                assert!(b2 == b || (b == n - p && b2 == n), "n={n} b={b} b2={b2}");
+            }
+        }
+    }
+
+    #[test]
+    fn root_and_pairs_roundtrip() {
+        let r = Root {
+            id: 7,
+            count: 9,
+            nbuckets: 3,
+            first: 5,
+        };
+        assert_eq!(
+            decode_root(&encode_root(Kind::Set, &r)),
+            Some((Kind::Set, r))
+        );
+        let items = vec![(b"a".to_vec(), b"1".to_vec()), (b"bb".to_vec(), Vec::new())];
+        let mut v = Vec::new();
+        encode_pairs(&mut v, &items, true);
+        assert_eq!(decode_pairs(&v, true).unwrap(), items);
+        assert!(decode_pairs(&v[..v.len() - 1], true).is_none());
+    }
+
+    /// Random inserts, overwrites and removes on a large-capable hash and
+    /// set (thresholds of 4, so both representations and many splits are
+    /// exercised), against a `BTreeMap` model: lengths, lookups, a full
+    /// read and a full SCAN agree after every command.
+    #[test]
+    fn collections_match_a_model() {
+        use proptest::prelude::*;
+        use std::collections::BTreeMap;
+        let store =
+            Engine::Local(nibble::Store::new(nibble::Config::new(64 << 20)).expect("engine"));
+        let limits = Limits {
+            entries: 4,
+            value: 8,
+            intset: 4,
+        };
+        let op = (0u8..4, 0u32..300, 0usize..12);
+        let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+            cases: 24,
+            failure_persistence: None,
+            ..Default::default()
+        });
+        let round = std::cell::Cell::new(0u32);
+        runner
+            .run(&proptest::collection::vec(op, 1..400), |ops| {
+                round.set(round.get() + 1);
+                for kind in [Kind::Hash, Kind::Set] {
+                    let key = format!("k{}{kind:?}", round.get()).into_bytes();
+                    let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+                    for &(o, e, vlen) in &ops {
+                        // Integers and words, so intsets turn to listpacks.
+                        let e = if e % 3 == 0 {
+                            format!("w{e}").into_bytes()
+                        } else {
+                            e.to_string().into_bytes()
+                        };
+                        let v = if kind == Kind::Hash {
+                            vec![b'v'; vlen]
+                        } else {
+                            Vec::new()
+                        };
+                        let mut c = open_or_new(&store, &key, kind, limits).unwrap();
+                        match o {
+                            0 | 1 => {
+                                let new = c.insert(&e, &v).unwrap();
+                                prop_assert_eq!(new, model.insert(e.clone(), v).is_none());
+                            }
+                            2 => {
+                                let had = c.remove(&e).unwrap();
+                                prop_assert_eq!(had, model.remove(&e).is_some());
+                            }
+                            _ => {
+                                prop_assert_eq!(c.get(&e).unwrap(), model.get(&e).cloned());
+                            }
+                        }
+                        prop_assert!(c.commit().unwrap());
+                        let Some(mut c) = open(&store, &key, kind, limits).unwrap() else {
+                            prop_assert!(model.is_empty());
+                            continue;
+                        };
+                        prop_assert_eq!(c.len(), model.len() as u64);
+                        let all: BTreeMap<_, _> = c.all().unwrap().into_iter().collect();
+                        prop_assert_eq!(&all, &model);
+                        let mut scanned = BTreeMap::new();
+                        let mut cursor = 0;
+                        loop {
+                            let (next, items) = c.scan(cursor, 3).unwrap();
+                            scanned.extend(items);
+                            if next == 0 {
+                                break;
+                            }
+                            cursor = next;
+                        }
+                        prop_assert_eq!(&scanned, &model);
+                    }
+                    // Deleting the key takes every node with it.
+                    delete_key(&store, &key).unwrap();
+                    let mut cursor = 0;
+                    loop {
+                        let (next, keys) = store.raw_scan(cursor, 1024).unwrap();
+                        prop_assert!(keys.iter().all(|k| !is_internal_key(k)), "nodes left");
+                        if next == 0 {
+                            break;
+                        }
+                        cursor = next;
+                    }
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+}
