@@ -155,6 +155,9 @@ pub struct Cli {
     /// TLS (`--tls-port`, `--tls-cert-file`, ...; see `tls.rs`).
     #[command(flatten)]
     pub tls: crate::tls::TlsFlags,
+    /// RDB snapshots (`--dir`, `--dbfilename`, `--load-rdb`, `--save`).
+    #[command(flatten)]
+    pub rdb: crate::rdb::RdbFlags,
 }
 
 /// Everything fixed at start, plus the initial values of [`Settings`].
@@ -209,6 +212,8 @@ pub struct ServerConfig {
     pub loglevel: String,
     /// TLS settings (`tls-*`).
     pub tls: crate::tls::TlsConfig,
+    /// RDB settings (`dir`, `dbfilename`, `save`, `load-rdb`).
+    pub rdb: crate::rdb::RdbConfig,
 }
 
 impl Default for ServerConfig {
@@ -241,6 +246,7 @@ impl Default for ServerConfig {
             max_inline_len: DEFAULT_MAX_INLINE,
             loglevel: "info".into(),
             tls: Default::default(),
+            rdb: Default::default(),
         }
     }
 }
@@ -376,6 +382,7 @@ impl ServerConfig {
             "loglevel" => self.loglevel = value.to_string(),
             "pin" => self.pin = matches!(value, "yes" | "true" | "1"),
             n if n.starts_with("tls-") => self.tls.apply(n, value)?,
+            n if crate::rdb::RdbConfig::owns(n) => self.rdb.apply(n, value)?,
             _ => return Err(format!("unknown setting {name:?}")),
         }
         Ok(())
@@ -461,6 +468,7 @@ impl ServerConfig {
         set("max-inline-len", cli.max_inline_len.clone())?;
         set("loglevel", cli.loglevel.clone())?;
         c.tls.apply_flags(&cli.tls)?;
+        c.rdb.apply_flags(&cli.rdb)?;
         if cli.memcached && c.memcached_port.is_none() {
             c.memcached_port = Some(DEFAULT_MEMCACHED_PORT);
         }
@@ -657,7 +665,6 @@ impl Settings {
             ("threads", fixed.threads.to_string()),
             ("io-threads", fixed.threads.to_string()),
             ("databases", "1".into()),
-            ("save", String::new()),
             (
                 "maxclients",
                 self.maxclients.load(Ordering::Relaxed).to_string(),
@@ -739,7 +746,6 @@ impl Settings {
                 }
                 self.maxmemory_policy.store(p.to_byte(), Ordering::Relaxed);
             }
-            "save" if value.is_empty() => {}
             n if n.starts_with("tls-") => {
                 return Err(format!(
                     "ERR CONFIG SET failed (possibly related to argument '{n}') - can't set immutable config"

@@ -31,6 +31,7 @@
 //! | [`types`] | string/hash typing and the hash encoding |
 //! | [`glob`] | KEYS/SCAN pattern matching |
 //! | [`tls`] | TLS on `tls-port` (rustls + ring), its settings and handshake |
+//! | [`rdb`] | RDB snapshots: SAVE/BGSAVE, import of a `dump.rdb` at start |
 //!
 //! ```no_run
 //! let cfg = server::config::ServerConfig { port: Some(0), ..Default::default() };
@@ -57,6 +58,7 @@ pub mod mc_exec;
 pub mod mc_meta;
 pub mod memcache;
 pub mod pubsub;
+pub mod rdb;
 pub mod resp;
 pub mod state;
 pub mod tls;
@@ -221,6 +223,8 @@ impl Server {
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         // A shared store's capacity was fixed when it was created.
         cfg.capacity = capacity;
+        // A dump.rdb (or --load-rdb) is imported before any client is
+        // served; a bad file stops the start, as in Redis.
         auth::check_ports(&cfg).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let mut settings = Settings::new(&cfg, store.max_value_bytes())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
@@ -292,8 +296,15 @@ impl Server {
             closed_since_trim: AtomicU64::new(0),
             keylocks: keylock::KeyLocks::new(),
             pubsub: Arc::new(pubsub::Hub::new()),
+            persist: rdb::Persistence::new(&cfg),
             config: cfg.clone(),
         });
+        // A dump.rdb (or --load-rdb) is imported before any client is
+        // served; a bad file stops the start, as in Redis.
+        let loaded = rdb::load::load_at_start(&shared)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let _ = shared.persist.load.set(loaded);
+        rdb::persist::start(&shared)?;
         trim::start(&shared)?;
         let cpus = topology::allowed_cpus();
         let mut handles = Vec::with_capacity(threads + 1);
@@ -378,6 +389,7 @@ impl Drop for Server {
         for h in self.threads.drain(..) {
             let _ = h.join();
         }
+        rdb::persist::at_shutdown(&self.shared);
         if let Some(p) = &self.unix {
             let _ = std::fs::remove_file(p);
         }

@@ -48,6 +48,8 @@ pub struct WorkerStats {
     pub proto_errors: AtomicU64,
     /// Commands refused before they ran (unknown, wrong arity, NOAUTH).
     pub rejected_calls: AtomicU64,
+    /// RESP write commands run (RDB's changes since the last save).
+    pub writes: AtomicU64,
 }
 
 impl WorkerStats {
@@ -210,6 +212,8 @@ pub struct Shared {
     pub keylocks: crate::keylock::KeyLocks,
     /// Pub/sub channel registry (see [`crate::pubsub`]).
     pub pubsub: Arc<crate::pubsub::Hub>,
+    /// RDB snapshots (see [`crate::rdb`]).
+    pub persist: crate::rdb::Persistence,
 }
 
 impl Shared {

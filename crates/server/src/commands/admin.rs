@@ -1,5 +1,6 @@
 //! Connection and server commands: PING, HELLO, AUTH, CLIENT, COMMAND,
 //! CONFIG, INFO, DBSIZE, FLUSHALL, SHUTDOWN, DEBUG POPULATE, TIME.
+//! (SAVE, BGSAVE, LASTSAVE and INFO persistence are in `crate::rdb`.)
 //!
 //! DBSIZE and INFO keyspace count live keys by a cursor walk, so an item
 //! that expired but was not reclaimed yet is never counted (Redis may
@@ -324,6 +325,7 @@ pub fn config(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     let settings = &ctx.shared.settings;
     if eq(sub, "get") && a.len() >= 3 {
         let mut all = settings.get_all(&ctx.shared.config);
+        all.extend(crate::rdb::persist::config_get(ctx.shared));
         // As redis-server answers it, but only to the exact name: a glob
         // such as `*` does not carry the password into dumps and logs.
         if a[2..].iter().any(|p| eq(p, "requirepass")) {
@@ -346,6 +348,10 @@ pub fn config(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
         for kv in a[2..].chunks(2) {
             let name = String::from_utf8_lossy(kv[0]).to_ascii_lowercase();
             let value = String::from_utf8_lossy(kv[1]).into_owned();
+            if let Some(done) = crate::rdb::persist::config_set(ctx.shared, &name, &value) {
+                done?;
+                continue;
+            }
             settings.set(&ctx.shared.config, &name, &value)?;
             if name == "maxmemory-policy" {
                 ctx.shared.store.set_eviction(settings.policy().engine())?;
@@ -446,6 +452,9 @@ pub fn info_text(ctx: &Ctx, section: &str) -> String {
             st.compaction_passes,
             st.bytes_relocated,
         );
+    }
+    if want("persistence") {
+        o.push_str(&crate::rdb::persist::info(sh));
     }
     if want("stats") {
         let _ = write!(
@@ -615,6 +624,12 @@ pub fn shutdown(ctx: &mut Ctx, a: &[&[u8]], _r: &mut Reply) -> CmdResult {
     if a[1..].iter().any(|o| eq(o, "abort")) {
         return Err("ERR No shutdown in progress.".into());
     }
+    let save = a[1..].iter().any(|o| eq(o, "save"));
+    let nosave = a[1..].iter().any(|o| eq(o, "nosave"));
+    if save && nosave {
+        return Err(SYNTAX.into());
+    }
+    crate::rdb::persist::shutdown_save(ctx.shared, save, nosave)?;
     log::warn!("SHUTDOWN requested by client {}", ctx.sess.info.id);
     ctx.shared.shutdown();
     ctx.sess.close = true;

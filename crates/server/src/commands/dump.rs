@@ -63,11 +63,14 @@ const BAD_FORMAT: &str = "ERR Bad data format";
 /// Redis's CRC64 polynomial (Jones), reflected form.
 const CRC64_JONES_REFLECTED: u64 = 0x95ac_9329_ac4b_c9b5;
 
-fn crc64_table() -> &'static [u64; 256] {
-    static T: std::sync::OnceLock<[u64; 256]> = std::sync::OnceLock::new();
+/// Slicing-by-8 tables: `t[0]` is the byte-at-a-time table, `t[k][i]`
+/// the CRC of byte `i` followed by `k` zero bytes. Eight bytes per step
+/// instead of one (an RDB save checksums every byte it writes).
+fn crc64_tables() -> &'static [[u64; 256]; 8] {
+    static T: std::sync::OnceLock<[[u64; 256]; 8]> = std::sync::OnceLock::new();
     T.get_or_init(|| {
-        let mut t = [0u64; 256];
-        for (i, e) in t.iter_mut().enumerate() {
+        let mut t = [[0u64; 256]; 8];
+        for (i, e) in t[0].iter_mut().enumerate() {
             let mut c = i as u64;
             for _ in 0..8 {
                 c = if c & 1 == 1 {
@@ -78,21 +81,39 @@ fn crc64_table() -> &'static [u64; 256] {
             }
             *e = c;
         }
+        for k in 1..8 {
+            let (done, rest) = t.split_at_mut(k);
+            for (e, &p) in rest[0].iter_mut().zip(done[k - 1].iter()) {
+                *e = (p >> 8) ^ done[0][(p & 0xff) as usize];
+            }
+        }
         t
     })
 }
 
 /// Redis's `crc64(crc, data)`.
 pub fn crc64(mut crc: u64, data: &[u8]) -> u64 {
-    let t = crc64_table();
-    for &b in data {
-        crc = t[((crc ^ u64::from(b)) & 0xff) as usize] ^ (crc >> 8);
+    let t = crc64_tables();
+    let mut chunks = data.chunks_exact(8);
+    for c in &mut chunks {
+        let x = crc ^ u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+        crc = t[7][(x & 0xff) as usize]
+            ^ t[6][((x >> 8) & 0xff) as usize]
+            ^ t[5][((x >> 16) & 0xff) as usize]
+            ^ t[4][((x >> 24) & 0xff) as usize]
+            ^ t[3][((x >> 32) & 0xff) as usize]
+            ^ t[2][((x >> 40) & 0xff) as usize]
+            ^ t[1][((x >> 48) & 0xff) as usize]
+            ^ t[0][(x >> 56) as usize];
+    }
+    for &b in chunks.remainder() {
+        crc = t[0][((crc ^ u64::from(b)) & 0xff) as usize] ^ (crc >> 8);
     }
     crc
 }
 
 /// `rdbSaveLen`.
-fn put_len(out: &mut Vec<u8>, len: u64) {
+pub(crate) fn put_len(out: &mut Vec<u8>, len: u64) {
     if len < 1 << 6 {
         out.push(len as u8);
     } else if len < 1 << 14 {
@@ -129,7 +150,7 @@ const LZF_MIN_BYTES: usize = 20;
 /// A string as Redis saves it (`rdbSaveRawString`, or the integer form
 /// of an int-encoded object): an integer encoding, LZF when it saves at
 /// least 4 bytes, or the bytes as they are.
-fn put_string(out: &mut Vec<u8>, s: &[u8]) {
+pub(crate) fn put_string(out: &mut Vec<u8>, s: &[u8]) {
     // Redis holds a canonical integer of up to 20 characters as an
     // integer, and tries the integer form for raw strings of up to 11;
     // both come to: canonical integer that fits 32 bits.
@@ -186,7 +207,7 @@ fn lp_backlen(out: &mut Vec<u8>, l: usize) {
 
 /// One listpack entry: integers as listpack's integer encodings (as
 /// `lpStringToInt64` decides), other bytes as strings.
-fn lp_entry(out: &mut Vec<u8>, s: &[u8]) {
+pub(crate) fn lp_entry(out: &mut Vec<u8>, s: &[u8]) {
     let start = out.len();
     match parse_i64(s) {
         Some(v) if (0..=127).contains(&v) => out.push(v as u8),
@@ -229,7 +250,7 @@ fn lp_entry(out: &mut Vec<u8>, s: &[u8]) {
 }
 
 /// A hash as a listpack.
-fn listpack(h: &Hash) -> Vec<u8> {
+pub(crate) fn listpack(h: &Hash) -> Vec<u8> {
     let mut lp = vec![0u8; 6];
     for (f, v) in h {
         lp_entry(&mut lp, f);
@@ -245,7 +266,12 @@ fn listpack(h: &Hash) -> Vec<u8> {
 
 /// The `hash-max-listpack-*` tunables.
 fn listpack_limits(ctx: &Ctx) -> (usize, usize) {
-    let t = ctx.shared.settings.tunables.get_all();
+    hash_listpack_limits(&ctx.shared.settings)
+}
+
+/// The `hash-max-listpack-*` tunables of `settings` (entries, bytes).
+pub(crate) fn hash_listpack_limits(settings: &crate::config::Settings) -> (usize, usize) {
+    let t = settings.tunables.get_all();
     let num = |n: &str| {
         t.iter()
             .find(|(k, _)| *k == n)
@@ -322,10 +348,10 @@ pub fn dump(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
 }
 
 /// A cursor over a payload; every read fails on truncation.
-struct Rd<'a>(&'a [u8]);
+pub(crate) struct Rd<'a>(pub(crate) &'a [u8]);
 
 impl<'a> Rd<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+    pub(crate) fn take(&mut self, n: usize) -> Option<&'a [u8]> {
         if self.0.len() < n {
             return None;
         }
@@ -334,12 +360,12 @@ impl<'a> Rd<'a> {
         Some(h)
     }
 
-    fn byte(&mut self) -> Option<u8> {
+    pub(crate) fn byte(&mut self) -> Option<u8> {
         Some(self.take(1)?[0])
     }
 
     /// `rdbLoadLenByRef`: (length or special encoding, is it encoded).
-    fn len(&mut self) -> Option<(u64, bool)> {
+    pub(crate) fn len(&mut self) -> Option<(u64, bool)> {
         let b = self.byte()?;
         Some(match b >> 6 {
             0 => (u64::from(b & 0x3f), false),
@@ -357,7 +383,7 @@ impl<'a> Rd<'a> {
     }
 
     /// `rdbGenericLoadStringObject`.
-    fn string(&mut self) -> Option<Vec<u8>> {
+    pub(crate) fn string(&mut self) -> Option<Vec<u8>> {
         let (n, enc) = self.len()?;
         if !enc {
             return Some(self.take(usize::try_from(n).ok()?)?.to_vec());
@@ -382,7 +408,7 @@ impl<'a> Rd<'a> {
 }
 
 /// listpack entries as strings; `None` if malformed.
-fn listpack_entries(lp: &[u8]) -> Option<Vec<Vec<u8>>> {
+pub(crate) fn listpack_entries(lp: &[u8]) -> Option<Vec<Vec<u8>>> {
     if lp.len() < 7 || u32::from_le_bytes(lp[..4].try_into().ok()?) as usize != lp.len() {
         return None;
     }
@@ -442,7 +468,7 @@ fn listpack_entries(lp: &[u8]) -> Option<Vec<Vec<u8>>> {
 
 /// Fields and values in pairs into a hash: `None` if odd, empty or with
 /// a field twice (Redis refuses all three).
-fn pairs_to_hash(items: Vec<Vec<u8>>) -> Option<Hash> {
+pub(crate) fn pairs_to_hash(items: Vec<Vec<u8>>) -> Option<Hash> {
     if items.is_empty() || !items.len().is_multiple_of(2) {
         return None;
     }
@@ -619,6 +645,12 @@ mod tests {
     #[test]
     fn crc64_matches_redis() {
         assert_eq!(crc64(0, b"123456789"), 0xe9c6_d914_c4b8_d9ca);
+        // Any split gives the same CRC (slicing-by-8 and the byte tail).
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 31 % 251) as u8).collect();
+        let whole = crc64(0, &data);
+        for cut in [1, 7, 8, 9, 500, 999] {
+            assert_eq!(crc64(crc64(0, &data[..cut]), &data[cut..]), whole);
+        }
     }
 
     #[test]

@@ -357,6 +357,9 @@ pub fn execute(ctx: &mut Ctx, args: &[&[u8]], r: &mut Reply) {
         return;
     }
     let _keys = lock_keys(ctx.shared, spec, args);
+    if spec.flags.contains(&"write") {
+        WorkerStats::bump(&ctx.stats.writes, 1);
+    }
     if let Err(e) = (spec.run)(ctx, args, r) {
         r.error(&e.0);
     }

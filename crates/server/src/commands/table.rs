@@ -166,6 +166,33 @@ pub static COMMANDS: &[Spec] = &[
         admin::shutdown
     ),
     spec!(
+        "save",
+        1,
+        RS,
+        K0,
+        "server",
+        "Synchronously saves the database(s) to disk.",
+        crate::rdb::persist::save_cmd
+    ),
+    spec!(
+        "bgsave",
+        -1,
+        RS,
+        K0,
+        "server",
+        "Asynchronously saves the database(s) to disk.",
+        crate::rdb::persist::bgsave_cmd
+    ),
+    spec!(
+        "lastsave",
+        1,
+        A,
+        K0,
+        "server",
+        "Returns the Unix timestamp of the last successful save to disk.",
+        crate::rdb::persist::lastsave_cmd
+    ),
+    spec!(
         "debug",
         -2,
         RS,

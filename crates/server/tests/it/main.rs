@@ -16,6 +16,7 @@ mod memcached;
 mod multi;
 mod parsers;
 mod process;
+mod rdb;
 mod resp3;
 mod security;
 mod tls;
