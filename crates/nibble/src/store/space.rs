@@ -154,9 +154,16 @@ impl Inner {
         // The bound is time, not rounds: a round in which this writer's
         // help made progress does not sleep, and the space it freed may go
         // to another writer.
+        // A store that may evict any item always can make room: only the
+        // time bound ends its wait (a pass that found nothing, or rounds
+        // without progress, are victims still waiting for the epoch or
+        // workers starved of CPU, not a full store).
+        let e = self.eviction();
+        let can_always_evict = e.evicts() && !e.volatile_only;
         if w.start.elapsed() >= Duration::from_millis(self.cfg.max_write_wait_ms)
-            || (w.stalled >= APPEND_WAIT_ROUNDS.min(max_rounds) && !progressed)
-            || (round > 1 && gave_up)
+            || (!can_always_evict
+                && ((w.stalled >= APPEND_WAIT_ROUNDS.min(max_rounds) && !progressed)
+                    || (round > 1 && gave_up)))
         {
             let freed = self.stats.segments_freed.load(Ordering::Acquire);
             self.stats.refused_at.store(freed + 1, Ordering::Release);
