@@ -443,6 +443,11 @@ impl ZSet<'_> {
     /// Set `m`'s score to `s`; its previous score, if it was a member.
     pub fn insert(&mut self, m: &[u8], s: f64) -> Result<Option<f64>, CmdError> {
         self.dirty = true;
+        // A listpack keeps scores as d2string text, which writes -0 as 0.
+        let s = match self.repr {
+            Repr::Small(_) if s == 0.0 => 0.0,
+            _ => s,
+        };
         let old = self.score(m)?;
         if old == Some(s) && old.map(f64::to_bits) == Some(s.to_bits()) {
             return Ok(old);

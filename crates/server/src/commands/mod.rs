@@ -51,6 +51,7 @@ pub mod list;
 pub mod lzf;
 pub mod set;
 pub mod strings;
+pub mod zset;
 mod table;
 
 pub use table::COMMANDS;

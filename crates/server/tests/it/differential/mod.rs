@@ -22,3 +22,4 @@ mod keyspace;
 mod lists;
 mod prop;
 mod strings;
+mod zsets;
