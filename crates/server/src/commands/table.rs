@@ -1131,6 +1131,60 @@ pub static COMMANDS: &[Spec] = &[
         zset::zscan
     ),
     spec!(
+        "zunion",
+        -3,
+        RS,
+        K0,
+        "sorted_set",
+        "Adds multiple sorted sets.",
+        zset::zunion
+    ),
+    spec!(
+        "zinter",
+        -3,
+        RS,
+        K0,
+        "sorted_set",
+        "Returns the intersect of multiple sorted sets.",
+        zset::zinter
+    ),
+    spec!(
+        "zdiff",
+        -3,
+        RS,
+        K0,
+        "sorted_set",
+        "Returns the difference between multiple sorted sets.",
+        zset::zdiff
+    ),
+    spec!(
+        "zunionstore",
+        -4,
+        WS,
+        K0,
+        "sorted_set",
+        "Stores the union of multiple sorted sets in a key.",
+        zset::zunionstore
+    ),
+    spec!(
+        "zinterstore",
+        -4,
+        WS,
+        K0,
+        "sorted_set",
+        "Stores the intersect of multiple sorted sets in a key.",
+        zset::zinterstore
+    ),
+    spec!(
+        "zdiffstore",
+        -4,
+        WS,
+        K0,
+        "sorted_set",
+        "Stores the difference of multiple sorted sets in a key.",
+        zset::zdiffstore
+    ),
+    spec!(
         "lpush",
         -3,
         W,

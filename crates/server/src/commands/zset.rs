@@ -11,7 +11,7 @@ use super::hash::{rand_count, scan_args};
 use super::{eq, int_arg, parse_f64, CmdError, CmdResult, Ctx, SYNTAX};
 use crate::glob;
 use crate::resp::{Proto, Reply};
-use crate::zset::{self, Entry, ZSet};
+use crate::zset::{self, cmp_entry, Entry, ZSet};
 
 const NOT_FLOAT: &str = "ERR value is not a valid float";
 const RANGE_NOT_FLOAT: &str = "ERR min or max is not a float";
@@ -743,6 +743,237 @@ pub fn zscan(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
         r.bulk(fmt_d2string(*s).as_bytes());
     }
     Ok(())
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SetOp {
+    Union,
+    Inter,
+    Diff,
+}
+
+#[derive(Clone, Copy)]
+enum Aggregate {
+    Sum,
+    Min,
+    Max,
+}
+
+fn aggregate(a: Aggregate, target: f64, v: f64) -> f64 {
+    match a {
+        Aggregate::Sum => {
+            let s = target + v;
+            if s.is_nan() {
+                0.0
+            } else {
+                s
+            }
+        }
+        Aggregate::Min => v.min(target),
+        Aggregate::Max => v.max(target),
+    }
+}
+
+/// The (member, score) pairs of a zset or set at `key` (a set's members
+/// score 1), `None` if absent; WRONGTYPE for other types.
+fn source(ctx: &Ctx, key: &[u8]) -> Result<Option<Vec<(Vec<u8>, f64)>>, CmdError> {
+    let Some(m) = ctx.shared.store.meta(key)? else {
+        return Ok(None);
+    };
+    match m.flags {
+        crate::types::ZSET_FLAGS => Ok(zset::read(ctx.shared, key, |z| z.all())?
+            .map(|v| v.into_iter().map(|(s, m)| (m, s)).collect())),
+        crate::types::SET_FLAGS => Ok(crate::coll::read(
+            ctx.shared,
+            key,
+            crate::coll::Kind::Set,
+            |c| c.all(),
+        )?
+        .map(|v| v.into_iter().map(|(m, _)| (m, 1.0)).collect())),
+        _ => Err(super::WRONGTYPE.into()),
+    }
+}
+
+/// redis-server's `zunionInterDiffGenericCommand`: `a[nk]` is numkeys;
+/// `dst` the destination of a STORE form. Result in zset order.
+fn set_op(
+    ctx: &mut Ctx,
+    a: &[&[u8]],
+    nk: usize,
+    dst: Option<&[u8]>,
+    op: SetOp,
+    name: &str,
+) -> Result<(Vec<Entry>, bool), CmdError> {
+    let n = int_arg(a[nk])?;
+    if n < 1 {
+        return Err(format!("ERR at least 1 input key is needed for '{name}' command").into());
+    }
+    if n as usize > a.len() - nk - 1 {
+        return Err(SYNTAX.into());
+    }
+    let n = n as usize;
+    let keys = &a[nk + 1..nk + 1 + n];
+    let _g = ctx.shared.keylocks.lock_modes(
+        keys.iter()
+            .map(|k| (*k, false))
+            .chain(dst.map(|d| (d, true))),
+    );
+    let mut srcs = Vec::with_capacity(n);
+    for k in keys {
+        srcs.push(source(ctx, k)?);
+    }
+    let mut weights = vec![1.0f64; n];
+    let mut agg = Aggregate::Sum;
+    let mut withscores = false;
+    let mut j = nk + 1 + n;
+    while j < a.len() {
+        let left = a.len() - j;
+        if op != SetOp::Diff && left > n && eq(a[j], "weights") {
+            for (i, w) in weights.iter_mut().enumerate() {
+                *w = parse_f64(a[j + 1 + i])
+                    .ok_or(CmdError::from("ERR weight value is not a float"))?;
+            }
+            j += 1 + n;
+        } else if op != SetOp::Diff && left >= 2 && eq(a[j], "aggregate") {
+            agg = if eq(a[j + 1], "sum") {
+                Aggregate::Sum
+            } else if eq(a[j + 1], "min") {
+                Aggregate::Min
+            } else if eq(a[j + 1], "max") {
+                Aggregate::Max
+            } else {
+                return Err(SYNTAX.into());
+            };
+            j += 2;
+        } else if dst.is_none() && eq(a[j], "withscores") {
+            withscores = true;
+            j += 1;
+        } else {
+            return Err(SYNTAX.into());
+        }
+    }
+    let weigh = |w: f64, s: f64| {
+        let v = w * s;
+        if v.is_nan() {
+            0.0
+        } else {
+            v
+        }
+    };
+    let mut out: Vec<Entry> = Vec::new();
+    match op {
+        SetOp::Union => {
+            let mut acc: std::collections::HashMap<Vec<u8>, f64> = Default::default();
+            let mut order = Vec::new();
+            for (src, w) in srcs.iter().zip(&weights) {
+                for (m, s) in src.iter().flatten() {
+                    let v = weigh(*w, *s);
+                    match acc.get_mut(m) {
+                        Some(t) => *t = aggregate(agg, *t, v),
+                        None => {
+                            acc.insert(m.clone(), v);
+                            order.push(m.clone());
+                        }
+                    }
+                }
+            }
+            out = order
+                .into_iter()
+                .map(|m| (acc[&m], m))
+                .collect();
+        }
+        SetOp::Inter => {
+            if srcs.iter().all(Option::is_some) {
+                let mut idx: Vec<usize> = (0..n).collect();
+                idx.sort_by_key(|&i| srcs[i].as_ref().map_or(0, Vec::len));
+                let maps: Vec<std::collections::HashMap<&[u8], f64>> = srcs
+                    .iter()
+                    .map(|s| s.iter().flatten().map(|(m, v)| (&m[..], *v)).collect())
+                    .collect();
+                let first = idx[0];
+                for (m, s) in srcs[first].iter().flatten() {
+                    let mut score = weigh(weights[first], *s);
+                    let mut all = true;
+                    for &i in &idx[1..] {
+                        match maps[i].get(&m[..]) {
+                            Some(v) => score = aggregate(agg, score, weigh(weights[i], *v)),
+                            None => {
+                                all = false;
+                                break;
+                            }
+                        }
+                    }
+                    if all {
+                        out.push((score, m.clone()));
+                    }
+                }
+            }
+        }
+        SetOp::Diff => {
+            let rest: std::collections::HashSet<&[u8]> = srcs[1..]
+                .iter()
+                .flatten()
+                .flatten()
+                .map(|(m, _)| &m[..])
+                .collect();
+            out = srcs[0]
+                .iter()
+                .flatten()
+                .filter(|(m, _)| !rest.contains(&m[..]))
+                .map(|(m, s)| (*s, m.clone()))
+                .collect();
+        }
+    }
+    out.sort_by(|x, y| cmp_entry((x.0, &x.1), (y.0, &y.1)));
+    if let Some(d) = dst {
+        crate::coll::delete_key(&ctx.shared.store, d)?;
+        if !out.is_empty() {
+            zset::create(ctx.shared, d, &out)?;
+        }
+    }
+    Ok((out, withscores))
+}
+
+fn set_op_reply(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply, op: SetOp, name: &str) -> CmdResult {
+    let (out, withscores) = set_op(ctx, a, 1, None, op, name)?;
+    reply_entries(r, &out, withscores);
+    Ok(())
+}
+
+fn set_op_store(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply, op: SetOp, name: &str) -> CmdResult {
+    let (out, _) = set_op(ctx, a, 2, Some(a[1]), op, name)?;
+    r.int(out.len() as i64);
+    Ok(())
+}
+
+/// ZUNION numkeys key... [WEIGHTS w...] [AGGREGATE SUM|MIN|MAX] [WITHSCORES].
+pub fn zunion(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    set_op_reply(ctx, a, r, SetOp::Union, "zunion")
+}
+
+/// ZINTER numkeys key... [WEIGHTS w...] [AGGREGATE SUM|MIN|MAX] [WITHSCORES].
+pub fn zinter(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    set_op_reply(ctx, a, r, SetOp::Inter, "zinter")
+}
+
+/// ZDIFF numkeys key... [WITHSCORES].
+pub fn zdiff(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    set_op_reply(ctx, a, r, SetOp::Diff, "zdiff")
+}
+
+/// ZUNIONSTORE destination numkeys key... [WEIGHTS w...] [AGGREGATE ...].
+pub fn zunionstore(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    set_op_store(ctx, a, r, SetOp::Union, "zunionstore")
+}
+
+/// ZINTERSTORE destination numkeys key... [WEIGHTS w...] [AGGREGATE ...].
+pub fn zinterstore(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    set_op_store(ctx, a, r, SetOp::Inter, "zinterstore")
+}
+
+/// ZDIFFSTORE destination numkeys key...
+pub fn zdiffstore(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    set_op_store(ctx, a, r, SetOp::Diff, "zdiffstore")
 }
 
 #[cfg(test)]
