@@ -240,7 +240,11 @@ pub(crate) fn decode_root(b: &[u8]) -> Option<(Kind, Root)> {
     }
     let kind = Kind::of_tag(b[1])?;
     // A zset's root carries its tree's fields after coll's.
-    let want = if kind == Kind::Zset { ROOT_BYTES + 12 } else { ROOT_BYTES };
+    let want = if kind == Kind::Zset {
+        ROOT_BYTES + 12
+    } else {
+        ROOT_BYTES
+    };
     if b.len() != want {
         return None;
     }
@@ -784,9 +788,7 @@ impl Coll<'_> {
                     (Kind::Hash, _) => v.push(HASH_MAGIC),
                     (Kind::Set, true) => v.push(INTSET_MAGIC),
                     (Kind::Set, false) => v.push(SET_MAGIC),
-                    (Kind::List | Kind::Zset, _) => {
-                        return Err("ERR not a hash or set".into())
-                    }
+                    (Kind::List | Kind::Zset, _) => return Err("ERR not a hash or set".into()),
                 }
                 encode_pairs(&mut v, items, self.kind == Kind::Hash);
                 if v.len() as u64 > store.max_value_bytes() {
@@ -1008,7 +1010,12 @@ pub fn create(
     if kind == Kind::Zset {
         let es: Vec<crate::zset::Entry> = items
             .iter()
-            .map(|(m, s)| (f64::from_le_bytes(s[..].try_into().unwrap_or([0; 8])), m.clone()))
+            .map(|(m, s)| {
+                (
+                    f64::from_le_bytes(s[..].try_into().unwrap_or([0; 8])),
+                    m.clone(),
+                )
+            })
             .collect();
         crate::zset::create(shared, key, &es)?;
         if let Some(at) = expiry {

@@ -260,10 +260,13 @@ fn corrupt() -> CmdError {
     CmdError::from("ERR corrupt sorted set value")
 }
 
+/// A member-table bucket as cached: (member, score bytes) pairs, dirty.
+type Bucket = (Vec<(Vec<u8>, Vec<u8>)>, bool);
+
 struct Big {
     root: Root,
     tree: Tree,
-    buckets: HashMap<u32, (Vec<(Vec<u8>, Vec<u8>)>, bool)>,
+    buckets: HashMap<u32, Bucket>,
     nodes: HashMap<u32, (Node, bool)>,
     dropped: Vec<u32>,
     fresh: bool,
@@ -377,7 +380,7 @@ impl ZSet<'_> {
         }
     }
 
-    fn bucket(&mut self, i: u32) -> Result<&mut (Vec<(Vec<u8>, Vec<u8>)>, bool), CmdError> {
+    fn bucket(&mut self, i: u32) -> Result<&mut Bucket, CmdError> {
         let Repr::Big(b) = &mut self.repr else {
             unreachable!("bucket of a small zset")
         };
@@ -583,10 +586,7 @@ impl ZSet<'_> {
                 out.extend_from_slice(&es[s..e]);
                 return Ok(());
             }
-            Node::Inner(cs) => cs
-                .iter()
-                .map(|c| (c.num, c.count))
-                .collect::<Vec<_>>(),
+            Node::Inner(cs) => cs.iter().map(|c| (c.num, c.count)).collect::<Vec<_>>(),
         };
         let h = h.checked_sub(1).ok_or_else(corrupt)?;
         for (num, count) in kids {
@@ -843,7 +843,11 @@ impl ZSet<'_> {
                 return Ok(());
             }
             // Merge the small child with a neighbour when both fit one node.
-            let (l, r) = if i + 1 < cs.len() { (i, i + 1) } else { (i - 1, i) };
+            let (l, r) = if i + 1 < cs.len() {
+                (i, i + 1)
+            } else {
+                (i - 1, i)
+            };
             (l, r, cs[l].num, cs[r].num, max)
         };
         let (l, r, ln, rn, max) = sib;
@@ -1086,8 +1090,7 @@ mod tests {
                         prop_assert!(model.is_empty());
                         continue;
                     };
-                    let mut want: Vec<Entry> =
-                        model.iter().map(|(m, s)| (*s, m.clone())).collect();
+                    let mut want: Vec<Entry> = model.iter().map(|(m, s)| (*s, m.clone())).collect();
                     want.sort_by(|a, b| cmp_entry((a.0, &a.1), (b.0, &b.1)));
                     prop_assert_eq!(z.len(), want.len() as u64);
                     prop_assert_eq!(&z.all().unwrap(), &want);

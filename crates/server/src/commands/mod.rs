@@ -51,8 +51,8 @@ pub mod list;
 pub mod lzf;
 pub mod set;
 pub mod strings;
-pub mod zset;
 mod table;
+pub mod zset;
 
 pub use table::COMMANDS;
 

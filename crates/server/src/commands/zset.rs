@@ -71,7 +71,8 @@ fn float_arg(b: &[u8]) -> Result<f64, CmdError> {
 
 /// ZADD key [NX|XX] [GT|LT] [CH] [INCR] score member [score member ...].
 pub fn zadd(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
-    let (mut nx, mut xx, mut gt, mut lt, mut ch, mut incr) = (false, false, false, false, false, false);
+    let (mut nx, mut xx, mut gt, mut lt, mut ch, mut incr) =
+        (false, false, false, false, false, false);
     let mut i = 2;
     while i < a.len() {
         let f = a[i];
@@ -93,13 +94,13 @@ pub fn zadd(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
         i += 1;
     }
     let rest = &a[i..];
-    if rest.is_empty() || rest.len() % 2 != 0 {
+    if rest.is_empty() || !rest.len().is_multiple_of(2) {
         return Err(SYNTAX.into());
     }
     if nx && xx {
         return Err("ERR XX and NX options at the same time are not compatible".into());
     }
-    if (gt && nx) || (lt && nx) || (gt && lt) {
+    if (nx && (gt || lt)) || (gt && lt) {
         return Err("ERR GT, LT, and/or NX options at the same time are not compatible".into());
     }
     if incr && rest.len() > 2 {
@@ -246,7 +247,10 @@ pub fn zscore(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
 /// ZMSCORE key member...
 pub fn zmscore(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     let ss = zset::read(ctx.shared, a[1], |z| {
-        a[2..].iter().map(|m| z.score(m)).collect::<Result<Vec<_>, _>>()
+        a[2..]
+            .iter()
+            .map(|m| z.score(m))
+            .collect::<Result<Vec<_>, _>>()
     })?
     .unwrap_or_else(|| vec![None; a.len() - 2]);
     r.array(ss.len());
@@ -628,10 +632,9 @@ fn pop_generic(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply, max: bool) -> CmdResul
     }
     let count = match a.get(2) {
         Some(c) => {
-            let n = int_arg(c)
-                .ok()
-                .filter(|n| *n >= 0)
-                .ok_or(CmdError::from("ERR value is out of range, must be positive"))?;
+            let n = int_arg(c).ok().filter(|n| *n >= 0).ok_or(CmdError::from(
+                "ERR value is out of range, must be positive",
+            ))?;
             if n == 0 {
                 // redis-server checks the type first.
                 zset::read(ctx.shared, a[1], |_| Ok(()))?;
@@ -729,8 +732,8 @@ pub fn zrandmember(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
 /// ZSCAN key cursor [MATCH pattern] [COUNT count].
 pub fn zscan(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     let (cursor, pat, count) = scan_args(a)?;
-    let (next, items) = zset::read(ctx.shared, a[1], |z| z.scan(cursor, count))?
-        .unwrap_or((0, Vec::new()));
+    let (next, items) =
+        zset::read(ctx.shared, a[1], |z| z.scan(cursor, count))?.unwrap_or((0, Vec::new()));
     let items: Vec<_> = items
         .into_iter()
         .filter(|(_, m)| pat.is_none_or(|p| glob::matches(p, m)))
@@ -776,20 +779,22 @@ fn aggregate(a: Aggregate, target: f64, v: f64) -> f64 {
 
 /// The (member, score) pairs of a zset or set at `key` (a set's members
 /// score 1), `None` if absent; WRONGTYPE for other types.
-fn source(ctx: &Ctx, key: &[u8]) -> Result<Option<Vec<(Vec<u8>, f64)>>, CmdError> {
+/// A set-operation input: (member, score) pairs.
+type Source = Vec<(Vec<u8>, f64)>;
+
+fn source(ctx: &Ctx, key: &[u8]) -> Result<Option<Source>, CmdError> {
     let Some(m) = ctx.shared.store.meta(key)? else {
         return Ok(None);
     };
     match m.flags {
         crate::types::ZSET_FLAGS => Ok(zset::read(ctx.shared, key, |z| z.all())?
             .map(|v| v.into_iter().map(|(s, m)| (m, s)).collect())),
-        crate::types::SET_FLAGS => Ok(crate::coll::read(
-            ctx.shared,
-            key,
-            crate::coll::Kind::Set,
-            |c| c.all(),
-        )?
-        .map(|v| v.into_iter().map(|(m, _)| (m, 1.0)).collect())),
+        crate::types::SET_FLAGS => {
+            Ok(
+                crate::coll::read(ctx.shared, key, crate::coll::Kind::Set, |c| c.all())?
+                    .map(|v| v.into_iter().map(|(m, _)| (m, 1.0)).collect()),
+            )
+        }
         _ => Err(super::WRONGTYPE.into()),
     }
 }
@@ -877,10 +882,7 @@ fn set_op(
                     }
                 }
             }
-            out = order
-                .into_iter()
-                .map(|m| (acc[&m], m))
-                .collect();
+            out = order.into_iter().map(|m| (acc[&m], m)).collect();
         }
         SetOp::Inter => {
             if srcs.iter().all(Option::is_some) {

@@ -207,7 +207,10 @@ fn large_zsets_survive_a_restart_and_are_swept() {
         let s = start_with(|c| c.data_dir = Some(dir.clone()));
         let mut c = client(&s);
         zfill(&mut c, "z", 5000);
-        assert_eq!(q::<String>(&mut c, &["OBJECT", "ENCODING", "z"]), "skiplist");
+        assert_eq!(
+            q::<String>(&mut c, &["OBJECT", "ENCODING", "z"]),
+            "skiplist"
+        );
         assert!(internal_keys(&s) > 100);
     }
     let s = start_with(|c| c.data_dir = Some(dir.clone()));

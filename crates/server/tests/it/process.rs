@@ -172,7 +172,15 @@ fn idle_connections_are_small_and_their_memory_returns() {
     use std::io::{Read, Write};
     const CONNS: usize = 2000;
     let mut child = Command::new(BIN)
-        .args(["serve", "--port", "0", "--maxmemory", "16mb", "--threads", "2"])
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--maxmemory",
+            "16mb",
+            "--threads",
+            "2",
+        ])
         .args(["--maxclients", "5000", "--no-pin"])
         .stderr(Stdio::piped())
         .stdout(Stdio::null())

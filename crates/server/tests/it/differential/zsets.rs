@@ -325,7 +325,11 @@ fn large_zset_matches_redis() {
     };
     for i in 0..1500 {
         p.check(
-            &step(&format!("ZADD z {} m{i} {} n{i}", i % 97, f64::from(i) / 8.0)),
+            &step(&format!(
+                "ZADD z {} m{i} {} n{i}",
+                i % 97,
+                f64::from(i) / 8.0
+            )),
             "fill",
         );
     }
