@@ -737,7 +737,14 @@ impl ZSet<'_> {
             if es.len() <= tl.leaf {
                 return Ok(None);
             }
-            let right = es.split_off(es.len() / 2);
+            // An append (ascending scores: timestamps, counters) leaves the
+            // left node full, so a sequential load packs its leaves.
+            let cut = if at + 1 == es.len() {
+                es.len() - 1
+            } else {
+                es.len() / 2
+            };
+            let right = es.split_off(cut);
             return Ok(Some(self.new_node(Node::Leaf(right))));
         }
         let (i, c) = {
@@ -763,13 +770,19 @@ impl ZSet<'_> {
         *dirty = true;
         cs[i].count = sc.0;
         cs[i].max = sc.1;
+        let ss_at_end = ss.is_some() && i + 2 == cs.len() + 1;
         if let Some((s, (count, max))) = ss {
             cs.insert(i + 1, Child { num: s, count, max });
         }
         if cs.len() <= tl.inner {
             return Ok(None);
         }
-        let right = cs.split_off(cs.len() / 2);
+        let cut = if ss_at_end {
+            cs.len() - 1
+        } else {
+            cs.len() / 2
+        };
+        let right = cs.split_off(cut);
         Ok(Some(self.new_node(Node::Inner(right))))
     }
 
