@@ -713,6 +713,16 @@ pub fn zrandmember(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
         if n > 0 && n as u64 >= len {
             return z.all();
         }
+        if n > 0 && n as u64 * 3 > len {
+            // Many of them: shuffle every entry and keep a prefix.
+            let mut all = z.all()?;
+            for i in 0..n as usize {
+                let j = i + (crate::coll::random_u64() % (all.len() - i) as u64) as usize;
+                all.swap(i, j);
+            }
+            all.truncate(n as usize);
+            return Ok(all);
+        }
         let mut out = Vec::new();
         let mut seen = std::collections::HashSet::new();
         while (out.len() as u64) < n.unsigned_abs() {

@@ -180,6 +180,12 @@ const CASES: &[&[&str]] = &[
         "ZRANDMEMBER r -2",
         "ZRANDMEMBER r 0",
         "ZRANDMEMBER r 1 bogus",
+        "ZADD r2 1 a 2 b 3 c 4 d",
+        "? ZRANDMEMBER r2 2",
+        "? ZRANDMEMBER r2 3 WITHSCORES",
+        "@ ZRANDMEMBER r2 4",
+        "@ ZRANDMEMBER r2 9",
+        "? ZRANDMEMBER r2 -7",
     ],
     &[
         "ZADD a 1 x 2 y 3 z",
