@@ -45,6 +45,18 @@
 //! needs no change (it reclaims every node of a dead id, whatever its
 //! number). Atomicity is coll's: one command under its key's stripe,
 //! nodes written before the root, the root written last with `IfVersion`.
+//!
+//! # Known limits
+//!
+//! A ZADD that changes a score on a 1 M-member zset rewrites the bucket,
+//! two leaves and the inner nodes on both paths: ~12 KiB appended to the
+//! log per command, and one heap allocation per decoded entry; it costs
+//! ~3x a ZADD on a 10-member zset (docs/BENCHMARKS.md). Range removals
+//! (ZREMRANGEBY*, ZPOP with a large count) remove entry by entry and keep
+//! every touched node in the command's cache until the commit. A crash
+//! between node writes and the root write can leave the root's count off,
+//! as for coll's collections. Lex ranges over members of different
+//! scores follow the (score, member) order; Redis leaves them unspecified.
 
 use std::collections::HashMap;
 
