@@ -91,7 +91,7 @@ use nibble::{Condition, Expiry, PutOptions};
 use crate::commands::{CmdError, WRONGTYPE};
 use crate::engine::{is_internal_key, Engine, INTERNAL_KEY_TAG, KEY_ESCAPE_BYTE};
 use crate::state::Shared;
-use crate::types::{HASH_FLAGS, HASH_MAGIC, LIST_FLAGS, SET_FLAGS};
+use crate::types::{HASH_FLAGS, HASH_MAGIC, LIST_FLAGS, SET_FLAGS, ZSET_FLAGS};
 
 /// Average elements per bucket above which a large collection splits one
 /// bucket.
@@ -130,6 +130,8 @@ pub enum Kind {
     Set,
     /// A list (`crate::list`): chunks of elements in order.
     List,
+    /// A sorted set (`crate::zset`): a member table and a counted B+tree.
+    Zset,
 }
 
 impl Kind {
@@ -139,6 +141,7 @@ impl Kind {
             Kind::Hash => HASH_FLAGS,
             Kind::Set => SET_FLAGS,
             Kind::List => LIST_FLAGS,
+            Kind::Zset => ZSET_FLAGS,
         }
     }
 
@@ -147,6 +150,7 @@ impl Kind {
             Kind::Hash => b'h',
             Kind::Set => b's',
             Kind::List => b'l',
+            Kind::Zset => b'z',
         }
     }
 
@@ -155,6 +159,7 @@ impl Kind {
             b'h' => Some(Kind::Hash),
             b's' => Some(Kind::Set),
             b'l' => Some(Kind::List),
+            b'z' => Some(Kind::Zset),
             _ => None,
         }
     }
@@ -165,6 +170,7 @@ impl Kind {
             HASH_FLAGS => Some(Kind::Hash),
             SET_FLAGS => Some(Kind::Set),
             LIST_FLAGS => Some(Kind::List),
+            ZSET_FLAGS => Some(Kind::Zset),
             _ => None,
         }
     }
@@ -196,7 +202,7 @@ impl Limits {
                 value: t.get_usize("set-max-listpack-value"),
                 intset: t.get_usize("set-max-intset-entries"),
             },
-            Kind::List => Limits {
+            Kind::List | Kind::Zset => Limits {
                 entries: 0,
                 value: 0,
                 intset: 0,
@@ -215,7 +221,7 @@ pub(crate) struct Root {
     pub(crate) first: u32,
 }
 
-const ROOT_BYTES: usize = 2 + 8 + 8 + 4 + 4;
+pub(crate) const ROOT_BYTES: usize = 2 + 8 + 8 + 4 + 4;
 
 pub(crate) fn encode_root(kind: Kind, r: &Root) -> Vec<u8> {
     let mut v = Vec::with_capacity(ROOT_BYTES);
@@ -229,10 +235,19 @@ pub(crate) fn encode_root(kind: Kind, r: &Root) -> Vec<u8> {
 }
 
 pub(crate) fn decode_root(b: &[u8]) -> Option<(Kind, Root)> {
-    if b.len() != ROOT_BYTES || b[0] != ROOT_MAGIC {
+    if b.len() < ROOT_BYTES || b[0] != ROOT_MAGIC {
         return None;
     }
     let kind = Kind::of_tag(b[1])?;
+    // A zset's root carries its tree's fields after coll's.
+    let want = if kind == Kind::Zset {
+        ROOT_BYTES + 12
+    } else {
+        ROOT_BYTES
+    };
+    if b.len() != want {
+        return None;
+    }
     let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
     let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or([0; 4]));
     let nbuckets = u32_at(18);
@@ -332,7 +347,7 @@ pub(crate) fn decode_pairs(mut b: &[u8], values: bool) -> Option<Vec<Pair>> {
 }
 
 /// The bucket of hash `h` in a table of `n` buckets (linear hashing).
-fn bucket_of(h: u64, n: u32) -> u32 {
+pub(crate) fn bucket_of(h: u64, n: u32) -> u32 {
     let p = 1u64 << (63 - u64::from(n).leading_zeros());
     let b = h % (2 * p);
     if b >= u64::from(n) {
@@ -344,6 +359,11 @@ fn bucket_of(h: u64, n: u32) -> u32 {
 
 fn elem_hash(e: &[u8]) -> u64 {
     nibble::hash_key(e)
+}
+
+/// Wake the sweeper: a large collection was just created.
+pub(crate) fn note_large_created() {
+    LARGE_CREATED.store(true, Ordering::Relaxed);
 }
 
 /// A tiny xorshift generator for the random picks (no crate needed).
@@ -768,7 +788,7 @@ impl Coll<'_> {
                     (Kind::Hash, _) => v.push(HASH_MAGIC),
                     (Kind::Set, true) => v.push(INTSET_MAGIC),
                     (Kind::Set, false) => v.push(SET_MAGIC),
-                    (Kind::List, _) => return Err("ERR a list is never a small collection".into()),
+                    (Kind::List | Kind::Zset, _) => return Err("ERR not a hash or set".into()),
                 }
                 encode_pairs(&mut v, items, self.kind == Kind::Hash);
                 if v.len() as u64 > store.max_value_bytes() {
@@ -866,8 +886,10 @@ pub fn delete_key(store: &Engine, key: &[u8]) -> Result<bool, CmdError> {
         return Ok(store.delete(key)?);
     };
     let removed = store.delete(key)?;
-    if let Some((_, root)) = big_root_of(m.flags, &buf) {
-        drop_nodes(store, &root)?;
+    match big_root_of(m.flags, &buf) {
+        Some((Kind::Zset, _)) => crate::zset::drop_if_big(store, &buf)?,
+        Some((_, root)) => drop_nodes(store, &root)?,
+        None => {}
     }
     Ok(removed)
 }
@@ -904,6 +926,17 @@ pub fn load_all(shared: &Shared, key: &[u8], flags: u32) -> Result<Option<Loaded
             };
             let pairs = items.into_iter().map(|e| (e, Vec::new())).collect();
             return Ok(Some((Kind::List, pairs, "quicklist")));
+        }
+        ZSET_FLAGS => {
+            let Some((es, enc)) = crate::zset::read(shared, key, |z| Ok((z.all()?, z.encoding())))?
+            else {
+                return Ok(None);
+            };
+            let pairs = es
+                .into_iter()
+                .map(|(s, m)| (m, s.to_le_bytes().to_vec()))
+                .collect();
+            return Ok(Some((Kind::Zset, pairs, enc)));
         }
         _ => return Ok(None),
     };
@@ -943,6 +976,11 @@ pub fn encoding_of(shared: &Shared, key: &[u8], flags: u32) -> Option<&'static s
         HASH_FLAGS => Kind::Hash,
         SET_FLAGS => Kind::Set,
         LIST_FLAGS => return Some("quicklist"),
+        ZSET_FLAGS => {
+            return crate::zset::read(shared, key, |z| Ok(z.encoding()))
+                .ok()
+                .flatten()
+        }
         _ => return None,
     };
     open(&shared.store, key, kind, Limits::of(shared, kind))
@@ -964,6 +1002,22 @@ pub fn create(
     if kind == Kind::List {
         let elems: Vec<Vec<u8>> = items.iter().map(|p| p.0.clone()).collect();
         crate::list::create(store, key, &elems)?;
+        if let Some(at) = expiry {
+            store.set_expiry(key, Some(at))?;
+        }
+        return Ok(());
+    }
+    if kind == Kind::Zset {
+        let es: Vec<crate::zset::Entry> = items
+            .iter()
+            .map(|(m, s)| {
+                (
+                    f64::from_le_bytes(s[..].try_into().unwrap_or([0; 8])),
+                    m.clone(),
+                )
+            })
+            .collect();
+        crate::zset::create(shared, key, &es)?;
         if let Some(at) = expiry {
             store.set_expiry(key, Some(at))?;
         }

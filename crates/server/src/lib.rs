@@ -66,6 +66,7 @@ pub mod trim;
 pub mod tunables;
 pub mod types;
 pub mod worker;
+pub mod zset;
 
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};

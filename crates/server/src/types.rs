@@ -7,7 +7,8 @@
 //! ([`RESERVED_FLAGS_MIN`]..=`u32::MAX`), one per Redis type:
 //!
 //! * `flags == HASH_FLAGS` (0xFFFF_FFFF) marks a Redis hash, `SET_FLAGS`
-//!   (0xFFFF_FFFE) a set, `LIST_FLAGS` (0xFFFF_FFFD) a list. The value's first byte says how it is stored:
+//!   (0xFFFF_FFFE) a set, `LIST_FLAGS` (0xFFFF_FFFD) a list,
+//!   `ZSET_FLAGS` (0xFFFF_FFFC) a sorted set (`zset`). The value's first byte says how it is stored:
 //!   [`HASH_MAGIC`] for a small hash in one item (below), the magics of
 //!   `coll` for a small set or for the root of a large collection whose
 //!   elements live in items of their own (see `coll`).
@@ -42,6 +43,8 @@ pub const HASH_FLAGS: u32 = u32::MAX;
 pub const SET_FLAGS: u32 = u32::MAX - 1;
 /// The flags value reserved for Redis lists.
 pub const LIST_FLAGS: u32 = u32::MAX - 2;
+/// The flags value reserved for Redis sorted sets.
+pub const ZSET_FLAGS: u32 = u32::MAX - 3;
 /// Smallest reserved flags value (future types: sorted sets, lists).
 pub const RESERVED_FLAGS_MIN: u32 = u32::MAX - 15;
 
@@ -61,6 +64,7 @@ pub fn type_name(m: &ItemMeta) -> &'static str {
         HASH_FLAGS => "hash",
         SET_FLAGS => "set",
         LIST_FLAGS => "list",
+        ZSET_FLAGS => "zset",
         f if is_reserved_flags(f) => "none",
         _ => "string",
     }

@@ -341,6 +341,9 @@ pub fn dump(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
         Some((Kind::List, ..)) => {
             return Err("ERR DUMP of a list is not supported by this server".into())
         }
+        Some((Kind::Zset, ..)) => {
+            return Err("ERR DUMP of a sorted set is not supported by this server".into())
+        }
         None => payload(ctx, None, ctx.buf),
     };
     r.bulk(&p);

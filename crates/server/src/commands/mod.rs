@@ -61,6 +61,7 @@ pub mod pubsub;
 pub mod set;
 pub mod strings;
 mod table;
+pub mod zset;
 
 pub use table::COMMANDS;
 

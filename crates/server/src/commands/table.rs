@@ -2,7 +2,7 @@
 //! lists them. Dispatch ([`lookup`](super::lookup)) indexes it once into
 //! buckets; COMMAND COUNT/INFO/DOCS read it as is.
 
-use super::{admin, bits, dump, hash, keys, lcs, list, multi, pubsub, set, strings, Spec};
+use super::{admin, bits, dump, hash, keys, lcs, list, multi, pubsub, set, strings, zset, Spec};
 
 // Flag sets (Redis's command flags, as COMMAND INFO reports them).
 const W: &[&str] = &["write", "denyoom", "fast"];
@@ -954,6 +954,267 @@ pub static COMMANDS: &[Spec] = &[
         "set",
         "Iterates over members of a set.",
         set::sscan
+    ),
+    spec!(
+        "zadd",
+        -4,
+        W,
+        K1,
+        "sorted_set",
+        "Adds one or more members to a sorted set, or updates their scores.",
+        zset::zadd
+    ),
+    spec!(
+        "zincrby",
+        4,
+        W,
+        K1,
+        "sorted_set",
+        "Increments the score of a member in a sorted set.",
+        zset::zincrby
+    ),
+    spec!(
+        "zrem",
+        -3,
+        WD,
+        K1,
+        "sorted_set",
+        "Removes one or more members from a sorted set.",
+        zset::zrem
+    ),
+    spec!(
+        "zscore",
+        3,
+        R,
+        K1,
+        "sorted_set",
+        "Returns the score of a member in a sorted set.",
+        zset::zscore
+    ),
+    spec!(
+        "zmscore",
+        -3,
+        R,
+        K1,
+        "sorted_set",
+        "Returns the score of one or more members in a sorted set.",
+        zset::zmscore
+    ),
+    spec!(
+        "zcard",
+        2,
+        R,
+        K1,
+        "sorted_set",
+        "Returns the number of members in a sorted set.",
+        zset::zcard
+    ),
+    spec!(
+        "zcount",
+        4,
+        R,
+        K1,
+        "sorted_set",
+        "Returns the count of members in a sorted set that have scores within a range.",
+        zset::zcount
+    ),
+    spec!(
+        "zlexcount",
+        4,
+        R,
+        K1,
+        "sorted_set",
+        "Returns the number of members in a sorted set within a lexicographical range.",
+        zset::zlexcount
+    ),
+    spec!(
+        "zrange",
+        -4,
+        RS,
+        K1,
+        "sorted_set",
+        "Returns members in a sorted set within a range of indexes.",
+        zset::zrange
+    ),
+    spec!(
+        "zrevrange",
+        -4,
+        RS,
+        K1,
+        "sorted_set",
+        "Returns members in a sorted set within a range of indexes in reverse order.",
+        zset::zrevrange
+    ),
+    spec!(
+        "zrangebyscore",
+        -4,
+        RS,
+        K1,
+        "sorted_set",
+        "Returns members in a sorted set within a range of scores.",
+        zset::zrangebyscore
+    ),
+    spec!(
+        "zrevrangebyscore",
+        -4,
+        RS,
+        K1,
+        "sorted_set",
+        "Returns members in a sorted set within a range of scores in reverse order.",
+        zset::zrevrangebyscore
+    ),
+    spec!(
+        "zrangebylex",
+        -4,
+        RS,
+        K1,
+        "sorted_set",
+        "Returns members in a sorted set within a lexicographical range.",
+        zset::zrangebylex
+    ),
+    spec!(
+        "zrevrangebylex",
+        -4,
+        RS,
+        K1,
+        "sorted_set",
+        "Returns members in a sorted set within a lexicographical range in reverse order.",
+        zset::zrevrangebylex
+    ),
+    spec!(
+        "zrank",
+        3,
+        R,
+        K1,
+        "sorted_set",
+        "Returns the index of a member in a sorted set ordered by ascending scores.",
+        zset::zrank
+    ),
+    spec!(
+        "zrevrank",
+        3,
+        R,
+        K1,
+        "sorted_set",
+        "Returns the index of a member in a sorted set ordered by descending scores.",
+        zset::zrevrank
+    ),
+    spec!(
+        "zremrangebyrank",
+        4,
+        WS,
+        K1,
+        "sorted_set",
+        "Removes members in a sorted set within a range of indexes.",
+        zset::zremrangebyrank
+    ),
+    spec!(
+        "zremrangebyscore",
+        4,
+        WS,
+        K1,
+        "sorted_set",
+        "Removes members in a sorted set within a range of scores.",
+        zset::zremrangebyscore
+    ),
+    spec!(
+        "zremrangebylex",
+        4,
+        WS,
+        K1,
+        "sorted_set",
+        "Removes members in a sorted set within a lexicographical range.",
+        zset::zremrangebylex
+    ),
+    spec!(
+        "zpopmin",
+        -2,
+        WD,
+        K1,
+        "sorted_set",
+        "Returns the lowest-scoring members from a sorted set after removing them.",
+        zset::zpopmin
+    ),
+    spec!(
+        "zpopmax",
+        -2,
+        WD,
+        K1,
+        "sorted_set",
+        "Returns the highest-scoring members from a sorted set after removing them.",
+        zset::zpopmax
+    ),
+    spec!(
+        "zrandmember",
+        -2,
+        RS,
+        K1,
+        "sorted_set",
+        "Returns one or more random members from a sorted set.",
+        zset::zrandmember
+    ),
+    spec!(
+        "zscan",
+        -3,
+        RS,
+        K1,
+        "sorted_set",
+        "Iterates over members and scores of a sorted set.",
+        zset::zscan
+    ),
+    spec!(
+        "zunion",
+        -3,
+        RS,
+        K0,
+        "sorted_set",
+        "Adds multiple sorted sets.",
+        zset::zunion
+    ),
+    spec!(
+        "zinter",
+        -3,
+        RS,
+        K0,
+        "sorted_set",
+        "Returns the intersect of multiple sorted sets.",
+        zset::zinter
+    ),
+    spec!(
+        "zdiff",
+        -3,
+        RS,
+        K0,
+        "sorted_set",
+        "Returns the difference between multiple sorted sets.",
+        zset::zdiff
+    ),
+    spec!(
+        "zunionstore",
+        -4,
+        WS,
+        K0,
+        "sorted_set",
+        "Stores the union of multiple sorted sets in a key.",
+        zset::zunionstore
+    ),
+    spec!(
+        "zinterstore",
+        -4,
+        WS,
+        K0,
+        "sorted_set",
+        "Stores the intersect of multiple sorted sets in a key.",
+        zset::zinterstore
+    ),
+    spec!(
+        "zdiffstore",
+        -4,
+        WS,
+        K0,
+        "sorted_set",
+        "Stores the difference of multiple sorted sets in a key.",
+        zset::zdiffstore
     ),
     spec!(
         "lpush",

@@ -1,14 +1,14 @@
 //! The import of an RDB file at start.
 //!
 //! Every key goes through [`import`], which hands the value to one
-//! function per type. Strings, hashes, sets and lists are stored as the
-//! server stores them (`types`, `coll`, `list`: one item while small, a
-//! root and nodes past the thresholds). Sorted sets are parsed fully
-//! (into [`RdbValue`]) but the server has no representation for them
-//! yet: [`import_zset`] reports the key instead (a count per type in the
-//! [`LoadReport`] and INFO `rdb_last_load_keys_unsupported`, a log line
-//! naming the type and the first keys), and is where they are wired in
-//! once they exist. Nothing is dropped silently and nothing crashes: an empty
+//! function per type. Strings, hashes, sets, lists and sorted sets are
+//! stored as the server stores them (`types`, `coll`, `list`, `zset`: one
+//! item while small, a root and nodes past the thresholds). A value of a
+//! type the server has no representation for (none of RDB 10's types
+//! today; the `Unsupported` outcome stays for future ones) is reported: a
+//! count per type in the [`LoadReport`] and INFO
+//! `rdb_last_load_keys_unsupported`, a log line naming the type and the
+//! first keys. Nothing is dropped silently and nothing crashes: an empty
 //! collection, a key of a database other than 0, and a key already
 //! expired are counted as such.
 //!
@@ -193,18 +193,33 @@ pub fn import_set(
     import_collection(shared, key, expire_ms, Kind::Set, items)
 }
 
-/// A sorted set: no sorted-set type in the server yet (reported).
+/// A sorted set (`zset`: one item while small, a member table and a
+/// counted B+tree of items past the thresholds).
 pub fn import_zset(
-    _shared: &Shared,
-    _key: &[u8],
-    _expire_ms: Option<u64>,
+    shared: &Shared,
+    key: &[u8],
+    expire_ms: Option<u64>,
     z: Vec<(Vec<u8>, f64)>,
 ) -> Result<Imported, String> {
-    Ok(if z.is_empty() {
-        Imported::Empty
-    } else {
-        Imported::Unsupported("zset")
-    })
+    if z.is_empty() {
+        return Ok(Imported::Empty);
+    }
+    free(shared, key)?;
+    let entries: Vec<crate::zset::Entry> = z.into_iter().map(|(m, s)| (s, m)).collect();
+    match crate::zset::create(shared, key, &entries) {
+        Ok(()) => {}
+        Err(e) if e.0.starts_with("ERR string exceeds") || e.0.contains("longer than") => {
+            return Ok(Imported::TooLarge)
+        }
+        Err(e) => return Err(failed(key, e.0)),
+    }
+    if expire_ms.is_some() {
+        shared
+            .store
+            .set_expiry(key, expire_ms)
+            .map_err(|e| failed(key, e.to_string()))?;
+    }
+    Ok(Imported::Stored)
 }
 
 /// Import the file at `path` into `store`.

@@ -343,6 +343,15 @@ fn write_snapshot(sh: &Shared, tmp: &Path, abort: &dyn Fn() -> bool) -> Result<(
                     Ok(Some((Kind::List, l, _))) => {
                         RdbValue::List(l.into_iter().map(|p| p.0).collect())
                     }
+                    // `load_all` gives a zset as (member, score as 8 LE bytes).
+                    Ok(Some((Kind::Zset, z, _))) => RdbValue::ZSet(
+                        z.into_iter()
+                            .map(|(m, s)| {
+                                let b: [u8; 8] = s.as_slice().try_into().unwrap_or_default();
+                                (m, f64::from_le_bytes(b))
+                            })
+                            .collect(),
+                    ),
                     // Deleted since the scan.
                     Ok(None) => continue,
                     Err(e) => {
@@ -357,6 +366,7 @@ fn write_snapshot(sh: &Shared, tmp: &Path, abort: &dyn Fn() -> bool) -> Result<(
                 let empty = match &v {
                     RdbValue::Hash(h) => h.is_empty(),
                     RdbValue::Set(s) | RdbValue::List(s) => s.is_empty(),
+                    RdbValue::ZSet(z) => z.is_empty(),
                     _ => false,
                 };
                 if empty {

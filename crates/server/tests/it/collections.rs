@@ -181,3 +181,77 @@ fn large_collections_count_against_the_capacity() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A large zset (`server::zset`): survives a `--data-dir` restart with
+/// its order, ranks and scores; DEL takes every tree node and bucket;
+/// one that dies by SET or expiry is reclaimed by the sweeper.
+#[test]
+fn large_zsets_survive_a_restart_and_are_swept() {
+    let dir = PathBuf::from(format!(
+        "/dev/shm/nibble-server-test-{}-zsets",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    let zfill = |c: &mut redis::Connection, key: &str, n: usize| {
+        let mut p = redis::pipe();
+        for i in 0..n {
+            p.cmd("ZADD")
+                .arg(key)
+                .arg(i % 101)
+                .arg(format!("m{i}"))
+                .ignore();
+        }
+        p.query::<()>(c).unwrap();
+    };
+    {
+        let s = start_with(|c| c.data_dir = Some(dir.clone()));
+        let mut c = client(&s);
+        zfill(&mut c, "z", 5000);
+        assert_eq!(
+            q::<String>(&mut c, &["OBJECT", "ENCODING", "z"]),
+            "skiplist"
+        );
+        assert!(internal_keys(&s) > 100);
+    }
+    let s = start_with(|c| c.data_dir = Some(dir.clone()));
+    let mut c = client(&s);
+    assert_eq!(q::<i64>(&mut c, &["ZCARD", "z"]), 5000);
+    assert_eq!(q::<String>(&mut c, &["ZSCORE", "z", "m4999"]), "50");
+    // Score 0 holds m0, m101, m202, ... (50 of them), in member order.
+    assert_eq!(q::<i64>(&mut c, &["ZRANK", "z", "m0"]), 0);
+    assert_eq!(q::<i64>(&mut c, &["ZCOUNT", "z", "0", "0"]), 50);
+    assert_eq!(
+        q::<Vec<String>>(&mut c, &["ZRANGE", "z", "0", "1"]),
+        ["m0", "m101"]
+    );
+    assert_eq!(q::<i64>(&mut c, &["ZADD", "z", "-1", "new"]), 1);
+    assert_eq!(q::<i64>(&mut c, &["ZRANK", "z", "new"]), 0);
+    assert_eq!(q::<i64>(&mut c, &["DEL", "z"]), 1);
+    assert_eq!(internal_keys(&s), 0);
+    // Deaths no zset command sees: SET over one, expiry of another.
+    zfill(&mut c, "a", 3000);
+    zfill(&mut c, "b", 3000);
+    zfill(&mut c, "keep", 3000);
+    let before = internal_keys(&s);
+    let _: () = q(&mut c, &["SET", "a", "now a string"]);
+    let _: () = q(&mut c, &["PEXPIRE", "b", "1"]);
+    std::thread::sleep(Duration::from_millis(20));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = internal_keys(&s);
+        if left < before / 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "orphans not swept: {left} of {before}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(q::<i64>(&mut c, &["ZCARD", "keep"]), 3000);
+    assert_eq!(q::<i64>(&mut c, &["DEL", "keep"]), 1);
+    assert_eq!(internal_keys(&s), 0);
+    drop(c);
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -23,3 +23,4 @@ mod lists;
 mod multi;
 mod prop;
 mod strings;
+mod zsets;
