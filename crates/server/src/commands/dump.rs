@@ -25,13 +25,16 @@
 //!
 //! * a set: type 2, the members (Redis writes an intset as type 11; both
 //!   load in either server).
+//! * a list or a sorted set: the RDB writer's object (`rdb::encode`), as
+//!   SAVE writes it (quicklist 2; zset listpack or skiplist form).
 //!
 //! What is read: strings in every RDB string encoding (integers, LZF),
 //! hashes as listpack (16), ziplist-free hash table (4), sets as a table
-//! (2) or an intset (11). A hash or set is restored as one item and turns
-//! large at its first write if it is over the thresholds. Other types
-//! (lists, sorted sets, streams, modules) have no counterpart here
-//! and answer Redis's `Bad data format`, as does a malformed object. A
+//! (2) or an intset (11), and lists and sorted sets in every encoding the
+//! RDB reader knows (`rdb::decode`), built through the RDB import. A hash
+//! or set is restored as one item and turns large at its first write if
+//! it is over the thresholds. Streams and modules have no counterpart
+//! here and answer Redis's `Bad data format`, as does a malformed object. A
 //! payload whose version is newer than 10 or whose checksum is wrong
 //! answers `ERR DUMP payload version or checksum are wrong`.
 
@@ -39,6 +42,7 @@ use nibble::{Condition, Expiry, PutOptions};
 
 use super::{eq, int_arg, parse_i64, CmdError, CmdResult, Ctx, SYNTAX};
 use crate::coll::{self, Kind};
+use crate::rdb::RdbValue;
 use crate::resp::Reply;
 use crate::state::unix_ms;
 use crate::types::{encode_hash, Hash, HASH_FLAGS, SET_FLAGS};
@@ -319,6 +323,17 @@ fn payload(ctx: &Ctx, hash: Option<&Hash>, v: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The DUMP payload of a list or sorted set: the RDB object, version,
+/// checksum.
+fn rdb_payload(v: &RdbValue) -> Vec<u8> {
+    let mut out = Vec::new();
+    crate::rdb::encode::put_value(&mut out, v, crate::rdb::encode::Limits::default());
+    out.extend_from_slice(&RDB_VERSION.to_le_bytes());
+    let crc = crc64(0, &out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
 /// DUMP key.
 pub fn dump(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     let Some(m) = ctx.shared.store.get_into(a[1], ctx.buf)? else {
@@ -338,11 +353,24 @@ pub fn dump(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
             out.extend_from_slice(&crc.to_le_bytes());
             out
         }
-        Some((Kind::List, ..)) => {
-            return Err("ERR DUMP of a list is not supported by this server".into())
+        // Lists and sorted sets: the RDB writer's encodings (quicklist 2,
+        // zset listpack or skiplist form), as SAVE writes them.
+        Some((Kind::List, items, _)) => {
+            let v = RdbValue::List(items.into_iter().map(|(x, _)| x).collect());
+            rdb_payload(&v)
         }
-        Some((Kind::Zset, ..)) => {
-            return Err("ERR DUMP of a sorted set is not supported by this server".into())
+        Some((Kind::Zset, items, _)) => {
+            // `load_all` gives a zset as (member, score as 8 LE bytes).
+            let v = RdbValue::ZSet(
+                items
+                    .into_iter()
+                    .map(|(m, s)| {
+                        let b: [u8; 8] = s.as_slice().try_into().unwrap_or_default();
+                        (m, f64::from_le_bytes(b))
+                    })
+                    .collect(),
+            );
+            rdb_payload(&v)
         }
         None => payload(ctx, None, ctx.buf),
     };
@@ -605,14 +633,56 @@ pub fn restore(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
         return Err("ERR Invalid TTL value, must be >= 0".into());
     }
     verify(a[3]).ok_or(CmdError::from(BAD_PAYLOAD))?;
-    // Redis reads the object from the whole payload, footer included (an
-    // object that runs into it is still read), and ignores what is left.
-    let (value, flags) = decode_object(a[3]).ok_or(CmdError::from(BAD_FORMAT))?;
     let at = match (ttl, absttl) {
         (0, _) => None,
         (t, true) => Some(t),
         (t, false) => Some(t.saturating_add(unix_ms() as i64)),
     };
+    // Lists and sorted sets (every RDB encoding of them) are built through
+    // the RDB import, as at start.
+    use crate::rdb::decode::ty;
+    let t = a[3][0];
+    if matches!(
+        t,
+        ty::LIST
+            | ty::LIST_ZIPLIST
+            | ty::LIST_QUICKLIST
+            | ty::LIST_QUICKLIST_2
+            | ty::ZSET
+            | ty::ZSET_2
+            | ty::ZSET_ZIPLIST
+            | ty::ZSET_LISTPACK
+    ) {
+        let v = crate::rdb::decode::value_of(&a[3][1..a[3].len() - 10], t)
+            .map_err(|_| CmdError::from(BAD_FORMAT))?;
+        if at.is_some_and(|t| t <= unix_ms() as i64) {
+            if replace {
+                coll::delete_key(store, a[1])?;
+            }
+            r.ok();
+            return Ok(());
+        }
+        let exp = at.map(|t| t as u64);
+        let done = match v {
+            RdbValue::List(l) => crate::rdb::load::import_list(ctx.shared, a[1], exp, l),
+            RdbValue::ZSet(z) => crate::rdb::load::import_zset(ctx.shared, a[1], exp, z),
+            _ => return Err(BAD_FORMAT.into()),
+        };
+        return match done {
+            Ok(crate::rdb::load::Imported::Stored) => {
+                r.ok();
+                Ok(())
+            }
+            Ok(crate::rdb::load::Imported::TooLarge) => {
+                Err("ERR value exceeds the largest item the engine stores".into())
+            }
+            Ok(_) => Err(BAD_FORMAT.into()),
+            Err(e) => Err(format!("ERR {e}").into()),
+        };
+    }
+    // Redis reads the object from the whole payload, footer included (an
+    // object that runs into it is still read), and ignores what is left.
+    let (value, flags) = decode_object(a[3]).ok_or(CmdError::from(BAD_FORMAT))?;
     if at.is_some_and(|t| t <= unix_ms() as i64) {
         // Already expired: the key is gone (REPLACE deleted the old one).
         if replace {

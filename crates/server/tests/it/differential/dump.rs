@@ -58,7 +58,32 @@ fn dump_restore_match_redis() {
         step("HSET h4 field1 value value2 value value3 value value4 value"),
         step("SET t v"),
         step("PEXPIRE t 100000"),
+        step("RPUSH l1 a b c 1 -2 300 70000"),
+        step("ZADD zs1 1 a 2.5 b -3 c 1e300 d"),
+        step("PEXPIRE zs1 200000"),
     ];
+    // A list and a sorted set past the small encodings (skiplist form
+    // for the zset, several quicklist nodes for the list).
+    let mut big_list: Vec<Vec<u8>> = vec![b"RPUSH".to_vec(), b"l2".to_vec()];
+    let mut big_zset: Vec<Vec<u8>> = vec![b"ZADD".to_vec(), b"zs2".to_vec()];
+    for i in 0..400u32 {
+        big_list.push(format!("element-{i}-{}", "x".repeat(i as usize % 90)).into_bytes());
+        big_zset.push(format!("{}", f64::from(i) * 0.75 - 50.0).into_bytes());
+        big_zset.push(format!("member-{i}").into_bytes());
+    }
+    let setup: Vec<Step> = setup
+        .into_iter()
+        .chain([
+            Step {
+                args: big_list,
+                cmp: super::harness::Cmp::Exact,
+            },
+            Step {
+                args: big_zset,
+                cmp: super::harness::Cmp::Exact,
+            },
+        ])
+        .collect();
     p.check(&step("FLUSHALL"), "flush");
     for s in &setup {
         p.check(s, "setup");
@@ -72,7 +97,8 @@ fn dump_restore_match_redis() {
     }
     // Every payload restores on the other server to the same value.
     for k in [
-        "s1", "s2", "i1", "i4", "i6", "z1", "m", "bin", "big", "fox", "abc", "h1", "h2", "h3", "h4",
+        "s1", "s2", "i1", "i4", "i6", "z1", "m", "bin", "big", "fox", "abc", "h1", "h2", "h3",
+        "h4", "l1", "l2", "zs1", "zs2",
     ] {
         let dump = |c: &mut super::harness::Conn| match c.run(&[b"DUMP".to_vec(), k.into()]) {
             V::Bulk(b) => b,
@@ -90,9 +116,16 @@ fn dump_restore_match_redis() {
             let read = match k {
                 "h3" => "@ HGETALL",
                 k if k.starts_with('h') => "HGETALL",
+                k if k.starts_with('l') => "LRANGE",
+                k if k.starts_with("zs") => "ZRANGE",
                 _ => "GET",
             };
-            p.check(&step(&format!("{read} {dst}")), "restored value");
+            let tail = match read {
+                "LRANGE" => " 0 -1",
+                "ZRANGE" => " 0 -1 WITHSCORES",
+                _ => "",
+            };
+            p.check(&step(&format!("{read} {dst}{tail}")), "restored value");
             p.check(&step(&format!("TYPE {dst}")), "restored type");
             p.check(&step(&format!("TTL {dst}")), "restored ttl");
         }
