@@ -9,9 +9,9 @@
 
 use std::collections::BTreeSet;
 
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::TestCaseError;
 
-use super::harness::{agree, step, Cmp, Conn, Pair};
+use super::harness::{agree, sequence_runner, step, Cmp, Conn, Pair};
 use crate::common::V;
 
 #[test]
@@ -335,15 +335,7 @@ fn collections_random_sequences_match_redis() {
         0usize..3,
         proptest::collection::vec(0usize..10, 1..4),
     );
-    let cases: u32 = std::env::var("NIBBLE_DIFF_CASES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(24);
-    let mut runner = TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    });
+    let mut runner = sequence_runner();
     let p = std::cell::RefCell::new(p);
     runner
         .run(&proptest::collection::vec(cmd, 1..60), |seq| {

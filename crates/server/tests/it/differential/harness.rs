@@ -211,3 +211,18 @@ impl Pair {
         }
     }
 }
+
+/// The proptest runner of the random-sequence tests: `NIBBLE_DIFF_CASES`
+/// sequences (default 24), no failure file (a failing sequence is
+/// printed; the servers' state would not replay from a file anyway).
+pub fn sequence_runner() -> proptest::test_runner::TestRunner {
+    let cases: u32 = std::env::var("NIBBLE_DIFF_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(24);
+    proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+        cases,
+        failure_persistence: None,
+        ..proptest::test_runner::Config::default()
+    })
+}

@@ -2,9 +2,9 @@
 //! lists of many chunks, and random sequences of pushes, pops, sets,
 //! trims, removes and inserts on a few keys.
 
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::TestCaseError;
 
-use super::harness::{agree, step, Cmp, Pair};
+use super::harness::{agree, sequence_runner, step, Cmp, Pair};
 
 #[test]
 fn lists_match_redis() {
@@ -177,15 +177,7 @@ fn lists_random_sequences_match_redis() {
     };
     let keys = ["a", "b"];
     let cmd = (0usize..12, 0usize..2, -90i64..90, 0usize..5);
-    let cases: u32 = std::env::var("NIBBLE_DIFF_CASES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(24);
-    let mut runner = TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    });
+    let mut runner = sequence_runner();
     let p = std::cell::RefCell::new(p);
     runner
         .run(&proptest::collection::vec(cmd, 1..120), |seq| {

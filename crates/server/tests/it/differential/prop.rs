@@ -19,9 +19,9 @@
 use std::cell::RefCell;
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::TestCaseError;
 
-use super::harness::{agree, Cmp, Pair};
+use super::harness::{agree, sequence_runner, Cmp, Pair};
 
 const KEYS: &[&str] = &["k0", "k1", "k2", "k3"];
 const VALUES: &[&str] = &["", "a", "ab", "abc", "1", "-3", "10", "07", "0.5", "x y"];
@@ -207,17 +207,9 @@ fn random_sequences_match_redis() {
     let Some(p) = Pair::start("random_sequences_match_redis") else {
         return;
     };
-    let cases: u32 = std::env::var("NIBBLE_DIFF_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(24);
     let p = RefCell::new(p);
     let sequences = RefCell::new(0usize);
-    let mut runner = TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    });
+    let mut runner = sequence_runner();
     let seq = proptest::collection::vec(command(), 1..60);
     let result = runner.run(&seq, |cmds| {
         let mut p = p.borrow_mut();

@@ -2,9 +2,9 @@
 //! options and errors on small (listpack) and large (skiplist) zsets,
 //! RESP3 replies, a 3,000-member zset, and random sequences.
 
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::TestCaseError;
 
-use super::harness::{agree, step, Cmp, Pair};
+use super::harness::{agree, sequence_runner, step, Cmp, Pair};
 
 /// The hand-written cases, run on small zsets and then again with
 /// `zset-max-listpack-entries 1` so the same lines hit the large form.
@@ -383,15 +383,7 @@ fn zsets_random_sequences_match_redis() {
     };
     let keys = ["a", "b"];
     let cmd = (0usize..14, 0usize..2, -40i64..40, 0usize..5);
-    let cases: u32 = std::env::var("NIBBLE_DIFF_CASES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(24);
-    let mut runner = TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    });
+    let mut runner = sequence_runner();
     let p = std::cell::RefCell::new(p);
     runner
         .run(&proptest::collection::vec(cmd, 1..120), |seq| {
