@@ -51,6 +51,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use smallvec::SmallVec;
+
+/// Stripes a guard holds without a heap allocation (nearly every command
+/// names one or two keys).
+const INLINE_STRIPES: usize = 2;
 
 /// Number of lock stripes (a power of two).
 pub const KEY_LOCK_STRIPES: usize = 4096;
@@ -99,13 +104,15 @@ impl Drop for Held<'_> {
 /// version of each stripe held exclusively, unless disarmed).
 #[must_use = "the stripes are released when the guard is dropped"]
 pub struct KeyGuard<'a> {
-    held: Vec<Held<'a>>,
+    held: SmallVec<[Held<'a>; INLINE_STRIPES]>,
 }
 
-impl KeyGuard<'_> {
+impl<'a> KeyGuard<'a> {
     /// A guard that holds nothing.
-    pub fn none() -> KeyGuard<'static> {
-        KeyGuard { held: Vec::new() }
+    pub fn none() -> KeyGuard<'a> {
+        KeyGuard {
+            held: SmallVec::new(),
+        }
     }
 
     /// Number of stripes held.
@@ -159,7 +166,7 @@ impl KeyLocks {
     /// Take the stripes of `(key, write)` pairs, each stripe once, in
     /// ascending order, exclusive where any of its keys asks for it.
     pub fn lock_modes<'k>(&self, keys: impl IntoIterator<Item = (&'k [u8], bool)>) -> KeyGuard<'_> {
-        let mut want: Vec<(usize, bool)> = keys
+        let mut want: SmallVec<[(usize, bool); 4]> = keys
             .into_iter()
             .map(|(k, w)| (Self::stripe_of(k), w))
             .collect();

@@ -357,8 +357,9 @@ pub fn execute(ctx: &mut Ctx, args: &[&[u8]], r: &mut Reply) {
         multi::queue(ctx, spec, args, r);
         return;
     }
-    let _keys = lock_keys(ctx.shared, spec, args);
-    if spec.flags.contains(&"write") {
+    let write = spec.flags.contains(&"write");
+    let _keys = lock_keys(ctx.shared, spec, args, write);
+    if write {
         WorkerStats::bump(&ctx.stats.writes, 1);
     }
     if let Err(e) = (spec.run)(ctx, args, r) {
@@ -412,14 +413,13 @@ pub fn key_args<'a: 'b, 'b>(
 
 /// Take the key stripes a request runs under (see [`crate::keylock`]):
 /// exclusive for a `write` command, shared otherwise.
-fn lock_keys<'s>(shared: &'s Shared, spec: &Spec, args: &[&[u8]]) -> KeyGuard<'s> {
+fn lock_keys<'s>(shared: &'s Shared, spec: &Spec, args: &[&[u8]], write: bool) -> KeyGuard<'s> {
     if spec.keys.0 <= 0 {
         if multi::is_global_writer(spec) {
             return shared.keylocks.lock_all(true);
         }
         return KeyGuard::none();
     }
-    let write = spec.flags.contains(&"write");
     shared.keylocks.lock(key_args(spec, args), write)
 }
 
