@@ -163,6 +163,22 @@ impl KeyLocks {
         self.lock_modes(keys.into_iter().map(|k| (k, write)))
     }
 
+    /// Take the stripe of one key (most commands): no ordering to do.
+    pub fn lock_one(&self, key: &[u8], write: bool) -> KeyGuard<'_> {
+        let s = &self.stripes[Self::stripe_of(key)];
+        let mut held = SmallVec::new();
+        held.push(if write {
+            Held::Write {
+                _g: s.lock.write(),
+                version: &s.version,
+                armed: true,
+            }
+        } else {
+            Held::Read { _g: s.lock.read() }
+        });
+        KeyGuard { held }
+    }
+
     /// Take the stripes of `(key, write)` pairs, each stripe once, in
     /// ascending order, exclusive where any of its keys asks for it.
     pub fn lock_modes<'k>(&self, keys: impl IntoIterator<Item = (&'k [u8], bool)>) -> KeyGuard<'_> {
@@ -252,13 +268,13 @@ mod tests {
     #[test]
     fn readers_share_writers_exclude() {
         let l = KeyLocks::new();
-        let r1 = l.lock([&b"k"[..]], false);
+        let r1 = l.lock_one(b"k", false);
         let r2 = l.lock([&b"k"[..]], false);
         let i = KeyLocks::stripe_of(b"k");
         assert!(l.stripes[i].lock.try_write().is_none());
         drop((r1, r2));
         assert_eq!(l.version(i), 0, "shared holds do not bump");
-        let mut w = l.lock([&b"k"[..]], true);
+        let mut w = l.lock_one(b"k", true);
         assert!(l.stripes[i].lock.try_read().is_none());
         w.disarm();
         drop(w);
