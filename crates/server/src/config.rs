@@ -158,6 +158,10 @@ pub struct Cli {
     /// RDB snapshots (`--dir`, `--dbfilename`, `--load-rdb`, `--save`).
     #[command(flatten)]
     pub rdb: crate::rdb::RdbFlags,
+    /// Replication (`--replicaof`, `--masterauth`, `--masteruser`,
+    /// `--replica-read-only`).
+    #[command(flatten)]
+    pub replica: crate::replica::ReplicaFlags,
 }
 
 /// Everything fixed at start, plus the initial values of [`Settings`].
@@ -214,6 +218,8 @@ pub struct ServerConfig {
     pub tls: crate::tls::TlsConfig,
     /// RDB settings (`dir`, `dbfilename`, `save`, `load-rdb`).
     pub rdb: crate::rdb::RdbConfig,
+    /// Replication settings (`replicaof`, `masterauth`, ...).
+    pub replica: crate::replica::ReplicaConfig,
 }
 
 impl Default for ServerConfig {
@@ -247,6 +253,7 @@ impl Default for ServerConfig {
             loglevel: "info".into(),
             tls: Default::default(),
             rdb: Default::default(),
+            replica: Default::default(),
         }
     }
 }
@@ -383,6 +390,7 @@ impl ServerConfig {
             "pin" => self.pin = matches!(value, "yes" | "true" | "1"),
             n if n.starts_with("tls-") => self.tls.apply(n, value)?,
             n if crate::rdb::RdbConfig::owns(n) => self.rdb.apply(n, value)?,
+            n if crate::replica::ReplicaConfig::owns(n) => self.replica.apply(n, value)?,
             _ => return Err(format!("unknown setting {name:?}")),
         }
         Ok(())
@@ -469,6 +477,7 @@ impl ServerConfig {
         set("loglevel", cli.loglevel.clone())?;
         c.tls.apply_flags(&cli.tls)?;
         c.rdb.apply_flags(&cli.rdb)?;
+        c.replica.apply_flags(&cli.replica)?;
         if cli.memcached && c.memcached_port.is_none() {
             c.memcached_port = Some(DEFAULT_MEMCACHED_PORT);
         }

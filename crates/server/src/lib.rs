@@ -32,6 +32,7 @@
 //! | [`glob`] | KEYS/SCAN pattern matching |
 //! | [`tls`] | TLS on `tls-port` (rustls + ring), its settings and handshake |
 //! | [`rdb`] | RDB snapshots: SAVE/BGSAVE, import of a `dump.rdb` at start |
+//! | [`replica`] | REPLICAOF: replica of a Redis primary (PSYNC, full and partial sync, read-only gate) |
 //!
 //! ```no_run
 //! let cfg = server::config::ServerConfig { port: Some(0), ..Default::default() };
@@ -59,6 +60,7 @@ pub mod mc_meta;
 pub mod memcache;
 pub mod pubsub;
 pub mod rdb;
+pub mod replica;
 pub mod resp;
 pub mod state;
 pub mod tls;
@@ -298,6 +300,7 @@ impl Server {
             keylocks: keylock::KeyLocks::new(),
             pubsub: Arc::new(pubsub::Hub::new()),
             persist: rdb::Persistence::new(&cfg),
+            replica: replica::Replication::new(&cfg.replica),
             config: cfg.clone(),
         });
         // A dump.rdb (or --load-rdb) is imported before any client is
@@ -315,6 +318,13 @@ impl Server {
             std::thread::Builder::new()
                 .name("nibble-sweeper".into())
                 .spawn(move || coll::sweeper(sh))?,
+        );
+        // The replication link (idle until a primary is set).
+        let sh = shared.clone();
+        handles.push(
+            std::thread::Builder::new()
+                .name("nibble-replica".into())
+                .spawn(move || replica::run(sh))?,
         );
         for (i, l) in per_worker.into_iter().enumerate() {
             let cpu = (cfg.pin && !cpus.is_empty()).then(|| cpus[i % cpus.len()]);

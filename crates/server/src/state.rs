@@ -214,6 +214,8 @@ pub struct Shared {
     pub pubsub: Arc<crate::pubsub::Hub>,
     /// RDB snapshots (see [`crate::rdb`]).
     pub persist: crate::rdb::Persistence,
+    /// Replication from a Redis primary (see [`crate::replica`]).
+    pub replica: crate::replica::Replication,
 }
 
 impl Shared {

@@ -130,7 +130,11 @@ pub fn hello(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     r.bulk(b"mode");
     r.bulk(b"standalone");
     r.bulk(b"role");
-    r.bulk(b"master");
+    if ctx.shared.replica.primary().is_some() {
+        r.bulk(b"replica");
+    } else {
+        r.bulk(b"master");
+    }
     r.bulk(b"modules");
     r.array(0);
     Ok(())
@@ -326,6 +330,7 @@ pub fn config(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     if eq(sub, "get") && a.len() >= 3 {
         let mut all = settings.get_all(&ctx.shared.config);
         all.extend(crate::rdb::persist::config_get(ctx.shared));
+        all.extend(crate::replica::config_get(ctx.shared));
         // As redis-server answers it, but only to the exact name: a glob
         // such as `*` does not carry the password into dumps and logs.
         if a[2..].iter().any(|p| eq(p, "requirepass")) {
@@ -349,6 +354,10 @@ pub fn config(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
             let name = String::from_utf8_lossy(kv[0]).to_ascii_lowercase();
             let value = String::from_utf8_lossy(kv[1]).into_owned();
             if let Some(done) = crate::rdb::persist::config_set(ctx.shared, &name, &value) {
+                done?;
+                continue;
+            }
+            if let Some(done) = crate::replica::config_set(ctx.shared, &name, &value) {
                 done?;
                 continue;
             }
@@ -462,6 +471,9 @@ pub fn info_text(ctx: &Ctx, section: &str) -> String {
             "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\nrejected_connections:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nprotocol_errors:{}\r\nexpired_keys:{}\r\nevicted_keys:{}\r\nexpired_reclaimed:{}\r\ndamaged_objects:{}\r\nrejected_calls:{}\r\n\r\n",
             t.connections, t.commands, t.rejected, t.hits, t.misses, t.net_in, t.net_out, t.proto_errors, st.expired_reclaimed, st.evicted_items, st.expired_reclaimed, st.damaged_objects, t.rejected_calls
         );
+    }
+    if want("replication") {
+        o.push_str(&crate::replica::info(sh));
     }
     if want("cpu") {
         let (s, u, cs, cu) = cpu_times();

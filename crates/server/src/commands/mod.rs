@@ -43,6 +43,10 @@
 //! (SUBSCRIBE, PUBLISH, PUBSUB); the table itself ([`COMMANDS`]) is in
 //! `table.rs`.
 //!
+//! On a replica ([`crate::replica`]) a gate byte, 0 on a primary, makes
+//! dispatch refuse clients' writes (`-READONLY`) and, during a full
+//! sync's load, data commands (`-LOADING`); one relaxed load when 0.
+//!
 //! Connection state that changes what dispatch does: inside MULTI a
 //! command is checked and queued instead of run (see [`multi`]); a RESP2
 //! connection with subscriptions accepts only the pub/sub commands, PING,
@@ -146,6 +150,9 @@ pub struct Session {
     pub exec_all: bool,
     /// Channel and pattern subscriptions, once the connection subscribed.
     pub subs: Option<crate::pubsub::Subs>,
+    /// The replication link's session: the primary's command stream,
+    /// which a read-only replica's gate lets through (see `replica`).
+    pub primary: bool,
 }
 
 impl Session {
@@ -162,6 +169,7 @@ impl Session {
             watched: Vec::new(),
             exec_all: false,
             subs: None,
+            primary: false,
         }
     }
 
@@ -343,6 +351,13 @@ pub fn execute(ctx: &mut Ctx, args: &[&[u8]], r: &mut Reply) {
         let msg = format!("ERR wrong number of arguments for '{}' command", spec.name);
         reject(ctx, r, &msg, Some(spec));
         return;
+    }
+    let gate = ctx.shared.replica.gate();
+    if gate != 0 && !ctx.sess.primary {
+        if let Some(msg) = crate::replica::refused(gate, spec) {
+            reject(ctx, r, msg, Some(spec));
+            return;
+        }
     }
     if ctx.sess.subs.is_some() && r.proto == Proto::Resp2 && !pubsub::allowed_subscribed(ctx, spec)
     {

@@ -2,6 +2,8 @@
 //! lists them. Dispatch ([`lookup`](super::lookup)) indexes it once into
 //! buckets; COMMAND COUNT/INFO/DOCS read it as is.
 
+use crate::replica;
+
 use super::{admin, bits, dump, hash, keys, lcs, list, multi, pubsub, set, strings, zset, Spec};
 
 // Flag sets (Redis's command flags, as COMMAND INFO reports them).
@@ -47,6 +49,33 @@ pub static COMMANDS: &[Spec] = &[
         "connection",
         "Returns the server's liveliness response.",
         admin::ping
+    ),
+    spec!(
+        "role",
+        1,
+        &["noscript", "loading", "stale", "fast"],
+        K0,
+        "server",
+        "Returns the replication role.",
+        replica::role
+    ),
+    spec!(
+        "replicaof",
+        3,
+        &["admin", "noscript", "stale", "no_async_loading"],
+        K0,
+        "server",
+        "Configures a server as replica of another, or promotes it to a master.",
+        replica::replicaof
+    ),
+    spec!(
+        "slaveof",
+        3,
+        &["admin", "noscript", "stale", "no_async_loading"],
+        K0,
+        "server",
+        "Sets a Redis server as a replica of another, or promotes it to being a master.",
+        replica::replicaof
     ),
     spec!(
         "echo",

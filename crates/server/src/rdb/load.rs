@@ -224,16 +224,21 @@ pub fn import_zset(
 
 /// Import the file at `path` into `store`.
 pub fn load_file(shared: &Shared, path: &Path) -> Result<LoadReport, String> {
+    let data =
+        std::fs::read(path).map_err(|e| format!("reading RDB file {}: {e}", path.display()))?;
+    let mut rep = load_bytes(shared, &data, &path.display().to_string())?;
+    rep.file = Some(path.to_path_buf());
+    Ok(rep)
+}
+
+/// Import a whole RDB image (a file's bytes, or a replication payload;
+/// `shown` names it in messages) into `store`.
+pub fn load_bytes(shared: &Shared, data: &[u8], shown: &str) -> Result<LoadReport, String> {
     let t = std::time::Instant::now();
-    let shown = path.display();
-    let data = std::fs::read(path).map_err(|e| format!("reading RDB file {shown}: {e}"))?;
-    let mut rep = LoadReport {
-        file: Some(path.to_path_buf()),
-        ..Default::default()
-    };
+    let mut rep = LoadReport::default();
     let now = unix_ms() as i64;
     let mut fatal: Option<String> = None;
-    let res = decode::parse(&data, |e: Entry| {
+    let res = decode::parse(data, |e: Entry| {
         if e.db != 0 {
             rep.other_db += 1;
             return Ok(());

@@ -17,6 +17,7 @@ mod multi;
 mod parsers;
 mod process;
 mod rdb;
+mod replica;
 mod resp3;
 mod security;
 mod tls;

@@ -22,10 +22,10 @@ use server::rdb::RdbValue;
 use crate::common::{client, cmd, err, free_port, start_with};
 
 /// A scratch directory, removed when dropped.
-struct Dir(PathBuf);
+pub(crate) struct Dir(pub(crate) PathBuf);
 
 impl Dir {
-    fn new(tag: &str) -> Dir {
+    pub(crate) fn new(tag: &str) -> Dir {
         static N: AtomicU64 = AtomicU64::new(0);
         let p = std::env::temp_dir().join(format!(
             "nibble-rdb-test-{}-{tag}-{}",
@@ -45,9 +45,9 @@ impl Drop for Dir {
 }
 
 /// redis-server on a free port with `dir`, stopped on drop.
-struct Redis {
+pub(crate) struct Redis {
     child: Child,
-    port: u16,
+    pub(crate) port: u16,
 }
 
 impl Drop for Redis {
@@ -58,6 +58,12 @@ impl Drop for Redis {
 }
 
 fn redis_in(test: &str, dir: &Path) -> Option<Redis> {
+    redis_with(test, dir, &[])
+}
+
+/// redis-server with `dir` and `extra` arguments (SKIPPED line and
+/// `None` where it is not installed).
+pub(crate) fn redis_with(test: &str, dir: &Path, extra: &[&str]) -> Option<Redis> {
     let port = free_port();
     let child = Command::new("redis-server")
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
@@ -68,6 +74,7 @@ fn redis_in(test: &str, dir: &Path) -> Option<Redis> {
             "--dbfilename",
             "dump.rdb",
         ])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn();
@@ -80,7 +87,9 @@ fn redis_in(test: &str, dir: &Path) -> Option<Redis> {
     loop {
         if let Ok(mut c) = redis_conn(port) {
             // Loading: PING answers -LOADING until the dump is in.
-            if redis::cmd("PING").query::<String>(&mut c).is_ok() {
+            let pong = redis::cmd("PING").query::<String>(&mut c);
+            // NOAUTH: up, with a password.
+            if pong.is_ok() || pong.is_err_and(|e| e.code() == Some("NOAUTH")) {
                 break;
             }
         }
@@ -90,7 +99,7 @@ fn redis_in(test: &str, dir: &Path) -> Option<Redis> {
     Some(r)
 }
 
-fn redis_conn(port: u16) -> redis::RedisResult<redis::Connection> {
+pub(crate) fn redis_conn(port: u16) -> redis::RedisResult<redis::Connection> {
     let c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?.get_connection()?;
     c.set_read_timeout(Some(Duration::from_secs(30)))?;
     Ok(c)
@@ -107,7 +116,7 @@ fn check_rdb(f: &Path) -> Option<(bool, String)> {
 
 /// What a key holds, as both servers answer: type, value, TTL (ms).
 #[derive(Debug, PartialEq)]
-enum Val {
+pub(crate) enum Val {
     Str(Vec<u8>),
     Hash(BTreeMap<Vec<u8>, Vec<u8>>),
     List(Vec<Vec<u8>>),
@@ -132,7 +141,7 @@ fn list(v: Value) -> Vec<Vec<u8>> {
 }
 
 /// Read `key` (type, value, pttl) through `con`.
-fn read_key(con: &mut redis::Connection, key: &[u8]) -> (Val, i64) {
+pub(crate) fn read_key(con: &mut redis::Connection, key: &[u8]) -> (Val, i64) {
     let t: String = redis::cmd("TYPE").arg(key).query(con).unwrap();
     let v = match t.as_str() {
         "string" => Val::Str(bytes(redis::cmd("GET").arg(key).query(con).unwrap())),
@@ -175,14 +184,14 @@ fn read_key(con: &mut redis::Connection, key: &[u8]) -> (Val, i64) {
     (v, pttl)
 }
 
-fn all_keys(con: &mut redis::Connection) -> Vec<Vec<u8>> {
+pub(crate) fn all_keys(con: &mut redis::Connection) -> Vec<Vec<u8>> {
     let mut k = list(redis::cmd("KEYS").arg("*").query(con).unwrap());
     k.sort();
     k
 }
 
 /// Compare every key of `a` with the same key of `b` (TTLs within 5 s).
-fn assert_same(a: &mut redis::Connection, b: &mut redis::Connection) -> usize {
+pub(crate) fn assert_same(a: &mut redis::Connection, b: &mut redis::Connection) -> usize {
     let keys = all_keys(a);
     assert_eq!(keys, all_keys(b), "key sets differ");
     for k in &keys {
@@ -200,7 +209,7 @@ fn assert_same(a: &mut redis::Connection, b: &mut redis::Connection) -> usize {
 
 /// Strings (ints, negative, 64-bit, long compressible, random binary,
 /// empty), hashes small, with long values and large, keys with TTL.
-fn populate_strings_hashes(con: &mut redis::Connection) {
+pub(crate) fn populate_strings_hashes(con: &mut redis::Connection) {
     let mut p = redis::pipe();
     for i in 0..300i64 {
         p.cmd("SET").arg(format!("int:{i}")).arg(i * 7919 - 1000);
@@ -320,6 +329,13 @@ fn redis_dump(test: &str, dir: &Path) -> Option<()> {
     let r = redis_in(test, dir)?;
     let mut rc = redis_conn(r.port).unwrap();
     populate_strings_hashes(&mut rc);
+    populate_collections(&mut rc);
+    assert_eq!(redis::cmd("SAVE").query::<String>(&mut rc).unwrap(), "OK");
+    Some(())
+}
+
+/// Lists, sets and sorted sets of every encoding, one with a TTL.
+pub(crate) fn populate_collections(rc: &mut redis::Connection) {
     let mut p = redis::pipe();
     // Lists: small (one listpack node) and long (many nodes); sets:
     // intset, listpack-free hashtable; sorted sets: listpack, skiplist.
@@ -356,9 +372,7 @@ fn redis_dump(test: &str, dir: &Path) -> Option<()> {
         .arg("-inf")
         .arg("bottom");
     p.cmd("EXPIRE").arg("lbig").arg(5000);
-    p.query::<()>(&mut rc).unwrap();
-    assert_eq!(redis::cmd("SAVE").query::<String>(&mut rc).unwrap(), "OK");
-    Some(())
+    p.query::<()>(rc).unwrap();
 }
 
 #[test]
