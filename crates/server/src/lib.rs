@@ -288,7 +288,8 @@ impl Server {
         let shared = Arc::new(Shared {
             store,
             settings,
-            stats: (0..threads).map(|_| WorkerStats::default()).collect(),
+            // One per worker, and the last for the replication link.
+            stats: (0..=threads).map(|_| WorkerStats::default()).collect(),
             clients: (0..threads).map(|_| WorkerClients::default()).collect(),
             connected: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),

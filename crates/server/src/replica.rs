@@ -47,7 +47,10 @@
 //! Redis logs one. The replication offset grows by the bytes of each
 //! command processed; `REPLCONF GETACK` is answered with
 //! `REPLCONF ACK <offset>` (the offset before the GETACK itself, as Redis
-//! answers), not executed. SELECT changes the database the stream writes
+//! answers), not executed. Inside a MULTI block the offset stands still
+//! until EXEC (Redis's `commandProcessed` does the same), so a link lost
+//! in the middle of a transaction resumes at its MULTI, never runs half
+//! of one. SELECT changes the database the stream writes
 //! to: this server has one database (0), so commands the primary runs in
 //! another database are skipped (still counted in the offset), with one
 //! log line per link and the count in `nibble_repl_other_db_commands`;
@@ -105,7 +108,7 @@ use std::time::{Duration, Instant};
 use crate::auth::LogLimiter;
 use crate::commands::{self, Ctx, Session, Spec};
 use crate::resp::{Limits, Parsed, Parser, Reply};
-use crate::state::{unix_ms, ClientInfo, Shared, WorkerStats};
+use crate::state::{unix_ms, ClientInfo, Shared};
 
 /// Redis's error for a write sent to a read-only replica.
 pub const READONLY: &str = "READONLY You can't write against a read only replica.";
@@ -342,6 +345,9 @@ pub struct Replication {
     offset: AtomicI64,
     /// The primary's replid ("" = none cached: the next sync is full).
     replid: Mutex<String>,
+    /// The database the stream writes to (SELECT), kept across a partial
+    /// resync as Redis's cached master keeps it.
+    stream_db: AtomicI64,
     last_error: Mutex<String>,
     full_syncs: AtomicU64,
     partial_syncs: AtomicU64,
@@ -369,6 +375,7 @@ impl Replication {
             down_since_ms: AtomicU64::new(0),
             offset: AtomicI64::new(-1),
             replid: Mutex::new(String::new()),
+            stream_db: AtomicI64::new(0),
             last_error: Mutex::new(String::new()),
             full_syncs: AtomicU64::new(0),
             partial_syncs: AtomicU64::new(0),
@@ -1089,8 +1096,17 @@ fn full_sync(l: &mut Link, host: &str, port: u16, id: &str, off: i64) -> Result<
         .map_err(|e| forget(format!("flushing the dataset: {e}")))?;
     let source = format!("from primary {host}:{port}");
     let rep = crate::rdb::load::load_bytes(l.sh, &data, &source).map_err(forget)?;
-    r.set_replid(id);
-    r.offset.store(off, Ordering::Relaxed);
+    {
+        // Under the target's lock: a REPLICAOF that came during the load
+        // has cleared the replid, and must not see this one come back.
+        let t = r.lock_target();
+        if t.generation != l.gen {
+            return Err(End::Stopped);
+        }
+        r.set_replid(id);
+        r.offset.store(off, Ordering::Relaxed);
+        r.stream_db.store(0, Ordering::Relaxed);
+    }
     r.full_syncs.fetch_add(1, Ordering::Relaxed);
     log::info!(
         "replication: full sync from {host}:{port} done in {:.3} s: {} bytes, {} keys",
@@ -1117,15 +1133,22 @@ fn stream(l: &mut Link, host: &str, port: u16) -> End {
     let info = Arc::new(primary_client(sh, host, port));
     let mut sess = Session::new(info, true);
     sess.primary = true;
-    let stats = WorkerStats::default();
+    // The link's own counters (the last slot: see `Shared::stats`).
+    let Some(stats) = sh.stats.last() else {
+        return fail("no counters");
+    };
     let mut scratch = Vec::new();
     let mut out = Vec::new();
     let mut parser = Parser::new();
     // Redis's own bounds (512 MiB bulks, 1M arguments): what a 7.0
     // primary can send.
     let limits = Limits::default();
-    let mut db: i64 = 0;
+    let mut db = r.stream_db.load(Ordering::Relaxed);
     let mut db_logged = false;
+    // Bytes of a MULTI block not yet counted: as Redis, the offset moves
+    // past a transaction only at its EXEC, so a link lost inside one
+    // resumes at its MULTI (the queue dies with the session).
+    let mut in_multi: i64 = 0;
     // The first ACK at once: a diskless primary waits for it.
     if let Err(e) = ack(l) {
         return e;
@@ -1163,6 +1186,7 @@ fn stream(l: &mut Link, host: &str, port: u16) -> End {
                     .get(1)
                     .and_then(|a| commands::parse_i64(a))
                     .unwrap_or(0);
+                r.stream_db.store(db, Ordering::Relaxed);
                 if db != 0 && !db_logged {
                     db_logged = true;
                     log::warn!(
@@ -1174,7 +1198,7 @@ fn stream(l: &mut Link, host: &str, port: u16) -> End {
             } else if !name.is_empty() {
                 let mut ctx = Ctx {
                     shared: sh,
-                    stats: &stats,
+                    stats,
                     sess: &mut sess,
                     buf: &mut scratch,
                 };
@@ -1198,7 +1222,12 @@ fn stream(l: &mut Link, host: &str, port: u16) -> End {
             drop(args);
             l.pos += req.consumed;
             parser.recycle(req.args);
-            r.offset.fetch_add(used, Ordering::Relaxed);
+            if sess.multi.is_some() {
+                in_multi += used;
+            } else {
+                r.offset.fetch_add(in_multi + used, Ordering::Relaxed);
+                in_multi = 0;
+            }
         }
         if last_ack.elapsed() >= Duration::from_millis(ACK_INTERVAL_MS) {
             if let Err(e) = ack(l) {

@@ -189,7 +189,8 @@ pub struct Shared {
     pub config: ServerConfig,
     /// Run-time settings.
     pub settings: Settings,
-    /// Per-worker counters.
+    /// Per-worker counters, plus a last one for the replication link's
+    /// thread (see [`crate::replica`]).
     pub stats: Vec<WorkerStats>,
     /// Per-worker client registries.
     pub clients: Vec<WorkerClients>,

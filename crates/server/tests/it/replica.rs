@@ -408,17 +408,23 @@ fn bad_primary_input_is_refused_and_retried() {
             field(&ri, "slave_repl_offset"),
             (100 + stream.len()).to_string()
         );
+        // The link drops inside a MULTI block: not counted.
+        w.write_all(b"*1\r\n$5\r\nMULTI\r\n*3\r\n$3\r\nSET\r\n$1\r\nx\r\n$1\r\n1\r\n")
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
     }
     let (_r, mut w, psync) = accept();
     assert_eq!(
         psync[1..],
         [id.clone(), (100 + stream.len() + 1).to_string()]
     );
-    w.write_all(b"+CONTINUE\r\n*2\r\n$3\r\nDEL\r\n$1\r\nk\r\n")
+    w.write_all(b"+CONTINUE\r\n*1\r\n$5\r\nMULTI\r\n*3\r\n$3\r\nSET\r\n$1\r\nx\r\n$1\r\n1\r\n*1\r\n$4\r\nEXEC\r\n*2\r\n$3\r\nDEL\r\n$1\r\nk\r\n")
         .unwrap();
     wait_for(10, "the partial resync", || {
         redis::cmd("EXISTS").arg("k").query::<i64>(&mut rc).unwrap() == 0
     });
+    let x: String = redis::cmd("GET").arg("x").query(&mut rc).unwrap();
+    assert_eq!(x, "1");
     assert_eq!(
         info_u64(&info_repl(&mut rc), "nibble_repl_partial_syncs"),
         1
