@@ -755,6 +755,8 @@ struct Link<'a> {
     sh: &'a Shared,
     sock: TcpStream,
     buf: Vec<u8>,
+    /// Scratch for one read (READ_CHUNK_BYTES).
+    chunk: Vec<u8>,
     pos: usize,
     gen: u64,
     last_io: Instant,
@@ -789,16 +791,12 @@ impl Link<'_> {
             self.buf.drain(..self.pos);
             self.pos = 0;
         }
-        let old = self.buf.len();
-        self.buf.resize(old + READ_CHUNK_BYTES, 0);
-        let res = self.sock.read(&mut self.buf[old..]);
-        match res {
-            Ok(0) => {
-                self.buf.truncate(old);
-                Err(fail("connection closed by the primary"))
-            }
+        // Read into the fixed chunk and append only what arrived: no
+        // zeroing of a fresh 64 KiB per read.
+        match self.sock.read(&mut self.chunk) {
+            Ok(0) => Err(fail("connection closed by the primary")),
             Ok(n) => {
-                self.buf.truncate(old + n);
+                self.buf.extend_from_slice(&self.chunk[..n]);
                 self.last_io = Instant::now();
                 self.sh
                     .replica
@@ -814,7 +812,6 @@ impl Link<'_> {
                         | std::io::ErrorKind::Interrupted
                 ) =>
             {
-                self.buf.truncate(old);
                 if self.last_io.elapsed() > self.timeout() {
                     return Err(fail(format!(
                         "timeout: no data from the primary for {} s (repl-timeout)",
@@ -823,10 +820,7 @@ impl Link<'_> {
                 }
                 Ok(false)
             }
-            Err(e) => {
-                self.buf.truncate(old);
-                Err(fail(format!("reading from the primary: {e}")))
-            }
+            Err(e) => Err(fail(format!("reading from the primary: {e}"))),
         }
     }
 
@@ -960,6 +954,7 @@ fn link(sh: &Shared, host: &str, port: u16, gen: u64) -> End {
         sh,
         sock,
         buf: Vec::new(),
+        chunk: vec![0; READ_CHUNK_BYTES],
         pos: 0,
         gen,
         last_io: Instant::now(),
