@@ -1275,6 +1275,24 @@ mod tests {
         assert!(!c.read_only);
         assert!(c.apply("repl-timeout", "0").is_err());
         assert_eq!(random_replid().len(), 40);
+        // The config file and the flags.
+        let mut sc = crate::config::ServerConfig::default();
+        sc.apply_file_text("replicaof 10.0.0.1 6390\nmasterauth pw\nslave-read-only no\n")
+            .unwrap();
+        assert_eq!(sc.replica.replicaof, Some(("10.0.0.1".into(), 6390)));
+        assert_eq!(sc.replica.masterauth.as_deref(), Some("pw"));
+        assert!(!sc.replica.read_only);
+        use clap::Parser as _;
+        let cli = crate::config::Cli::parse_from([
+            "nibble",
+            "--replicaof",
+            "h 7000",
+            "--masteruser",
+            "u",
+        ]);
+        let sc = crate::config::ServerConfig::from_cli(&cli).unwrap();
+        assert_eq!(sc.replica.replicaof, Some(("h".into(), 7000)));
+        assert_eq!(sc.replica.masteruser.as_deref(), Some("u"));
     }
 
     #[test]
