@@ -165,6 +165,13 @@ fn replica_follows_redis_primary() {
     );
     let v: String = redis::cmd("GET").arg("str:1").query(&mut rc).unwrap();
     assert_eq!(v, "v1");
+    // Inside MULTI the write is refused when queued, and EXEC aborts.
+    let _: () = redis::cmd("MULTI").query(&mut rc).unwrap();
+    assert_eq!(
+        err(&mut rc, &["INCR", "ctr"]),
+        "READONLY You can't write against a read only replica."
+    );
+    assert!(err(&mut rc, &["EXEC"]).starts_with("EXECABORT"));
 
     // The command stream under concurrent mixed writes and MULTI/EXEC.
     mixed_writes(primary.port, 3, 700);
