@@ -285,6 +285,46 @@ fn replica_with_primary_password() {
         .unwrap();
     caught_up(&mut pc, &mut rc);
     assert_same(&mut pc, &mut rc);
+    // An ACL user (masteruser): the next connection authenticates as it.
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("repl")
+        .arg("on")
+        .arg(">pw2")
+        .arg("~*")
+        .arg("+@all")
+        .query(&mut pc)
+        .unwrap();
+    for (k, v) in [("masteruser", "repl"), ("masterauth", "pw2")] {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(k)
+            .arg(v)
+            .query(&mut rc)
+            .unwrap();
+    }
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query(&mut pc)
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("k2")
+        .arg("v2")
+        .query(&mut pc)
+        .unwrap();
+    wait_for(10, "the replica to come back as user repl", || {
+        let l: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .arg("TYPE")
+            .arg("replica")
+            .query(&mut pc)
+            .unwrap();
+        l.contains("user=repl")
+    });
+    caught_up(&mut pc, &mut rc);
+    assert_same(&mut pc, &mut rc);
 }
 
 /// Read one RESP command (array of bulks) from a fake primary's client.
