@@ -32,6 +32,7 @@
 //! | [`glob`] | KEYS/SCAN pattern matching |
 //! | [`tls`] | TLS on `tls-port` (rustls + ring), its settings and handshake |
 //! | [`rdb`] | RDB snapshots: SAVE/BGSAVE, import of a `dump.rdb` at start |
+//! | [`durability`] | `appendfsync` for a store on disk: group commit, the flusher thread |
 //!
 //! ```no_run
 //! let cfg = server::config::ServerConfig { port: Some(0), ..Default::default() };
@@ -47,6 +48,7 @@ pub mod coll;
 pub mod commands;
 pub mod config;
 pub mod conn;
+pub mod durability;
 pub mod engine;
 pub mod eviction;
 pub mod glob;
@@ -298,6 +300,7 @@ impl Server {
             keylocks: keylock::KeyLocks::new(),
             pubsub: Arc::new(pubsub::Hub::new()),
             persist: rdb::Persistence::new(&cfg),
+            durability: durability::Durability::new(cfg.appendfsync, cfg.data_dir.is_some()),
             config: cfg.clone(),
         });
         // A dump.rdb (or --load-rdb) is imported before any client is
@@ -308,7 +311,9 @@ impl Server {
         rdb::persist::start(&shared)?;
         trim::start(&shared)?;
         let cpus = topology::allowed_cpus();
-        let mut handles = Vec::with_capacity(threads + 1);
+        let mut handles = Vec::with_capacity(threads + 2);
+        // The flusher of a store on disk (see `durability`).
+        handles.extend(durability::start(&shared)?);
         // The sweeper of dead large collections' nodes (see `coll`).
         let sh = shared.clone();
         handles.push(

@@ -214,6 +214,8 @@ pub struct Shared {
     pub pubsub: Arc<crate::pubsub::Hub>,
     /// RDB snapshots (see [`crate::rdb`]).
     pub persist: crate::rdb::Persistence,
+    /// `appendfsync` and the flusher (see [`crate::durability`]).
+    pub durability: crate::durability::Durability,
 }
 
 impl Shared {

@@ -146,6 +146,9 @@ pub struct Session {
     pub exec_all: bool,
     /// Channel and pattern subscriptions, once the connection subscribed.
     pub subs: Option<crate::pubsub::Subs>,
+    /// A write command ran since the replies were last written: under
+    /// `appendfsync always` they wait for a flush (see `durability`).
+    pub dirty: bool,
 }
 
 impl Session {
@@ -162,6 +165,7 @@ impl Session {
             watched: Vec::new(),
             exec_all: false,
             subs: None,
+            dirty: false,
         }
     }
 
@@ -361,6 +365,7 @@ pub fn execute(ctx: &mut Ctx, args: &[&[u8]], r: &mut Reply) {
     let _keys = lock_keys(ctx.shared, spec, args, write);
     if write {
         WorkerStats::bump(&ctx.stats.writes, 1);
+        ctx.sess.dirty = true;
     }
     if let Err(e) = (spec.run)(ctx, args, r) {
         r.error(&e.0);
@@ -388,6 +393,9 @@ fn reject(ctx: &mut Ctx, r: &mut Reply, msg: &str, spec: Option<&Spec>) {
 /// Run a checked command whose key stripes the caller (EXEC) holds.
 pub fn execute_held(ctx: &mut Ctx, spec: &'static Spec, args: &[&[u8]], r: &mut Reply) {
     WorkerStats::bump(&ctx.stats.commands, 1);
+    if spec.flags.contains(&"write") {
+        ctx.sess.dirty = true;
+    }
     if let Err(e) = (spec.run)(ctx, args, r) {
         r.error(&e.0);
     }
