@@ -113,6 +113,13 @@ struct PowerImage {
     dir: PathBuf,
     /// The generation `current` names: false = `a`, true = `b`.
     current_b: bool,
+    /// File offset of the log's data in `seg.log` (its header page).
+    log_file_offset: u64,
+    /// Log segments that were not FREE at the last flush.
+    last_in_use: Vec<bool>,
+    /// Per generation: segments written since it was last brought up to
+    /// date.
+    stale: [Vec<bool>; 2],
 }
 
 /// The process's durability state (see the module essay).
@@ -315,26 +322,81 @@ impl Inner {
             }
         }
         write_current(dir, "a")?;
+        let log_file = spacejmp::segment::seg_path(&self.dir, SEG_LOG);
+        let file_bytes = fs::metadata(&log_file)
+            .map_err(|e| io_err("stat", &log_file, e))?
+            .len();
+        let n = self.geo.log_segments as usize;
         *lock(&self.dur.image) = Some(PowerImage {
             dir: dir.to_path_buf(),
             current_b: false,
+            log_file_offset: file_bytes.saturating_sub(self.log_bytes()),
+            last_in_use: self.segments_in_use(),
+            stale: [vec![false; n], vec![false; n]],
         });
         Ok(())
     }
 
-    /// After a flush's `msync`s: the next generation of the image.
+    fn segments_in_use(&self) -> Vec<bool> {
+        (0..self.geo.log_segments as usize)
+            .map(|s| self.seg(s).state.load(Ordering::Acquire) & 0xFF != SEG_FREE)
+            .collect()
+    }
+
+    /// After a flush's `msync`: bring the other generation of the image
+    /// up to date and name it current. Only segments in use at this flush
+    /// or the one before can have changed since (nothing writes a FREE
+    /// segment, and a segment is freed only after a flush that began after
+    /// its retirement, so it is seen RETIRED by one), so only those are
+    /// copied, whole, from the mapping.
     fn copy_power_image(&self) -> Result<()> {
         let mut img = lock(&self.dur.image);
         let Some(img) = img.as_mut() else {
             return Ok(());
         };
-        let next = if img.current_b { "a" } else { "b" };
-        let gd = img.dir.join(next);
-        let from = spacejmp::segment::seg_path(&self.dir, SEG_LOG);
-        let to = spacejmp::segment::seg_path(&gd, SEG_LOG);
-        fs::copy(&from, &to).map_err(|e| io_err("copy", &to, e))?;
+        let now = self.segments_in_use();
+        let g = usize::from(!img.current_b);
+        for (s, &in_use) in now.iter().enumerate() {
+            let changed = in_use || img.last_in_use[s];
+            img.stale[0][s] |= changed;
+            img.stale[1][s] |= changed;
+        }
+        img.last_in_use = now;
+        let next = if g == 1 { "b" } else { "a" };
+        let to = spacejmp::segment::seg_path(&img.dir.join(next), SEG_LOG);
+        let f = fs::OpenOptions::new()
+            .write(true)
+            .open(&to)
+            .map_err(|e| io_err("open", &to, e))?;
+        let seg = self.geo.seg_bytes;
+        for s in 0..img.stale[g].len() {
+            if !std::mem::take(&mut img.stale[g][s]) {
+                continue;
+            }
+            let mut done = 0u64;
+            while done < seg {
+                let off = s as u64 * seg + done;
+                // SAFETY: `off..s*seg+seg` lies inside the log mapping, which
+                // lives as long as `self`; the kernel copies the bytes (no
+                // Rust reference to them is formed, so racing appends and
+                // state-word stores give a fuzzy copy, as a real flush
+                // writes, and no data race in Rust's sense).
+                let n = unsafe {
+                    libc::pwrite(
+                        f.as_raw_fd(),
+                        self.log.add(off as usize).cast::<libc::c_void>(),
+                        (seg - done) as usize,
+                        (img.log_file_offset + off) as libc::off_t,
+                    )
+                };
+                if n <= 0 {
+                    return Err(io_err("write", &to, std::io::Error::last_os_error()));
+                }
+                done += n as u64;
+            }
+        }
         write_current(&img.dir, next)?;
-        img.current_b = !img.current_b;
+        img.current_b = g == 1;
         Ok(())
     }
 }
