@@ -11,12 +11,16 @@
 //! **The log is the only thing recovery trusts after a power cut.** The
 //! index and the meta segment (segment table, heads, counters) are not
 //! flushed; their pages on disk may be of any age, or torn. So an unclean
-//! attach of a store that may have lost power — its directory is not on
-//! tmpfs, or it was flushed for durability (a `flushed` marker file in
-//! the directory, written when durability is turned on) — distrusts the
-//! meta segment as a failed shutdown seal does: it re-derives every
-//! segment's state and end from the log (walking each segment to its
-//! first zero word) and rebuilds the index from the log (`crate::recovery`).
+//! attach of a store that may have lost power distrusts the meta segment
+//! as a failed shutdown seal does: it re-derives every segment's state
+//! and end from the log (walking each segment to its first zero word)
+//! and rebuilds the index from the log (`crate::recovery`). "May have
+//! lost power": a `boot_id` file in the directory, written when
+//! durability is turned on or off, names another boot than this one
+//! (the machine restarted since); without that file, the directory is
+//! not on tmpfs. A process that died while the machine kept running
+//! leaves every page in the page cache, so the same boot keeps the
+//! cheaper SIGKILL recovery (verify the index in a parallel walk).
 //! Turning durability on writes the meta segment once (its clean flag is
 //! 0 from then on, on disk too), so a store that was clean before is
 //! never taken for clean after a power cut.
@@ -61,8 +65,8 @@
 //! allowed the reuse began, so that flush wrote them.
 //!
 //! Restart time after a power cut is therefore one walk of the log to
-//! re-derive the segments and one to rebuild the index (the same walks
-//! as a SIGKILL of the server on such a store).
+//! re-derive the segments and one to rebuild the index, both on one
+//! thread today (the SIGKILL path's verification walk is parallel).
 //!
 //! Durability is per process: the kills and the reuse rule above are kept
 //! by the process that turned it on (the server); another process attached
@@ -275,14 +279,18 @@ impl Inner {
     /// Rule 1 and 2 on or off. On also marks the directory as one that
     /// may lose power and writes the meta segment once (module essay).
     pub(crate) fn set_durable(&self, on: bool) -> Result<()> {
+        let marker = self.dir.join(BOOT_MARKER);
+        let boot = boot_id();
+        if fs::read_to_string(&marker).ok() != boot {
+            fs::write(&marker, boot.unwrap_or_default())
+                .map_err(|e| io_err("write", &marker, e))?;
+            fs::File::open(&marker)
+                .and_then(|f| f.sync_all())
+                .and_then(|()| fs::File::open(&self.dir))
+                .and_then(|d| d.sync_all())
+                .map_err(|e| io_err("fsync", &marker, e))?;
+        }
         if on {
-            let marker = self.dir.join(FLUSHED_MARKER);
-            if !marker.exists() {
-                fs::write(&marker, b"").map_err(|e| io_err("create", &marker, e))?;
-                fs::File::open(&self.dir)
-                    .and_then(|d| d.sync_all())
-                    .map_err(|e| io_err("fsync", &self.dir, e))?;
-            }
             self.msync(self.meta as u64, meta_bytes(self.geo.log_segments))?;
             if !self.dur.on.load(Ordering::Acquire) {
                 self.dur
@@ -401,18 +409,27 @@ impl Inner {
     }
 }
 
-/// The file whose presence says a store was flushed for durability.
-pub(crate) const FLUSHED_MARKER: &str = "flushed";
+/// The file naming the boot during which the store was last used by a
+/// process that manages durability ([`SharedStore::set_durable`]).
+pub(crate) const BOOT_MARKER: &str = "boot_id";
 
 /// `statfs` magic of tmpfs.
 const TMPFS_MAGIC: i64 = 0x0102_1994;
 
-/// Might the store in `dir` have lost power since it was last attached:
-/// it lives on a file system that survives a reboot, or it was flushed
-/// for durability (module essay)?
+/// This boot's id (`/proc/sys/kernel/random/boot_id`).
+fn boot_id() -> Option<String> {
+    fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()
+}
+
+/// Might the store in `dir` have lost power since it was last attached
+/// (module essay)? Not if its boot marker names this boot: the machine
+/// has not restarted, so every page written is still in the page cache
+/// and only processes died. Otherwise yes if it was managed for
+/// durability (a boot marker exists, so it had been flushed) or lives on
+/// a file system that survives a reboot.
 pub(crate) fn may_lose_power(dir: &Path) -> bool {
-    if dir.join(FLUSHED_MARKER).exists() {
-        return true;
+    if let Ok(b) = fs::read_to_string(dir.join(BOOT_MARKER)) {
+        return Some(b) != boot_id();
     }
     let Ok(c) = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(dir.as_os_str()))
     else {
