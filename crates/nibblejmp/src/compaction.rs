@@ -138,7 +138,24 @@ impl Inner {
         if !any {
             return 0;
         }
-        let min = self.min_epoch();
+        let epoch = self.min_epoch();
+        // Durability's reuse rule: no reuse before a flush that began after
+        // the retirement (see `store/durability.rs`); flush now if that is
+        // all that holds a segment back.
+        let mut reuse = self.reuse_stamp();
+        if reuse < epoch
+            && (0..self.geo.log_segments as usize).any(|s| {
+                let e = self.seg(s);
+                e.state.load(Ordering::Acquire) == SEG_RETIRED && {
+                    let st = e.stamp.load(Ordering::Acquire);
+                    st < epoch && st >= reuse
+                }
+            })
+        {
+            self.flush_for_reuse();
+            reuse = self.reuse_stamp();
+        }
+        let min = epoch.min(reuse);
         let mut n = 0;
         for s in 0..self.geo.log_segments as usize {
             let e = self.seg(s);
@@ -380,7 +397,7 @@ impl Inner {
         self.bucket(b).entries[i].store((tag << LOC_BITS) | new, Ordering::Release);
         point(CrashPoint::MoveEntryStored);
         self.mark(new, OBJ_COMMITTED);
-        self.mark(loc, OBJ_DEAD);
+        self.kill_replaced(&op, loc);
         de.live.fetch_add(size, Ordering::Relaxed);
         // The copy's expiry, read under the locks (a `set_expiry` may have
         // changed it since `h` was read).

@@ -135,9 +135,12 @@
 //! The machine crashing is outside these guarantees on tmpfs (the store is
 //! gone). On a disk directory, `close` by the last process `msync`s the
 //! segments before and after setting the clean flag, so a cleanly closed
-//! store survives a reboot; a machine crash while the store is in use keeps
-//! only what the kernel had written back, in no promised order, so recovery
-//! may then find damaged objects (reported, skipped; the walk goes on).
+//! store survives a reboot. While the store is in use, what survives a
+//! power cut is what [`SharedStore::flush_to_disk`] made durable
+//! (`store/durability.rs`: with [`SharedStore::set_durable`] on, every
+//! write finished before the last completed flush) plus whatever the
+//! kernel wrote back; recovery then re-derives the segment table from the
+//! log and rebuilds the index, skipping torn objects by their checksums.
 //!
 //! ## Damaged files (`store/integrity.rs`)
 //!
@@ -169,6 +172,7 @@
 //! | [`store`] | attach/create, epoch slots, breakable locks, segments, put/get/delete (one file each under `store/`) |
 //! | [`compaction`] | the lease and the cleaner |
 //! | [`recovery`] | what an attach after a crash (or a failed shutdown seal) does |
+//! | `store/durability.rs` | flushes, what a power cut keeps, the power-loss test image |
 //! | [`proc_id`] | pid + start time in one word |
 //! | [`testing`] | deterministic crash points for the crash-guarantee tests |
 //!
@@ -200,4 +204,4 @@ pub use error::{Error, Result};
 /// `nibble::Store` (the server) drives a shared store the same way.
 pub use nibble::{Condition, Expiry, ItemMeta, PutOptions};
 pub use recovery::RecoveryReport;
-pub use store::{default_dir, Geometry, Options, SharedStore, Stats};
+pub use store::{default_dir, FlushStats, Geometry, Options, SharedStore, Stats};

@@ -105,6 +105,11 @@ pub struct RecoveryReport {
     /// The attach found a clean shutdown but the meta segment failed its
     /// seal checksum: segment states were re-derived from the log.
     pub meta_seal_bad: bool,
+    /// An unclean shutdown of a store that may have lost power (on a disk
+    /// directory, or flushed for durability): the meta segment on disk
+    /// may be older than the log, so segment states were re-derived from
+    /// the log (see `store/durability.rs`).
+    pub meta_rederived: bool,
 }
 
 impl Inner {

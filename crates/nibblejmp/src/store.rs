@@ -46,6 +46,7 @@ use crate::recovery::RecoveryReport;
 use crate::testing::{point, CrashPoint};
 
 mod attach;
+mod durability;
 mod handle;
 mod integrity;
 mod locks;
@@ -54,6 +55,7 @@ mod segments;
 mod slots;
 
 pub use attach::default_dir;
+pub use durability::FlushStats;
 pub use handle::{SharedStore, Stats};
 pub(crate) use integrity::{SealCheck, SegWalk};
 use segments::Append;
@@ -273,6 +275,8 @@ pub(crate) struct Inner {
     pub(crate) compactor: Mutex<CompactorState>,
     pub(crate) closed: AtomicBool,
     pub(crate) stop: AtomicBool,
+    /// Flushes, deferred kills, the reuse rule (see `durability`).
+    pub(crate) dur: durability::Durability,
 }
 
 // SAFETY: the raw pointers point into the segments mapped by `vh`, which

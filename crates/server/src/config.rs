@@ -107,6 +107,11 @@ pub struct Cli {
     /// may attach it while the server runs.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// When writes to a --data-dir store are durable: always (acknowledged
+    /// after a flush; group commit), everysec (flushed once a second,
+    /// default) or no (left to the kernel). See `durability.rs`.
+    #[arg(long)]
+    pub appendfsync: Option<String>,
     /// Compaction workers per NUMA node (default: one per 8 CPUs).
     #[arg(long)]
     pub compaction_workers: Option<usize>,
@@ -185,6 +190,8 @@ pub struct ServerConfig {
     pub memcached_no_evict: bool,
     /// Shared-store directory (`None` = the process-private engine).
     pub data_dir: Option<PathBuf>,
+    /// `appendfsync` at start (applies to a data-dir store).
+    pub appendfsync: crate::durability::Appendfsync,
     /// Compaction workers per node.
     pub compaction_workers: Option<usize>,
     /// Worker threads.
@@ -237,6 +244,7 @@ impl Default for ServerConfig {
             maxmemory_policy: None,
             memcached_no_evict: false,
             data_dir: None,
+            appendfsync: crate::durability::Appendfsync::Everysec,
             compaction_workers: None,
             threads: topology::allowed_cpus().len().max(1),
             pin: true,
@@ -356,6 +364,7 @@ impl ServerConfig {
                 }
                 self.data_dir = Some(PathBuf::from(value));
             }
+            "appendfsync" => self.appendfsync = value.parse()?,
             "compaction-workers" => self.compaction_workers = Some(parse_bool_ok(&name, value)?),
             "threads" | "io-threads" => self.threads = parse_bool_ok::<usize>(&name, value)?.max(1),
             "requirepass" => self.requirepass = (!value.is_empty()).then(|| value.to_string()),
@@ -445,6 +454,7 @@ impl ServerConfig {
             "data-dir",
             cli.data_dir.as_ref().map(|p| p.display().to_string()),
         )?;
+        set("appendfsync", cli.appendfsync.clone())?;
         set(
             "compaction-workers",
             cli.compaction_workers.map(|v| v.to_string()),

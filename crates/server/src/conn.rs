@@ -284,6 +284,15 @@ async fn deliver<S: AsyncWrite + Unpin>(
     }
 }
 
+/// Under `appendfsync always`, wait until a flush covers the writes this
+/// connection ran (`dirty`) before their replies go out (group commit,
+/// see [`crate::durability`]).
+async fn durable(shared: &Shared, dirty: &mut bool) {
+    if std::mem::take(dirty) && shared.durability.waits_for_flush() {
+        shared.durability.wait_durable().await;
+    }
+}
+
 /// The mailbox of a subscribed session.
 fn mailbox(sess: &Session) -> Option<Arc<Mailbox>> {
     sess.subs.as_ref().map(|x| x.mailbox.clone())
@@ -411,6 +420,8 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     let mut skip: u64 = 0;
     // memcached: binary protocol (decided by the connection's first byte).
     let mut mc_bin: Option<bool> = None;
+    // Writes whose replies are not out yet (see `durable`).
+    let mut dirty = false;
     loop {
         let authed = match protocol {
             Protocol::Resp => sess.authed,
@@ -626,6 +637,11 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                     if skip > 0 && discard(&mut inb, &mut skip) {
                         break;
                     }
+                    // A memcached request may have written.
+                    dirty |= std::mem::take(&mut sess.dirty) || protocol == Protocol::Memcached;
+                    if out.len() >= OUT_SOFT {
+                        durable(&shared, &mut dirty).await;
+                    }
                     if out.len() >= OUT_SOFT
                         && flush(&mut s, &mut out, stats, mailbox(&sess).as_deref())
                             .await
@@ -637,6 +653,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                     if since_check >= SLICE_CHECK_EVERY {
                         since_check = 0;
                         if slice_start.elapsed() >= EXEC_SLICE {
+                            durable(&shared, &mut dirty).await;
                             if deliver(&mut s, &mut out, stats, &sess).await.is_err() {
                                 return;
                             }
@@ -662,6 +679,8 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         if scratch.capacity() > 4 * OUT_SOFT {
             scratch = Vec::new();
         }
+        dirty |= std::mem::take(&mut sess.dirty);
+        durable(&shared, &mut dirty).await;
         if deliver(&mut s, &mut out, stats, &sess).await.is_err() || close {
             let _ = s.shutdown().await;
             return;

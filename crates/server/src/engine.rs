@@ -18,6 +18,9 @@
 //!      SHUTDOWN / SIGTERM    ─▶   close: the last process out marks the store clean
 //! ```
 //!
+//! On a disk directory, when writes reach the disk is `appendfsync`'s
+//! business (`crate::durability`).
+//!
 //! # User keys and internal keys
 //!
 //! Large collections (see `coll`) keep their elements in engine items of
@@ -64,6 +67,10 @@ pub const SHARED_SEGMENTS_WANTED: u64 = 256;
 /// How long a write waits for compaction before -OOM (as the local
 /// engine's `max_write_wait_ms`).
 const SHARED_OOM_WAIT_MS: u64 = 100;
+
+/// Environment variable naming a directory for the power-loss test
+/// layer's durable image (tests only; see `crate::durability`).
+pub const POWER_IMAGE_ENV: &str = "NIBBLE_TEST_POWER_IMAGE";
 
 /// First byte of every internal key and of every escaped user key.
 pub const KEY_ESCAPE_BYTE: u8 = 0xFF;
@@ -339,8 +346,9 @@ fn open_shared(dir: &Path, cfg: &ServerConfig) -> Result<SharedEngine, String> {
                 "rebuild requested"
             };
             format!(
-                "recovered ({why}; segments_repaired={} bad_entries={} unindexed={} rebuilt={} objects_indexed={} damaged_segments={} damaged_objects={})",
+                "recovered ({why}; segments_repaired={} segments_rederived={} bad_entries={} unindexed={} rebuilt={} objects_indexed={} damaged_segments={} damaged_objects={})",
                 r.segments_repaired,
+                if r.meta_rederived { "yes" } else { "no" },
                 r.bad_entries,
                 r.unindexed_objects,
                 if r.rebuilt { "yes" } else { "no" },
@@ -374,6 +382,18 @@ fn open_shared(dir: &Path, cfg: &ServerConfig) -> Result<SharedEngine, String> {
         (s, "created".to_string())
     };
     let open_ms = t.elapsed().as_secs_f64() * 1e3;
+    // The power-loss test layer (`nibblejmp`'s `store/durability.rs`):
+    // a durable image that only completed flushes update, for tests that
+    // cut the power by restarting from it.
+    if let Some(img) = std::env::var_os(POWER_IMAGE_ENV) {
+        store
+            .keep_power_image(Path::new(&img))
+            .map_err(|e| format!("the power-loss image in {}: {e}", Path::new(&img).display()))?;
+        log::warn!(
+            "{POWER_IMAGE_ENV} is set: keeping a power-loss test image in {} (a copy of the log per flush)",
+            Path::new(&img).display()
+        );
+    }
     log::info!(
         "shared store in {}: {start} in {open_ms:.1} ms, {} keys",
         dir.display(),

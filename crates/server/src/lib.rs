@@ -33,6 +33,7 @@
 //! | [`tls`] | TLS on `tls-port` (rustls + ring), its settings and handshake |
 //! | [`rdb`] | RDB snapshots: SAVE/BGSAVE, import of a `dump.rdb` at start |
 //! | [`replica`] | REPLICAOF: replica of a Redis primary (PSYNC, full and partial sync, read-only gate) |
+//! | [`durability`] | `appendfsync` for a store on disk: group commit, the flusher thread |
 //!
 //! ```no_run
 //! let cfg = server::config::ServerConfig { port: Some(0), ..Default::default() };
@@ -48,6 +49,7 @@ pub mod coll;
 pub mod commands;
 pub mod config;
 pub mod conn;
+pub mod durability;
 pub mod engine;
 pub mod eviction;
 pub mod glob;
@@ -302,6 +304,7 @@ impl Server {
             pubsub: Arc::new(pubsub::Hub::new()),
             persist: rdb::Persistence::new(&cfg),
             replica: replica::Replication::new(&cfg.replica),
+            durability: durability::Durability::new(cfg.appendfsync, cfg.data_dir.is_some()),
             config: cfg.clone(),
         });
         // A dump.rdb (or --load-rdb) is imported before any client is
@@ -312,7 +315,9 @@ impl Server {
         rdb::persist::start(&shared)?;
         trim::start(&shared)?;
         let cpus = topology::allowed_cpus();
-        let mut handles = Vec::with_capacity(threads + 1);
+        let mut handles = Vec::with_capacity(threads + 2);
+        // The flusher of a store on disk (see `durability`).
+        handles.extend(durability::start(&shared)?);
         // The sweeper of dead large collections' nodes (see `coll`).
         let sh = shared.clone();
         handles.push(

@@ -217,6 +217,8 @@ pub struct Shared {
     pub persist: crate::rdb::Persistence,
     /// Replication from a Redis primary (see [`crate::replica`]).
     pub replica: crate::replica::Replication,
+    /// `appendfsync` and the flusher (see [`crate::durability`]).
+    pub durability: crate::durability::Durability,
 }
 
 impl Shared {

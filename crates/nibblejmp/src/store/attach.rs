@@ -59,7 +59,7 @@ impl Drop for AttachLock {
     }
 }
 
-fn io_err(what: &str, path: &Path, e: std::io::Error) -> Error {
+pub(super) fn io_err(what: &str, path: &Path, e: std::io::Error) -> Error {
     Error::Io {
         what: what.into(),
         path: path.to_path_buf(),
@@ -268,6 +268,7 @@ impl SharedStore {
             compactor: Mutex::new(CompactorState::default()),
             closed: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            dur: durability::Durability::new(),
         })
     }
 
@@ -303,6 +304,15 @@ impl SharedStore {
             // segment while they are read.
             unsafe { inner.check_seal() }
         };
+        // After a power cut the meta segment on disk may be older than the
+        // log (flushes write the log only; see `durability`): an unclean
+        // store that may have lost power re-derives its segment table
+        // from the log, as one with a bad meta seal does.
+        let rederive = unclean && durability::may_lose_power(&dir) && !inner.others_alive();
+        let seal = SealCheck {
+            meta_ok: seal.meta_ok && !rederive,
+            ..seal
+        };
         if !seal.meta_ok {
             // Lease, slots, heads and the segment table are not to be
             // trusted; no process is attached, so the slots can be freed
@@ -319,7 +329,12 @@ impl SharedStore {
         }
         let rebuild = opts.rebuild || !seal.index_ok || !seal.meta_ok;
         let report = if !others && (unclean || rebuild) {
-            inner.recover(unclean, rebuild, seal)?
+            let mut r = inner.recover(unclean, rebuild, seal)?;
+            if rederive {
+                r.meta_seal_bad = false;
+                r.meta_rederived = true;
+            }
+            r
         } else {
             RecoveryReport::default()
         };
@@ -356,6 +371,10 @@ impl SharedStore {
             s.intent_kind.store(INTENT_NONE, Ordering::Relaxed);
             s.owner.store(0, Ordering::Release);
         }
+        // Deferred kills (see `durability`) now that every operation of
+        // this process has ended: the log then holds exactly the indexed
+        // objects as live, as a clean store must.
+        i.drain_kills();
         let lock = lock?;
         if !i.others_alive() {
             // On a disk directory the files must reach the disk before the

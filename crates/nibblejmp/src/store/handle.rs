@@ -283,6 +283,36 @@ impl SharedStore {
         st
     }
 
+    /// Make every write that finished before this call durable on a disk
+    /// directory: `msync` of the meta segment and the log, then the kills
+    /// deferred until their replacements were durable (see
+    /// `store/durability.rs`). Flushes are serialized; a no-op cost on
+    /// tmpfs.
+    pub fn flush_to_disk(&self) -> Result<()> {
+        self.inner.flush_to_disk()
+    }
+
+    /// Turn durability's two rules (deferred kills, no segment reuse
+    /// before a flush) on or off for this process; on also flushes once.
+    /// Off applies the pending kills. A process that flushes should turn
+    /// this on, or a flush does not protect replaced values.
+    pub fn set_durable(&self, on: bool) -> Result<()> {
+        self.inner.set_durable(on)
+    }
+
+    /// Flush counters of this process.
+    pub fn flush_stats(&self) -> FlushStats {
+        self.inner.flush_stats()
+    }
+
+    /// The power-loss test layer: keep a durable image of the store in
+    /// `dir` that only completed flushes update (see
+    /// `store/durability.rs`). For tests; costs a copy of the log per
+    /// flush.
+    pub fn keep_power_image(&self, dir: &Path) -> Result<()> {
+        self.inner.keep_power_image(dir)
+    }
+
     /// Detach cleanly: stop compaction, give back the lease and this
     /// process's slots, and mark the store clean if no other live process
     /// is attached.

@@ -209,7 +209,7 @@ impl Inner {
         self.note_expiry(loc, hdr.expiry_ms);
         match old {
             Some(old) => {
-                self.mark(old, OBJ_DEAD);
+                self.kill_replaced(op, old);
                 if let Some(oh) = old_hdr {
                     self.sub_live(
                         old,

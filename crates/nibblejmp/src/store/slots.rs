@@ -21,7 +21,7 @@ use super::*;
 /// An operation's hold on an epoch slot: pinned while it lives.
 pub(crate) struct Op<'a> {
     inner: &'a Inner,
-    local: usize,
+    pub(crate) local: usize,
     pub(crate) slot: usize,
 }
 

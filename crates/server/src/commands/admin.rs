@@ -331,6 +331,10 @@ pub fn config(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
         let mut all = settings.get_all(&ctx.shared.config);
         all.extend(crate::rdb::persist::config_get(ctx.shared));
         all.extend(crate::replica::config_get(ctx.shared));
+        all.push((
+            "appendfsync",
+            ctx.shared.durability.policy().name().to_string(),
+        ));
         // As redis-server answers it, but only to the exact name: a glob
         // such as `*` does not carry the password into dumps and logs.
         if a[2..].iter().any(|p| eq(p, "requirepass")) {
@@ -359,6 +363,16 @@ pub fn config(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
             }
             if let Some(done) = crate::replica::config_set(ctx.shared, &name, &value) {
                 done?;
+                continue;
+            }
+            if name == "appendfsync" {
+                let failed = |why: &str| {
+                    format!("ERR CONFIG SET failed (possibly related to argument 'appendfsync') - {why}")
+                };
+                let p: crate::durability::Appendfsync =
+                    value.parse().map_err(|e: String| failed(&e))?;
+                let d = &ctx.shared.durability;
+                d.set_policy(ctx.shared, p).map_err(|e| failed(&e))?;
                 continue;
             }
             settings.set(&ctx.shared.config, &name, &value)?;
@@ -463,7 +477,10 @@ pub fn info_text(ctx: &Ctx, section: &str) -> String {
         );
     }
     if want("persistence") {
-        o.push_str(&crate::rdb::persist::info(sh));
+        o.push_str(
+            &sh.durability
+                .info_section(sh, crate::rdb::persist::info(sh)),
+        );
     }
     if want("stats") {
         let _ = write!(

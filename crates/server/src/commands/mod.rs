@@ -153,6 +153,9 @@ pub struct Session {
     /// The replication link's session: the primary's command stream,
     /// which a read-only replica's gate lets through (see `replica`).
     pub primary: bool,
+    /// A write command ran since the replies were last written: under
+    /// `appendfsync always` they wait for a flush (see `durability`).
+    pub dirty: bool,
 }
 
 impl Session {
@@ -170,6 +173,7 @@ impl Session {
             exec_all: false,
             subs: None,
             primary: false,
+            dirty: false,
         }
     }
 
@@ -376,6 +380,7 @@ pub fn execute(ctx: &mut Ctx, args: &[&[u8]], r: &mut Reply) {
     let _keys = lock_keys(ctx.shared, spec, args, write);
     if write {
         WorkerStats::bump(&ctx.stats.writes, 1);
+        ctx.sess.dirty = true;
     }
     if let Err(e) = (spec.run)(ctx, args, r) {
         r.error(&e.0);
@@ -403,6 +408,9 @@ fn reject(ctx: &mut Ctx, r: &mut Reply, msg: &str, spec: Option<&Spec>) {
 /// Run a checked command whose key stripes the caller (EXEC) holds.
 pub fn execute_held(ctx: &mut Ctx, spec: &'static Spec, args: &[&[u8]], r: &mut Reply) {
     WorkerStats::bump(&ctx.stats.commands, 1);
+    if spec.flags.contains(&"write") {
+        ctx.sess.dirty = true;
+    }
     if let Err(e) = (spec.run)(ctx, args, r) {
         r.error(&e.0);
     }

@@ -15,6 +15,7 @@ mod mc_meta;
 mod memcached;
 mod multi;
 mod parsers;
+mod power;
 mod process;
 mod rdb;
 mod replica;
