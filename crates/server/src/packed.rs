@@ -190,6 +190,64 @@ impl PairBuf {
         self.set_len(self.len() + 1);
     }
 
+    /// Bytes of the elements and values alone (without length fields).
+    pub fn payload_bytes(&self) -> usize {
+        let per = if self.values { 8 } else { 4 };
+        self.data.len() - 4 - per * self.len()
+    }
+
+    /// Pair `j`'s span (start, end), if `j < len`.
+    fn span(&self, j: usize) -> Option<(usize, usize)> {
+        let mut it = self.iter();
+        for _ in 0..j {
+            it.next_span()?;
+        }
+        let (start, _, _) = it.next_span()?;
+        Some((start, it.at))
+    }
+
+    /// Element `j`, if `j < len`.
+    pub fn nth(&self, j: usize) -> Option<&[u8]> {
+        self.iter().nth(j).map(|(a, _)| a)
+    }
+
+    /// Insert `e` (with value `v`) before every other pair.
+    pub fn push_front(&mut self, e: &[u8], v: &[u8]) {
+        let n = 4 + e.len() + if self.values { 4 + v.len() } else { 0 };
+        open_gap(&mut self.data, 4, n);
+        self.data[4..8].copy_from_slice(&(e.len() as u32).to_le_bytes());
+        self.data[8..8 + e.len()].copy_from_slice(e);
+        if self.values {
+            let at = 8 + e.len();
+            self.data[at..at + 4].copy_from_slice(&(v.len() as u32).to_le_bytes());
+            self.data[at + 4..at + 4 + v.len()].copy_from_slice(v);
+        }
+        self.set_len(self.len() + 1);
+    }
+
+    /// Remove pair `j` and return its element, if `j < len`.
+    pub fn take_nth(&mut self, j: usize) -> Option<Vec<u8>> {
+        let (start, end) = self.span(j)?;
+        let l = u32_at(&self.data, start) as usize;
+        let e = self.data.get(start + 4..start + 4 + l)?.to_vec();
+        self.data.drain(start..end);
+        self.set_len(self.len() - 1);
+        Some(e)
+    }
+
+    /// Replace element `j` (a set's or a list's: no value), if `j < len`.
+    pub fn set_nth(&mut self, j: usize, e: &[u8]) -> Option<()> {
+        if self.values {
+            return None;
+        }
+        let (start, end) = self.span(j)?;
+        let mut enc = Vec::with_capacity(4 + e.len());
+        enc.extend_from_slice(&(e.len() as u32).to_le_bytes());
+        enc.extend_from_slice(e);
+        replace_range(&mut self.data, start, end, &enc);
+        Some(())
+    }
+
     /// Remove `e`; true if it was present.
     pub fn remove(&mut self, e: &[u8]) -> bool {
         let Some((start, _, end)) = self.find(e) else {
@@ -621,6 +679,41 @@ mod tests {
             if !leaf {
                 prop_assert_eq!(back.total(), model.values().map(|v| v.1).sum::<u64>());
             }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// A chunk used as a list (pushes and pops at both ends, element
+        /// replacement) holds what a `VecDeque` holds.
+        #[test]
+        fn pairbuf_as_a_deque(ops in proptest::collection::vec((0u8..6, 0u16..2000), 1..300)) {
+            let mut b = PairBuf::new(false);
+            let mut model: std::collections::VecDeque<Vec<u8>> = Default::default();
+            for (o, x) in ops {
+                match o {
+                    0 => { b.push_front(&member(x), &[]); model.push_front(member(x)); }
+                    1 => { b.push(&member(x), &[]); model.push_back(member(x)); }
+                    2 => prop_assert_eq!(b.take_nth(0), model.pop_front()),
+                    3 => prop_assert_eq!(b.take_nth(b.len().wrapping_sub(1)), model.pop_back()),
+                    4 => {
+                        let j = usize::from(x) % (model.len() + 1);
+                        let r = b.set_nth(j, &member(x));
+                        prop_assert_eq!(r.is_some(), j < model.len());
+                        if let Some(m) = model.get_mut(j) { *m = member(x); }
+                    }
+                    _ => {
+                        let j = usize::from(x) % (model.len() + 1);
+                        prop_assert_eq!(b.nth(j), model.get(j).map(|v| &v[..]));
+                    }
+                }
+                prop_assert_eq!(b.len(), model.len());
+                prop_assert_eq!(b.payload_bytes(), model.iter().map(Vec::len).sum::<usize>());
+            }
+            let back = PairBuf::from_bytes(b.bytes().to_vec(), false).expect("valid");
+            let got: Vec<Vec<u8>> = back.iter().map(|(a, _)| a.to_vec()).collect();
+            prop_assert_eq!(got, model.into_iter().collect::<Vec<_>>());
         }
     }
 
