@@ -50,8 +50,9 @@
 //!
 //! A ZADD that changes a score on a 1 M-member zset rewrites the bucket,
 //! two leaves and the inner nodes on both paths: ~12 KiB appended to the
-//! log per command, and one heap allocation per decoded entry; it costs
-//! ~3x a ZADD on a 10-member zset (docs/BENCHMARKS.md). Range removals
+//! log per command (nodes are patched in place as bytes, `crate::packed`,
+//! so the CPU cost is the engine's reads and writes, not decoding); see
+//! docs/BENCHMARKS.md for its cost against a 10-member zset. Range removals
 //! (ZREMRANGEBY*, ZPOP with a large count) remove entry by entry and keep
 //! every touched node in the command's cache until the commit. A crash
 //! between node writes and the root write can leave the root's count off,
