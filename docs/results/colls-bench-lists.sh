@@ -1,5 +1,7 @@
 #!/bin/bash
-NB=/work/tgt1/release/nibble
+# Usage: colls-bench-lists.sh [BIN_DIR] -> LPUSH/RPOP figures for nibble (7501) and redis-server (7502).
+# Needs /tmp/rpush1m.resp and /tmp/rpush10.resp (colls-gen.py RPUSH biglist/smalllist).
+NB=${1:-target/release}/nibble
 $NB --port 7501 --maxmemory 2gb --threads 2 > /tmp/nb.log 2>&1 &
 NPID=$!
 redis-server --port 7502 --save '' --appendonly no > /tmp/rs.log 2>&1 &

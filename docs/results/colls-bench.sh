@@ -1,6 +1,6 @@
 #!/bin/bash
-# Usage: bench.sh  -> prints figures for nibble (7501) and redis-server (7502)
-NB=/work/tgt1/release/nibble
+# Usage: colls-bench.sh [BIN_DIR] -> prints figures for nibble (7501) and redis-server (7502)
+NB=${1:-target/release}/nibble
 rss() { grep VmRSS /proc/$1/status | awk '{print $2}'; }
 $NB --port 7501 --maxmemory 2gb --threads 2 > /tmp/nb.log 2>&1 &
 NPID=$!

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Usage: zset-bench.sh [BIN_DIR] -> figures for nibble (7511) and redis-server (7512).
 # Needs /tmp/zadd1m.resp and /tmp/zadd10.resp from zset-gen.py.
-NB=${1:-/work/tgt5/release}/nibble
+NB=${1:-target/release}/nibble
 rss() { grep VmRSS /proc/$1/status | awk '{print $2}'; }
 $NB --port 7511 --maxmemory 2gb --threads 2 > /tmp/nbz.log 2>&1 &
 NPID=$!

@@ -90,12 +90,16 @@ use nibble::{Condition, Expiry, PutOptions};
 
 use crate::commands::{CmdError, WRONGTYPE};
 use crate::engine::{is_internal_key, Engine, INTERNAL_KEY_TAG, KEY_ESCAPE_BYTE};
+use crate::packed::PairBuf;
 use crate::state::Shared;
 use crate::types::{HASH_FLAGS, HASH_MAGIC, LIST_FLAGS, SET_FLAGS, ZSET_FLAGS};
 
 /// Average elements per bucket above which a large collection splits one
 /// bucket.
 pub const BUCKET_SPLIT_ELEMS: u64 = 32;
+/// Capacity of a fresh bucket read buffer: a bucket of ~32 short
+/// elements fits, so neither the read nor an insert reallocates.
+const BUCKET_READ_BYTES: usize = 2048;
 /// First byte of a small set (insertion order).
 pub const SET_MAGIC: u8 = 0xB6;
 /// First byte of a small set of integers (ascending).
@@ -394,8 +398,9 @@ enum Repr {
     },
     Big {
         root: Root,
-        /// Buckets read or written by this command, and whether changed.
-        cache: HashMap<u32, (Vec<Pair>, bool)>,
+        /// Buckets read or written by this command (their items' bytes,
+        /// patched in place), and whether changed.
+        cache: HashMap<u32, (PairBuf, bool)>,
         /// The instance record is still to be written (converted now).
         fresh: bool,
     },
@@ -411,7 +416,6 @@ pub struct Coll<'e> {
     version: Option<u64>,
     repr: Repr,
     dirty: bool,
-    buf: Vec<u8>,
 }
 
 /// Load the collection of `kind` at `key`: `Ok(None)` if absent,
@@ -460,7 +464,6 @@ pub fn open<'e>(
         version: Some(m.version),
         repr,
         dirty: false,
-        buf,
     }))
 }
 
@@ -484,7 +487,6 @@ pub fn open_or_new<'e>(
                 intset: kind == Kind::Set,
             },
             dirty: false,
-            buf: Vec::new(),
         },
     })
 }
@@ -525,20 +527,18 @@ impl Coll<'_> {
     }
 
     /// The bucket `b` of a large collection, loaded into the cache.
-    fn bucket(&mut self, b: u32) -> Result<&mut (Vec<Pair>, bool), CmdError> {
+    fn bucket(&mut self, b: u32) -> Result<&mut (PairBuf, bool), CmdError> {
         let Repr::Big { root, cache, .. } = &mut self.repr else {
             unreachable!("bucket() on a small collection")
         };
         match cache.entry(b) {
             Entry::Occupied(o) => Ok(o.into_mut()),
             Entry::Vacant(v) => {
-                let items = match self
-                    .store
-                    .raw_get_into(&node_key(root.id, b), &mut self.buf)?
-                {
-                    Some(_) => decode_pairs(&self.buf, true)
+                let mut data = Vec::with_capacity(BUCKET_READ_BYTES);
+                let items = match self.store.raw_get_into(&node_key(root.id, b), &mut data)? {
+                    Some(_) => PairBuf::from_bytes(data, true)
                         .ok_or(CmdError::from("ERR corrupt collection node"))?,
-                    None => Vec::new(),
+                    None => PairBuf::new(true),
                 };
                 Ok(v.insert((items, false)))
             }
@@ -554,7 +554,7 @@ impl Coll<'_> {
             Repr::Big { root, .. } => {
                 let b = bucket_of(elem_hash(e), root.nbuckets);
                 let (items, _) = self.bucket(b)?;
-                Ok(items.iter().find(|(a, _)| a == e).map(|(_, v)| v.clone()))
+                Ok(items.get(e).map(<[u8]>::to_vec))
             }
         }
     }
@@ -590,11 +590,9 @@ impl Coll<'_> {
                 let b = bucket_of(elem_hash(e), root.nbuckets);
                 let (items, dirty) = self.bucket(b)?;
                 *dirty = true;
-                if let Some(x) = items.iter_mut().find(|(a, _)| a == e) {
-                    x.1 = v.to_vec();
+                if !items.upsert(e, v) {
                     false
                 } else {
-                    items.push((e.to_vec(), v.to_vec()));
                     if let Repr::Big { root, .. } = &mut self.repr {
                         root.count += 1;
                     }
@@ -618,10 +616,9 @@ impl Coll<'_> {
             Repr::Big { root, .. } => {
                 let b = bucket_of(elem_hash(e), root.nbuckets);
                 let (items, dirty) = self.bucket(b)?;
-                let Some(i) = items.iter().position(|(a, _)| a == e) else {
+                if !items.remove(e) {
                     return Ok(false);
-                };
-                items.swap_remove(i);
+                }
                 *dirty = true;
                 if let Repr::Big { root, .. } = &mut self.repr {
                     root.count -= 1;
@@ -639,7 +636,12 @@ impl Coll<'_> {
             Repr::Big { root, .. } => {
                 let mut out = Vec::with_capacity(root.count as usize);
                 for b in 0..root.nbuckets {
-                    out.extend(self.bucket(b)?.0.iter().cloned());
+                    out.extend(
+                        self.bucket(b)?
+                            .0
+                            .iter()
+                            .map(|(a, v)| (a.to_vec(), v.to_vec())),
+                    );
                 }
                 Ok(out)
             }
@@ -656,7 +658,12 @@ impl Coll<'_> {
         let mut out = Vec::new();
         let mut b = cursor;
         while b < u64::from(n) && out.len() < count {
-            out.extend(self.bucket(b as u32)?.0.iter().cloned());
+            out.extend(
+                self.bucket(b as u32)?
+                    .0
+                    .iter()
+                    .map(|(a, v)| (a.to_vec(), v.to_vec())),
+            );
             b += 1;
         }
         Ok((if b >= u64::from(n) { 0 } else { b }, out))
@@ -678,7 +685,8 @@ impl Coll<'_> {
                     let (items, _) = self.bucket((start + i) % n)?;
                     if !items.is_empty() {
                         let j = (random_u64() % items.len() as u64) as usize;
-                        return Ok(Some(items[j].clone()));
+                        let (a, v) = items.iter().nth(j).ok_or("ERR corrupt collection node")?;
+                        return Ok(Some((a.to_vec(), v.to_vec())));
                     }
                 }
                 Ok(None)
@@ -710,12 +718,13 @@ impl Coll<'_> {
         let items = std::mem::take(items);
         let nbuckets =
             ((items.len() as u64 / BUCKET_SPLIT_ELEMS) + 1).min(u64::from(u32::MAX)) as u32;
-        let mut cache: HashMap<u32, (Vec<Pair>, bool)> =
-            (0..nbuckets).map(|b| (b, (Vec::new(), true))).collect();
+        let mut cache: HashMap<u32, (PairBuf, bool)> = (0..nbuckets)
+            .map(|b| (b, (PairBuf::new(true), true)))
+            .collect();
         let count = items.len() as u64;
         for (a, v) in items {
             let b = bucket_of(elem_hash(&a), nbuckets);
-            cache.get_mut(&b).expect("every bucket").0.push((a, v));
+            cache.get_mut(&b).expect("every bucket").0.push(&a, &v);
         }
         self.repr = Repr::Big {
             root: Root {
@@ -741,15 +750,13 @@ impl Coll<'_> {
         }
         let p = 1u32 << (31 - n.leading_zeros());
         let s = n - p;
-        let (items, dirty) = self.bucket(s)?;
-        let old = std::mem::take(items);
-        *dirty = true;
-        let (mut stay, mut go) = (Vec::new(), Vec::new());
-        for x in old {
-            if bucket_of(elem_hash(&x.0), n + 1) == s {
-                stay.push(x);
+        let (items, _) = self.bucket(s)?;
+        let (mut stay, mut go) = (PairBuf::new(true), PairBuf::new(true));
+        for (a, v) in items.iter() {
+            if bucket_of(elem_hash(a), n + 1) == s {
+                stay.push(a, v);
             } else {
-                go.push(x);
+                go.push(a, v);
             }
         }
         let Repr::Big { root, cache, .. } = &mut self.repr else {
@@ -809,7 +816,6 @@ impl Coll<'_> {
                     *fresh = false;
                     LARGE_CREATED.store(true, Ordering::Relaxed);
                 }
-                let mut v = Vec::new();
                 for (b, (items, dirty)) in cache.iter_mut() {
                     if !*dirty {
                         continue;
@@ -818,9 +824,7 @@ impl Coll<'_> {
                     if items.is_empty() {
                         store.raw_delete(&k)?;
                     } else {
-                        v.clear();
-                        encode_pairs(&mut v, items, true);
-                        store.raw_put_with(&k, &v, PutOptions::default())?;
+                        store.raw_put_with(&k, items.bytes(), PutOptions::default())?;
                     }
                     *dirty = false;
                 }

@@ -60,6 +60,7 @@ pub mod mc_binary;
 pub mod mc_exec;
 pub mod mc_meta;
 pub mod memcache;
+pub mod packed;
 pub mod pubsub;
 pub mod rdb;
 pub mod replica;

@@ -33,11 +33,11 @@ use std::collections::HashMap;
 use nibble::{Condition, Expiry, PutOptions};
 
 use crate::coll::{
-    decode_pairs, decode_root, drop_nodes, encode_pairs, encode_root, instance_key, new_id,
-    node_key, Kind, Root,
+    decode_root, drop_nodes, encode_root, instance_key, new_id, node_key, Kind, Root,
 };
 use crate::commands::{is_race, CmdError, WRONGTYPE};
 use crate::engine::Engine;
+use crate::packed::PairBuf;
 use crate::types::LIST_FLAGS;
 
 /// Most elements a push puts in one chunk.
@@ -47,6 +47,9 @@ pub const CHUNK_MAX_ELEMS: usize = 64;
 pub const CHUNK_MAX_BYTES: usize = 8 << 10;
 /// Number of the first chunk of a new list.
 pub const FIRST_CHUNK: u32 = 1 << 31;
+/// Capacity of a fresh chunk read buffer: a chunk of short elements fits,
+/// so neither the read nor a push reallocates.
+const CHUNK_READ_BYTES: usize = 2048;
 
 /// One list, opened by one command (under its key's stripe).
 pub struct List<'e> {
@@ -56,12 +59,12 @@ pub struct List<'e> {
     root: Root,
     /// The instance record is still to be written.
     fresh: bool,
-    /// Chunks read or written, and whether changed.
-    cache: HashMap<u32, (Vec<Vec<u8>>, bool)>,
+    /// Chunks read or written (their items' bytes, patched in place:
+    /// `crate::packed`), and whether changed.
+    cache: HashMap<u32, (PairBuf, bool)>,
     /// Chunk numbers to delete at commit.
     dropped: Vec<u32>,
     dirty: bool,
-    buf: Vec<u8>,
 }
 
 fn corrupt() -> CmdError {
@@ -90,7 +93,6 @@ pub fn open<'e>(store: &'e Engine, key: &[u8]) -> Result<Option<List<'e>>, CmdEr
         cache: HashMap::new(),
         dropped: Vec::new(),
         dirty: false,
-        buf,
     }))
 }
 
@@ -112,7 +114,6 @@ pub fn open_or_new<'e>(store: &'e Engine, key: &[u8]) -> Result<List<'e>, CmdErr
             cache: HashMap::new(),
             dropped: Vec::new(),
             dirty: false,
-            buf: Vec::new(),
         },
     })
 }
@@ -133,20 +134,17 @@ impl List<'_> {
     }
 
     /// Chunk `c`, loaded into the cache.
-    fn chunk(&mut self, c: u32) -> Result<&mut (Vec<Vec<u8>>, bool), CmdError> {
+    fn chunk(&mut self, c: u32) -> Result<&mut (PairBuf, bool), CmdError> {
         use std::collections::hash_map::Entry;
         match self.cache.entry(c) {
             Entry::Occupied(o) => Ok(o.into_mut()),
             Entry::Vacant(v) => {
+                let mut data = Vec::with_capacity(CHUNK_READ_BYTES);
                 let items = match self
                     .store
-                    .raw_get_into(&node_key(self.root.id, c), &mut self.buf)?
+                    .raw_get_into(&node_key(self.root.id, c), &mut data)?
                 {
-                    Some(_) => decode_pairs(&self.buf, false)
-                        .ok_or_else(corrupt)?
-                        .into_iter()
-                        .map(|p| p.0)
-                        .collect(),
+                    Some(_) => PairBuf::from_bytes(data, false).ok_or_else(corrupt)?,
                     None => return Err(corrupt()),
                 };
                 Ok(v.insert((items, false)))
@@ -154,9 +152,14 @@ impl List<'_> {
         }
     }
 
-    fn room(items: &[Vec<u8>], e: &[u8]) -> bool {
-        items.len() < CHUNK_MAX_ELEMS
-            && items.iter().map(Vec::len).sum::<usize>() + e.len() <= CHUNK_MAX_BYTES
+    fn room(items: &PairBuf, e: &[u8]) -> bool {
+        items.len() < CHUNK_MAX_ELEMS && items.payload_bytes() + e.len() <= CHUNK_MAX_BYTES
+    }
+
+    fn chunk_of(e: &[u8]) -> PairBuf {
+        let mut c = PairBuf::new(false);
+        c.push(e, &[]);
+        c
     }
 
     /// LPUSH one element.
@@ -167,14 +170,15 @@ impl List<'_> {
             let first = self.root.first;
             let (items, dirty) = self.chunk(first)?;
             if Self::room(items, e) {
-                items.insert(0, e.to_vec());
+                items.push_front(e, &[]);
                 *dirty = true;
                 return Ok(());
             }
             self.root.first = first.wrapping_sub(1);
         }
         self.root.nbuckets += 1;
-        self.cache.insert(self.root.first, (vec![e.to_vec()], true));
+        self.cache
+            .insert(self.root.first, (Self::chunk_of(e), true));
         Ok(())
     }
 
@@ -186,14 +190,14 @@ impl List<'_> {
             let last = self.last();
             let (items, dirty) = self.chunk(last)?;
             if Self::room(items, e) {
-                items.push(e.to_vec());
+                items.push(e, &[]);
                 *dirty = true;
                 return Ok(());
             }
         }
         self.root.nbuckets += 1;
         let last = self.last();
-        self.cache.insert(last, (vec![e.to_vec()], true));
+        self.cache.insert(last, (Self::chunk_of(e), true));
         Ok(())
     }
 
@@ -206,7 +210,7 @@ impl List<'_> {
         self.root.count -= 1;
         let first = self.root.first;
         let (items, dirty) = self.chunk(first)?;
-        let e = items.remove(0);
+        let e = items.take_nth(0).ok_or_else(corrupt)?;
         *dirty = true;
         if items.is_empty() {
             self.cache.remove(&first);
@@ -226,7 +230,9 @@ impl List<'_> {
         self.root.count -= 1;
         let last = self.last();
         let (items, dirty) = self.chunk(last)?;
-        let e = items.pop().ok_or_else(corrupt)?;
+        let e = items
+            .take_nth(items.len().wrapping_sub(1))
+            .ok_or_else(corrupt)?;
         *dirty = true;
         if items.is_empty() {
             self.cache.remove(&last);
@@ -270,14 +276,14 @@ impl List<'_> {
             return Ok(None);
         }
         let (c, o) = self.locate(i)?;
-        Ok(Some(self.chunk(c)?.0[o].clone()))
+        Ok(Some(self.chunk(c)?.0.nth(o).ok_or_else(corrupt)?.to_vec()))
     }
 
     /// Replace element `i` (< len).
     pub fn set(&mut self, i: u64, e: &[u8]) -> Result<(), CmdError> {
         let (c, o) = self.locate(i)?;
         let (items, dirty) = self.chunk(c)?;
-        items[o] = e.to_vec();
+        items.set_nth(o, e).ok_or_else(corrupt)?;
         *dirty = true;
         self.dirty = true;
         Ok(())
@@ -290,8 +296,11 @@ impl List<'_> {
         let mut left = stop - start + 1;
         while left > 0 {
             let items = &self.chunk(c)?.0;
-            let take = ((items.len() - o) as u64).min(left) as usize;
-            out.extend(items[o..o + take].iter().cloned());
+            let take = (items.len().saturating_sub(o) as u64).min(left) as usize;
+            if take == 0 {
+                return Err(corrupt());
+            }
+            out.extend(items.iter().skip(o).take(take).map(|(a, _)| a.to_vec()));
             left -= take as u64;
             c = c.wrapping_add(1);
             o = 0;
@@ -317,14 +326,15 @@ impl List<'_> {
         self.root.first = FIRST_CHUNK;
         self.root.count = elems.len() as u64;
         self.root.nbuckets = 0;
-        let mut cur: Vec<Vec<u8>> = Vec::new();
+        let mut cur = PairBuf::new(false);
         for e in elems {
             if !cur.is_empty() && !Self::room(&cur, &e) {
                 let c = FIRST_CHUNK.wrapping_add(self.root.nbuckets);
-                self.cache.insert(c, (std::mem::take(&mut cur), true));
+                let full = std::mem::replace(&mut cur, PairBuf::new(false));
+                self.cache.insert(c, (full, true));
                 self.root.nbuckets += 1;
             }
-            cur.push(e);
+            cur.push(&e, &[]);
         }
         if !cur.is_empty() {
             let c = FIRST_CHUNK.wrapping_add(self.root.nbuckets);
@@ -366,16 +376,15 @@ impl List<'_> {
                 store.raw_delete(&node_key(self.root.id, c))?;
             }
         }
-        let mut v = Vec::new();
         for (c, (items, dirty)) in self.cache.iter_mut() {
             if !*dirty {
                 continue;
             }
-            v.clear();
-            let pairs: Vec<(Vec<u8>, Vec<u8>)> =
-                items.iter().map(|e| (e.clone(), Vec::new())).collect();
-            encode_pairs(&mut v, &pairs, false);
-            store.raw_put_with(&node_key(self.root.id, *c), &v, PutOptions::default())?;
+            store.raw_put_with(
+                &node_key(self.root.id, *c),
+                items.bytes(),
+                PutOptions::default(),
+            )?;
             *dirty = false;
         }
         let opts = PutOptions {

@@ -50,8 +50,9 @@
 //!
 //! A ZADD that changes a score on a 1 M-member zset rewrites the bucket,
 //! two leaves and the inner nodes on both paths: ~12 KiB appended to the
-//! log per command, and one heap allocation per decoded entry; it costs
-//! ~3x a ZADD on a 10-member zset (docs/BENCHMARKS.md). Range removals
+//! log per command (nodes are patched in place as bytes, `crate::packed`,
+//! so the CPU cost is the engine's reads and writes, not decoding); see
+//! docs/BENCHMARKS.md for its cost against a 10-member zset. Range removals
 //! (ZREMRANGEBY*, ZPOP with a large count) remove entry by entry and keep
 //! every touched node in the command's cache until the commit. A crash
 //! between node writes and the root write can leave the root's count off,
@@ -63,11 +64,11 @@ use std::collections::HashMap;
 use nibble::{Condition, Expiry, PutOptions};
 
 use crate::coll::{
-    bucket_of, decode_pairs, decode_root, encode_pairs, encode_root, instance_key, new_id,
-    node_key, Kind, Root, ROOT_BYTES,
+    bucket_of, decode_root, encode_root, instance_key, new_id, node_key, Kind, Root, ROOT_BYTES,
 };
 use crate::commands::{is_race, CmdError, WRONGTYPE};
 use crate::engine::Engine;
+use crate::packed::{cmp_key, NodeBuf, PairBuf};
 use crate::state::Shared;
 use crate::types::ZSET_FLAGS;
 
@@ -87,9 +88,7 @@ pub type Entry = (f64, Vec<u8>);
 
 /// Ordering of entries (scores are never NaN).
 pub fn cmp_entry(a: (f64, &[u8]), b: (f64, &[u8])) -> std::cmp::Ordering {
-    a.0.partial_cmp(&b.0)
-        .unwrap_or(std::cmp::Ordering::Equal)
-        .then_with(|| a.1.cmp(b.1))
+    cmp_key(a, b)
 }
 
 fn lt(a: (f64, &[u8]), b: (f64, &[u8])) -> bool {
@@ -127,29 +126,6 @@ impl ZLimits {
         ZLimits {
             entries: t.get_usize("zset-max-listpack-entries"),
             value: t.get_usize("zset-max-listpack-value"),
-        }
-    }
-}
-
-/// A child reference in an inner node.
-#[derive(Clone, Debug)]
-struct Child {
-    num: u32,
-    count: u64,
-    max: Entry,
-}
-
-#[derive(Clone, Debug)]
-enum Node {
-    Leaf(Vec<Entry>),
-    Inner(Vec<Child>),
-}
-
-impl Node {
-    fn len(&self) -> usize {
-        match self {
-            Node::Leaf(v) => v.len(),
-            Node::Inner(v) => v.len(),
         }
     }
 }
@@ -199,10 +175,6 @@ fn take_u32(b: &mut &[u8]) -> Option<u32> {
     Some(u32::from_le_bytes(take(b, 4)?.try_into().ok()?))
 }
 
-fn take_u64(b: &mut &[u8]) -> Option<u64> {
-    Some(u64::from_le_bytes(take(b, 8)?.try_into().ok()?))
-}
-
 fn put_entry(out: &mut Vec<u8>, e: &Entry) {
     out.extend_from_slice(&e.0.to_le_bytes());
     out.extend_from_slice(&(e.1.len() as u32).to_le_bytes());
@@ -231,57 +203,27 @@ fn decode_entries(mut b: &[u8]) -> Option<Vec<Entry>> {
     b.is_empty().then_some(out)
 }
 
-fn encode_node(out: &mut Vec<u8>, n: &Node) {
-    match n {
-        Node::Leaf(es) => {
-            out.push(b'L');
-            encode_entries(out, es);
-        }
-        Node::Inner(cs) => {
-            out.push(b'I');
-            out.extend_from_slice(&(cs.len() as u32).to_le_bytes());
-            for c in cs {
-                out.extend_from_slice(&c.num.to_le_bytes());
-                out.extend_from_slice(&c.count.to_le_bytes());
-                put_entry(out, &c.max);
-            }
-        }
-    }
-}
-
-fn decode_node(b: &[u8]) -> Option<Node> {
-    let (&tag, mut rest) = b.split_first()?;
-    match tag {
-        b'L' => Some(Node::Leaf(decode_entries(rest)?)),
-        b'I' => {
-            let n = take_u32(&mut rest)? as usize;
-            let mut cs = Vec::with_capacity(n.min(rest.len() / 24));
-            for _ in 0..n {
-                let num = take_u32(&mut rest)?;
-                let count = take_u64(&mut rest)?;
-                let max = take_entry(&mut rest)?;
-                cs.push(Child { num, count, max });
-            }
-            rest.is_empty().then_some(Node::Inner(cs))
-        }
-        _ => None,
-    }
-}
-
 fn corrupt() -> CmdError {
     CmdError::from("ERR corrupt sorted set value")
 }
 
 /// A member-table bucket as cached: (member, score bytes) pairs, dirty.
-type Bucket = (Vec<(Vec<u8>, Vec<u8>)>, bool);
+type Bucket = (PairBuf, bool);
+
+/// Capacity of a fresh node read buffer: most nodes fit, so neither the
+/// read nor an insert into the node reallocates.
+const NODE_READ_BYTES: usize = 4096;
 
 struct Big {
     root: Root,
     tree: Tree,
     buckets: HashMap<u32, Bucket>,
-    nodes: HashMap<u32, (Node, bool)>,
+    /// Tree nodes read or written by this command, and whether changed.
+    nodes: HashMap<u32, (NodeBuf, bool)>,
     dropped: Vec<u32>,
     fresh: bool,
+    /// A member copied out of one node on its way into its parent.
+    scratch: Vec<u8>,
 }
 
 enum Repr {
@@ -298,7 +240,6 @@ pub struct ZSet<'e> {
     version: Option<u64>,
     repr: Repr,
     dirty: bool,
-    buf: Vec<u8>,
 }
 
 /// The zset at `key`: `Ok(None)` if absent, WRONGTYPE for another type.
@@ -326,6 +267,7 @@ pub fn open<'e>(
                 nodes: HashMap::new(),
                 dropped: Vec::new(),
                 fresh: false,
+                scratch: Vec::new(),
             }))
         }
     };
@@ -337,7 +279,6 @@ pub fn open<'e>(
         version: Some(m.version),
         repr,
         dirty: false,
-        buf,
     }))
 }
 
@@ -358,7 +299,6 @@ pub fn open_or_new<'e>(
             version: None,
             repr: Repr::Small(Vec::new()),
             dirty: false,
-            buf: Vec::new(),
         },
     })
 }
@@ -397,28 +337,30 @@ impl ZSet<'_> {
             unreachable!("bucket of a small zset")
         };
         if !b.buckets.contains_key(&i) {
+            let mut data = Vec::with_capacity(NODE_READ_BYTES);
             let items = match self
                 .store
-                .raw_get_into(&node_key(b.root.id, i), &mut self.buf)?
+                .raw_get_into(&node_key(b.root.id, i), &mut data)?
             {
-                Some(_) => decode_pairs(&self.buf, true).ok_or_else(corrupt)?,
-                None => Vec::new(),
+                Some(_) => PairBuf::from_bytes(data, true).ok_or_else(corrupt)?,
+                None => PairBuf::new(true),
             };
             b.buckets.insert(i, (items, false));
         }
         Ok(b.buckets.get_mut(&i).expect("just loaded"))
     }
 
-    fn node(&mut self, n: u32) -> Result<&mut (Node, bool), CmdError> {
+    fn node(&mut self, n: u32) -> Result<&mut (NodeBuf, bool), CmdError> {
         let Repr::Big(b) = &mut self.repr else {
             unreachable!("node of a small zset")
         };
         if !b.nodes.contains_key(&n) {
+            let mut data = Vec::with_capacity(NODE_READ_BYTES);
             let node = match self
                 .store
-                .raw_get_into(&node_key(b.root.id, n), &mut self.buf)?
+                .raw_get_into(&node_key(b.root.id, n), &mut data)?
             {
-                Some(_) => decode_node(&self.buf).ok_or_else(corrupt)?,
+                Some(_) => NodeBuf::from_bytes(data).ok_or_else(corrupt)?,
                 None => return Err(corrupt()),
             };
             b.nodes.insert(n, (node, false));
@@ -426,7 +368,33 @@ impl ZSet<'_> {
         Ok(b.nodes.get_mut(&n).expect("just loaded"))
     }
 
-    fn new_node(&mut self, node: Node) -> u32 {
+    /// Inner node `parent`'s child `i` := node `child`: its count and its
+    /// largest entry, patched in place (`insert`: as a new child at `i`).
+    fn link(&mut self, parent: u32, i: usize, child: u32, insert: bool) -> Result<(), CmdError> {
+        let mut key = std::mem::take(&mut self.big().scratch);
+        key.clear();
+        let (count, score) = {
+            let c = &self.node(child)?.0;
+            let (s, m) = c.last_key().ok_or_else(corrupt)?;
+            key.extend_from_slice(m);
+            (c.total(), s)
+        };
+        let (p, dirty) = self.node(parent)?;
+        if p.is_leaf() || (!insert && i >= p.len()) || i > p.len() {
+            return Err(corrupt());
+        }
+        *dirty = true;
+        if insert {
+            p.insert_child(i, child, count, (score, &key));
+        } else {
+            p.set_count(i, count);
+            p.set_max(i, (score, &key));
+        }
+        self.big().scratch = key;
+        Ok(())
+    }
+
+    fn new_node(&mut self, node: NodeBuf) -> u32 {
         let b = self.big();
         let n = b.tree.next;
         b.tree.next = n.wrapping_add(1);
@@ -448,9 +416,8 @@ impl ZSet<'_> {
                 let i = bucket_of(nibble::hash_key(m), b.root.nbuckets);
                 let (items, _) = self.bucket(i)?;
                 Ok(items
-                    .iter()
-                    .find(|p| p.0 == m)
-                    .and_then(|p| Some(f64::from_le_bytes(p.1[..].try_into().ok()?))))
+                    .get(m)
+                    .and_then(|v| Some(f64::from_le_bytes(v.try_into().ok()?))))
             }
         }
     }
@@ -483,16 +450,13 @@ impl ZSet<'_> {
                 let i = bucket_of(nibble::hash_key(m), b.root.nbuckets);
                 let (items, dirty) = self.bucket(i)?;
                 *dirty = true;
-                match items.iter_mut().find(|p| p.0 == m) {
-                    Some(p) => p.1 = s.to_le_bytes().to_vec(),
-                    None => items.push((m.to_vec(), s.to_le_bytes().to_vec())),
-                }
+                items.upsert(m, &s.to_le_bytes());
                 if let Some(o) = old {
                     self.tree_remove((o, m))?;
                 } else {
                     self.big().root.count += 1;
                 }
-                self.tree_insert((s, m.to_vec()))?;
+                self.tree_insert((s, m))?;
                 if old.is_none() {
                     self.split_if_needed()?;
                 }
@@ -517,9 +481,7 @@ impl ZSet<'_> {
             Repr::Big(b) => {
                 let i = bucket_of(nibble::hash_key(m), b.root.nbuckets);
                 let (items, dirty) = self.bucket(i)?;
-                if let Some(j) = items.iter().position(|p| p.0 == m) {
-                    items.swap_remove(j);
-                }
+                items.remove(m);
                 *dirty = true;
                 self.big().root.count -= 1;
                 self.tree_remove((old, m))?;
@@ -538,23 +500,23 @@ impl ZSet<'_> {
         };
         let mut acc = 0;
         loop {
-            match &self.node(n)?.0 {
-                Node::Leaf(es) => return Ok(acc + es.partition_point(|e| before(e.0, &e.1)) as u64),
-                Node::Inner(cs) => {
-                    let mut next = None;
-                    for c in cs {
-                        if before(c.max.0, &c.max.1) {
-                            acc += c.count;
-                        } else {
-                            next = Some(c.num);
-                            break;
-                        }
-                    }
-                    match next {
-                        Some(c) => n = c,
-                        None => return Ok(acc),
-                    }
+            let node = &self.node(n)?.0;
+            if node.is_leaf() {
+                return Ok(acc + node.partition_point(&before) as u64);
+            }
+            let mut next = None;
+            for i in 0..node.len() {
+                let (s, m) = node.key(i);
+                if before(s, m) {
+                    acc += node.count(i);
+                } else {
+                    next = Some(node.child(i));
+                    break;
                 }
+            }
+            match next {
+                Some(c) => n = c,
+                None => return Ok(acc),
             }
             h = h.checked_sub(1).ok_or_else(corrupt)?;
         }
@@ -591,14 +553,20 @@ impl ZSet<'_> {
         mut want: u64,
         out: &mut Vec<Entry>,
     ) -> Result<(), CmdError> {
-        let kids = match &self.node(n)?.0 {
-            Node::Leaf(es) => {
-                let s = (skip as usize).min(es.len());
-                let e = (s + want as usize).min(es.len());
-                out.extend_from_slice(&es[s..e]);
+        let kids = {
+            let node = &self.node(n)?.0;
+            if node.is_leaf() {
+                let s = (skip as usize).min(node.len());
+                let e = (s + want as usize).min(node.len());
+                out.extend((s..e).map(|i| {
+                    let (sc, m) = node.key(i);
+                    (sc, m.to_vec())
+                }));
                 return Ok(());
             }
-            Node::Inner(cs) => cs.iter().map(|c| (c.num, c.count)).collect::<Vec<_>>(),
+            (0..node.len())
+                .map(|i| (node.child(i), node.count(i)))
+                .collect::<Vec<_>>()
         };
         let h = h.checked_sub(1).ok_or_else(corrupt)?;
         for (num, count) in kids {
@@ -632,9 +600,9 @@ impl ZSet<'_> {
         let mut out = Vec::new();
         let mut b = cursor;
         while b < u64::from(n) && out.len() < count {
-            for (m, s) in &self.bucket(b as u32)?.0 {
-                let s = f64::from_le_bytes(s[..].try_into().map_err(|_| corrupt())?);
-                out.push((s, m.clone()));
+            for (m, s) in self.bucket(b as u32)?.0.iter() {
+                let s = f64::from_le_bytes(s.try_into().map_err(|_| corrupt())?);
+                out.push((s, m.to_vec()));
             }
             b += 1;
         }
@@ -662,10 +630,11 @@ impl ZSet<'_> {
                 height: 0,
                 next: TREE_BASE + 1,
             },
-            buckets: HashMap::from([(0, (Vec::new(), true))]),
-            nodes: HashMap::from([(TREE_BASE, (Node::Leaf(Vec::new()), true))]),
+            buckets: HashMap::from([(0, (PairBuf::new(true), true))]),
+            nodes: HashMap::from([(TREE_BASE, (NodeBuf::new(true), true))]),
             dropped: Vec::new(),
             fresh: true,
+            scratch: Vec::new(),
         }));
         for (s, m) in entries {
             self.insert(&m, s)?;
@@ -683,13 +652,12 @@ impl ZSet<'_> {
         let p = 1u32 << (31 - n.leading_zeros());
         let s = n - p;
         let (items, _) = self.bucket(s)?;
-        let old = std::mem::take(items);
-        let (mut stay, mut go) = (Vec::new(), Vec::new());
-        for x in old {
-            if bucket_of(nibble::hash_key(&x.0), n + 1) == s {
-                stay.push(x);
+        let (mut stay, mut go) = (PairBuf::new(true), PairBuf::new(true));
+        for (m, v) in items.iter() {
+            if bucket_of(nibble::hash_key(m), n + 1) == s {
+                stay.push(m, v);
             } else {
-                go.push(x);
+                go.push(m, v);
             }
         }
         let b = self.big();
@@ -699,34 +667,12 @@ impl ZSet<'_> {
         Ok(())
     }
 
-    /// Count and largest entry of node `n`.
-    fn summary(&mut self, n: u32) -> Result<(u64, Entry), CmdError> {
-        match &self.node(n)?.0 {
-            Node::Leaf(es) => Ok((es.len() as u64, es.last().cloned().ok_or_else(corrupt)?)),
-            Node::Inner(cs) => Ok((
-                cs.iter().map(|c| c.count).sum(),
-                cs.last().map(|c| c.max.clone()).ok_or_else(corrupt)?,
-            )),
-        }
-    }
-
-    fn tree_insert(&mut self, e: Entry) -> Result<(), CmdError> {
+    fn tree_insert(&mut self, e: (f64, &[u8])) -> Result<(), CmdError> {
         let Tree { root, height, .. } = self.big().tree;
-        if let Some(right) = self.insert_at(root, height, &e)? {
-            let l = self.summary(root)?;
-            let r = self.summary(right)?;
-            let new = self.new_node(Node::Inner(vec![
-                Child {
-                    num: root,
-                    count: l.0,
-                    max: l.1,
-                },
-                Child {
-                    num: right,
-                    count: r.0,
-                    max: r.1,
-                },
-            ]));
+        if let Some(right) = self.insert_at(root, height, e)? {
+            let new = self.new_node(NodeBuf::new(false));
+            self.link(new, 0, root, true)?;
+            self.link(new, 1, right, true)?;
             let t = &mut self.big().tree;
             t.root = new;
             t.height += 1;
@@ -736,66 +682,55 @@ impl ZSet<'_> {
 
     /// Insert `e` under node `n` (height `h`); the new right sibling if
     /// `n` split.
-    fn insert_at(&mut self, n: u32, h: u32, e: &Entry) -> Result<Option<u32>, CmdError> {
+    fn insert_at(&mut self, n: u32, h: u32, e: (f64, &[u8])) -> Result<Option<u32>, CmdError> {
         let tl = self.tl;
         if h == 0 {
             let (node, dirty) = self.node(n)?;
-            let Node::Leaf(es) = node else {
+            if !node.is_leaf() {
                 return Err(corrupt());
-            };
-            let at = es.partition_point(|x| lt((x.0, &x.1), (e.0, &e.1)));
-            es.insert(at, e.clone());
+            }
+            let at = node.partition_point(|s, m| lt((s, m), e));
+            node.insert_entry(at, e.0, e.1);
             *dirty = true;
-            if es.len() <= tl.leaf {
+            if node.len() <= tl.leaf {
                 return Ok(None);
             }
             // An append (ascending scores: timestamps, counters) leaves the
             // left node full, so a sequential load packs its leaves.
-            let cut = if at + 1 == es.len() {
-                es.len() - 1
+            let cut = if at + 1 == node.len() {
+                node.len() - 1
             } else {
-                es.len() / 2
+                node.len() / 2
             };
-            let right = es.split_off(cut);
-            return Ok(Some(self.new_node(Node::Leaf(right))));
+            let right = node.split_off(cut);
+            return Ok(Some(self.new_node(right)));
         }
-        let (i, c) = {
-            let Node::Inner(cs) = &self.node(n)?.0 else {
+        let (i, c, last) = {
+            let node = &self.node(n)?.0;
+            if node.is_leaf() || node.is_empty() {
                 return Err(corrupt());
-            };
-            let i = cs
-                .iter()
-                .position(|c| !lt((c.max.0, &c.max.1), (e.0, &e.1)))
-                .unwrap_or(cs.len() - 1);
-            (i, cs[i].num)
+            }
+            let i = node
+                .partition_point(|s, m| lt((s, m), e))
+                .min(node.len() - 1);
+            (i, node.child(i), i + 1 == node.len())
         };
         let split = self.insert_at(c, h - 1, e)?;
-        let sc = self.summary(c)?;
-        let ss = match split {
-            Some(s) => Some((s, self.summary(s)?)),
-            None => None,
-        };
-        let (node, dirty) = self.node(n)?;
-        let Node::Inner(cs) = node else {
-            return Err(corrupt());
-        };
-        *dirty = true;
-        cs[i].count = sc.0;
-        cs[i].max = sc.1;
-        let ss_at_end = ss.is_some() && i + 2 == cs.len() + 1;
-        if let Some((s, (count, max))) = ss {
-            cs.insert(i + 1, Child { num: s, count, max });
+        self.link(n, i, c, false)?;
+        if let Some(right) = split {
+            self.link(n, i + 1, right, true)?;
         }
-        if cs.len() <= tl.inner {
+        let node = &mut self.node(n)?.0;
+        if node.len() <= tl.inner {
             return Ok(None);
         }
-        let cut = if ss_at_end {
-            cs.len() - 1
+        let cut = if split.is_some() && last {
+            node.len() - 1
         } else {
-            cs.len() / 2
+            node.len() / 2
         };
-        let right = cs.split_off(cut);
-        Ok(Some(self.new_node(Node::Inner(right))))
+        let right = node.split_off(cut);
+        Ok(Some(self.new_node(right)))
     }
 
     fn tree_remove(&mut self, e: (f64, &[u8])) -> Result<(), CmdError> {
@@ -807,9 +742,12 @@ impl ZSet<'_> {
             if t.height == 0 {
                 break;
             }
-            let only = match &self.node(t.root)?.0 {
-                Node::Inner(cs) if cs.len() == 1 => cs[0].num,
-                _ => break,
+            let only = {
+                let node = &self.node(t.root)?.0;
+                if node.is_leaf() || node.len() != 1 {
+                    break;
+                }
+                node.child(0)
             };
             self.drop_node(t.root);
             let t = &mut self.big().tree;
@@ -823,80 +761,68 @@ impl ZSet<'_> {
         let tl = self.tl;
         if h == 0 {
             let (node, dirty) = self.node(n)?;
-            let Node::Leaf(es) = node else {
+            if !node.is_leaf() {
                 return Err(corrupt());
-            };
-            let i = es
-                .binary_search_by(|x| cmp_entry((x.0, &x.1), e))
-                .map_err(|_| corrupt())?;
-            es.remove(i);
+            }
+            let i = node.find(e).ok_or_else(corrupt)?;
+            node.remove(i);
             *dirty = true;
             return Ok(());
         }
         let (i, c) = {
-            let Node::Inner(cs) = &self.node(n)?.0 else {
+            let node = &self.node(n)?.0;
+            if node.is_leaf() {
                 return Err(corrupt());
-            };
-            let i = cs
-                .iter()
-                .position(|c| !lt((c.max.0, &c.max.1), e))
-                .ok_or_else(corrupt)?;
-            (i, cs[i].num)
+            }
+            let i = node.partition_point(|s, m| lt((s, m), e));
+            if i >= node.len() {
+                return Err(corrupt());
+            }
+            (i, node.child(i))
         };
         self.remove_at(c, h - 1, e)?;
         let clen = self.node(c)?.0.len();
         if clen == 0 {
             self.drop_node(c);
             let (node, dirty) = self.node(n)?;
-            if let Node::Inner(cs) = node {
-                cs.remove(i);
-            }
+            node.remove(i);
             *dirty = true;
             return Ok(());
         }
-        let sc = self.summary(c)?;
-        let sib = {
-            let (node, dirty) = self.node(n)?;
-            let Node::Inner(cs) = node else {
-                return Err(corrupt());
-            };
-            *dirty = true;
-            cs[i].count = sc.0;
-            cs[i].max = sc.1;
+        self.link(n, i, c, false)?;
+        let (l, r, ln, rn, max) = {
+            let node = &self.node(n)?.0;
             let max = if h == 1 { tl.leaf } else { tl.inner };
-            if clen > max / 4 || cs.len() < 2 {
+            if clen > max / 4 || node.len() < 2 {
                 return Ok(());
             }
             // Merge the small child with a neighbour when both fit one node.
-            let (l, r) = if i + 1 < cs.len() {
+            let (l, r) = if i + 1 < node.len() {
                 (i, i + 1)
             } else {
                 (i - 1, i)
             };
-            (l, r, cs[l].num, cs[r].num, max)
+            (l, r, node.child(l), node.child(r), max)
         };
-        let (l, r, ln, rn, max) = sib;
         if self.node(ln)?.0.len() + self.node(rn)?.0.len() > max {
             return Ok(());
         }
-        let right = self.node(rn)?.0.clone();
-        self.drop_node(rn);
+        let right = {
+            let b = self.big();
+            let (right, _) = b.nodes.remove(&rn).ok_or_else(corrupt)?;
+            b.dropped.push(rn);
+            right
+        };
         {
             let (left, dirty) = self.node(ln)?;
-            *dirty = true;
-            match (left, right) {
-                (Node::Leaf(a), Node::Leaf(b)) => a.extend(b),
-                (Node::Inner(a), Node::Inner(b)) => a.extend(b),
-                _ => return Err(corrupt()),
+            if left.is_leaf() != right.is_leaf() {
+                return Err(corrupt());
             }
+            left.append(&right);
+            *dirty = true;
         }
-        let sl = self.summary(ln)?;
-        let (node, _) = self.node(n)?;
-        if let Node::Inner(cs) = node {
-            cs[l].count = sl.0;
-            cs[l].max = sl.1;
-            cs.remove(r);
-        }
+        self.link(n, l, ln, false)?;
+        self.node(n)?.0.remove(r);
         Ok(())
     }
 
@@ -957,7 +883,6 @@ impl ZSet<'_> {
                 for n in b.dropped.drain(..) {
                     store.raw_delete(&node_key(id, n))?;
                 }
-                let mut v = Vec::new();
                 for (i, (items, dirty)) in b.buckets.iter_mut() {
                     if !*dirty {
                         continue;
@@ -966,9 +891,7 @@ impl ZSet<'_> {
                     if items.is_empty() {
                         store.raw_delete(&k)?;
                     } else {
-                        v.clear();
-                        encode_pairs(&mut v, items, true);
-                        store.raw_put_with(&k, &v, PutOptions::default())?;
+                        store.raw_put_with(&k, items.bytes(), PutOptions::default())?;
                     }
                     *dirty = false;
                 }
@@ -976,9 +899,7 @@ impl ZSet<'_> {
                     if !*dirty {
                         continue;
                     }
-                    v.clear();
-                    encode_node(&mut v, node);
-                    store.raw_put_with(&node_key(id, *n), &v, PutOptions::default())?;
+                    store.raw_put_with(&node_key(id, *n), node.bytes(), PutOptions::default())?;
                     *dirty = false;
                 }
                 encode_zroot(&b.root, &b.tree)
@@ -1003,12 +924,12 @@ fn drop_all(store: &Engine, root: &Root, tree: &Tree) -> Result<(), CmdError> {
         store.raw_delete(&node_key(root.id, b))?;
     }
     let mut stack = vec![(tree.root, tree.height)];
-    let mut buf = Vec::new();
     while let Some((n, h)) = stack.pop() {
         let k = node_key(root.id, n);
+        let mut buf = Vec::new();
         if h > 0 && store.raw_get_into(&k, &mut buf)?.is_some() {
-            if let Some(Node::Inner(cs)) = decode_node(&buf) {
-                stack.extend(cs.iter().map(|c| (c.num, h - 1)));
+            if let Some(node) = NodeBuf::from_bytes(buf).filter(|n| !n.is_leaf()) {
+                stack.extend((0..node.len()).map(|i| (node.child(i), h - 1)));
             }
         }
         store.raw_delete(&k)?;

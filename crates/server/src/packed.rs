@@ -1,0 +1,733 @@
+//! Packed nodes: a large collection's bucket or tree node kept, while one
+//! command works on it, as the very bytes of its engine item, patched in
+//! place.
+//!
+//! # Why
+//!
+//! A write into a large hash, set or sorted set reads one or more node
+//! items (a linear-hashing bucket, the leaves and inner nodes of the
+//! counted B+tree of `crate::zset`), changes one entry of each and writes
+//! them back. Decoding a node into one `Vec` per entry and re-encoding it
+//! on write cost one allocation per entry read (64 per tree node, ~6
+//! nodes per ZADD): a quarter of the server's CPU went to malloc/free.
+//! Here a node is one byte buffer, the item's bytes unchanged, plus (for
+//! tree nodes) an offset table; an entry is decoded only when compared,
+//! an insert or a removal is one `copy_within` (memmove) of the tail and
+//! one pass over the offsets, and the write sends the buffer as it is.
+//! This is the "slotted page" of database systems (Gray & Reuter,
+//! *Transaction Processing*, 13.3): variable-length records addressed by
+//! a slot table, patched in place.
+//!
+//! # Formats (unchanged on disk, so RDB, DUMP and old stores read the same)
+//!
+//! ```text
+//!  PairBuf (bucket):  n u32 | (len a u32 | a | [len b u32 | b])*      values optional (sets)
+//!  NodeBuf leaf:      'L' | n u32 | (score f64 | len u32 | member)*
+//!  NodeBuf inner:     'I' | n u32 | (child u32 | count u64 | score f64 | len u32 | member)*
+//! ```
+//!
+//! Every constructor from bytes validates the whole buffer once (lengths
+//! in range, counts matching), so the accessors afterwards index only
+//! inside it; a corrupt item is reported as `None`, never a panic.
+
+use std::cmp::Ordering;
+
+/// Bytes of a tree node's header: tag and entry count.
+const NODE_HEADER_BYTES: usize = 5;
+/// Bytes before an inner entry's (score, member): child number and count.
+const INNER_PREFIX_BYTES: usize = 12;
+/// Bytes of an entry's fixed part: score and member length.
+const ENTRY_FIXED_BYTES: usize = 12;
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    b.get(at..at + 4)
+        .and_then(|s| s.try_into().ok())
+        .map_or(0, u32::from_le_bytes)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    b.get(at..at + 8)
+        .and_then(|s| s.try_into().ok())
+        .map_or(0, u64::from_le_bytes)
+}
+
+fn f64_at(b: &[u8], at: usize) -> f64 {
+    f64::from_bits(u64_at(b, at))
+}
+
+/// Open a gap of `n` bytes at `at` in `v` (one memmove of the tail).
+fn open_gap(v: &mut Vec<u8>, at: usize, n: usize) {
+    let old = v.len();
+    v.resize(old + n, 0);
+    v.copy_within(at..old, at + n);
+}
+
+/// Replace `v[range]` by `with`, moving the tail once if the length changes.
+fn replace_range(v: &mut Vec<u8>, start: usize, end: usize, with: &[u8]) {
+    let (old, new) = (end - start, with.len());
+    if new > old {
+        open_gap(v, end, new - old);
+    } else if new < old {
+        v.drain(start + new..end);
+    }
+    v[start..start + new].copy_from_slice(with);
+}
+
+/// A bucket of (element, value) pairs in its item's encoding.
+#[derive(Clone, Debug)]
+pub struct PairBuf {
+    data: Vec<u8>,
+    values: bool,
+}
+
+impl PairBuf {
+    /// An empty bucket.
+    pub fn new(values: bool) -> PairBuf {
+        PairBuf {
+            data: vec![0; 4],
+            values,
+        }
+    }
+
+    /// Take an item's bytes as a bucket; `None` if they are not one.
+    pub fn from_bytes(data: Vec<u8>, values: bool) -> Option<PairBuf> {
+        let n = data.get(..4).map(|_| u32_at(&data, 0))?;
+        let mut at = 4usize;
+        for _ in 0..n {
+            let l = u32_at(&data, at) as usize;
+            at = at.checked_add(4 + l).filter(|&e| e <= data.len())?;
+            if values {
+                let l = u32_at(&data, at) as usize;
+                at = at
+                    .checked_add(4 + l)
+                    .filter(|&e| e <= data.len() && at + 4 <= data.len())?;
+            }
+        }
+        (at == data.len()).then_some(PairBuf { data, values })
+    }
+
+    /// The item's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// Number of pairs.
+    pub fn len(&self) -> usize {
+        u32_at(&self.data, 0) as usize
+    }
+
+    /// True if no pairs.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn set_len(&mut self, n: usize) {
+        self.data[..4].copy_from_slice(&(n as u32).to_le_bytes());
+    }
+
+    /// The pairs with their byte spans: (start, value start, end).
+    pub fn iter(&self) -> PairIter<'_> {
+        PairIter {
+            buf: self,
+            at: 4,
+            left: self.len(),
+        }
+    }
+
+    fn find(&self, e: &[u8]) -> Option<(usize, usize, usize)> {
+        let mut it = self.iter();
+        while let Some((start, a, _)) = it.next_span() {
+            if a == e {
+                let vstart = start + 4 + a.len();
+                return Some((start, vstart, it.at));
+            }
+        }
+        None
+    }
+
+    /// The value of `e`, if present.
+    pub fn get(&self, e: &[u8]) -> Option<&[u8]> {
+        let (_, vstart, end) = self.find(e)?;
+        if self.values {
+            self.data.get(vstart + 4..end)
+        } else {
+            Some(&[])
+        }
+    }
+
+    /// Set `e` to `v` (a value of the same length is patched in place);
+    /// true if `e` is new.
+    pub fn upsert(&mut self, e: &[u8], v: &[u8]) -> bool {
+        match self.find(e) {
+            Some((_, vstart, end)) => {
+                if self.values {
+                    if end - vstart - 4 == v.len() {
+                        self.data[vstart + 4..end].copy_from_slice(v);
+                    } else {
+                        let mut enc = Vec::with_capacity(4 + v.len());
+                        enc.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                        enc.extend_from_slice(v);
+                        replace_range(&mut self.data, vstart, end, &enc);
+                    }
+                }
+                false
+            }
+            None => {
+                self.push(e, v);
+                true
+            }
+        }
+    }
+
+    /// Append a pair (the caller knows `e` is absent).
+    pub fn push(&mut self, e: &[u8], v: &[u8]) {
+        self.data.extend_from_slice(&(e.len() as u32).to_le_bytes());
+        self.data.extend_from_slice(e);
+        if self.values {
+            self.data.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            self.data.extend_from_slice(v);
+        }
+        self.set_len(self.len() + 1);
+    }
+
+    /// Bytes of the elements and values alone (without length fields).
+    pub fn payload_bytes(&self) -> usize {
+        let per = if self.values { 8 } else { 4 };
+        self.data.len() - 4 - per * self.len()
+    }
+
+    /// Pair `j`'s span (start, end), if `j < len`.
+    fn span(&self, j: usize) -> Option<(usize, usize)> {
+        let mut it = self.iter();
+        for _ in 0..j {
+            it.next_span()?;
+        }
+        let (start, _, _) = it.next_span()?;
+        Some((start, it.at))
+    }
+
+    /// Element `j`, if `j < len`.
+    pub fn nth(&self, j: usize) -> Option<&[u8]> {
+        self.iter().nth(j).map(|(a, _)| a)
+    }
+
+    /// Insert `e` (with value `v`) before every other pair.
+    pub fn push_front(&mut self, e: &[u8], v: &[u8]) {
+        let n = 4 + e.len() + if self.values { 4 + v.len() } else { 0 };
+        open_gap(&mut self.data, 4, n);
+        self.data[4..8].copy_from_slice(&(e.len() as u32).to_le_bytes());
+        self.data[8..8 + e.len()].copy_from_slice(e);
+        if self.values {
+            let at = 8 + e.len();
+            self.data[at..at + 4].copy_from_slice(&(v.len() as u32).to_le_bytes());
+            self.data[at + 4..at + 4 + v.len()].copy_from_slice(v);
+        }
+        self.set_len(self.len() + 1);
+    }
+
+    /// Remove pair `j` and return its element, if `j < len`.
+    pub fn take_nth(&mut self, j: usize) -> Option<Vec<u8>> {
+        let (start, end) = self.span(j)?;
+        let l = u32_at(&self.data, start) as usize;
+        let e = self.data.get(start + 4..start + 4 + l)?.to_vec();
+        self.data.drain(start..end);
+        self.set_len(self.len() - 1);
+        Some(e)
+    }
+
+    /// Replace element `j` (a set's or a list's: no value), if `j < len`.
+    pub fn set_nth(&mut self, j: usize, e: &[u8]) -> Option<()> {
+        if self.values {
+            return None;
+        }
+        let (start, end) = self.span(j)?;
+        let mut enc = Vec::with_capacity(4 + e.len());
+        enc.extend_from_slice(&(e.len() as u32).to_le_bytes());
+        enc.extend_from_slice(e);
+        replace_range(&mut self.data, start, end, &enc);
+        Some(())
+    }
+
+    /// Remove `e`; true if it was present.
+    pub fn remove(&mut self, e: &[u8]) -> bool {
+        let Some((start, _, end)) = self.find(e) else {
+            return false;
+        };
+        self.data.drain(start..end);
+        self.set_len(self.len() - 1);
+        true
+    }
+}
+
+/// The pairs of a [`PairBuf`] in stored order.
+pub struct PairIter<'a> {
+    buf: &'a PairBuf,
+    at: usize,
+    left: usize,
+}
+
+impl<'a> PairIter<'a> {
+    fn next_span(&mut self) -> Option<(usize, &'a [u8], &'a [u8])> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        let d = &self.buf.data;
+        let start = self.at;
+        let l = u32_at(d, start) as usize;
+        let a = d.get(start + 4..start + 4 + l)?;
+        self.at = start + 4 + l;
+        let v: &[u8] = if self.buf.values {
+            let l = u32_at(d, self.at) as usize;
+            let v = d.get(self.at + 4..self.at + 4 + l)?;
+            self.at += 4 + l;
+            v
+        } else {
+            &[]
+        };
+        Some((start, a, v))
+    }
+}
+
+impl<'a> Iterator for PairIter<'a> {
+    type Item = (&'a [u8], &'a [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_span().map(|(_, a, v)| (a, v))
+    }
+}
+
+/// Ordering of (score, member) entries (scores are never NaN).
+pub fn cmp_key(a: (f64, &[u8]), b: (f64, &[u8])) -> Ordering {
+    a.0.partial_cmp(&b.0)
+        .unwrap_or(Ordering::Equal)
+        .then_with(|| a.1.cmp(b.1))
+}
+
+/// A counted B+tree node (`crate::zset`) in its item's encoding, with the
+/// start of every entry in `offs`.
+#[derive(Clone, Debug)]
+pub struct NodeBuf {
+    data: Vec<u8>,
+    offs: Vec<u32>,
+}
+
+impl NodeBuf {
+    /// An empty leaf (`true`) or inner node.
+    pub fn new(leaf: bool) -> NodeBuf {
+        let mut data = Vec::with_capacity(NODE_HEADER_BYTES);
+        data.push(if leaf { b'L' } else { b'I' });
+        data.extend_from_slice(&0u32.to_le_bytes());
+        NodeBuf {
+            data,
+            offs: Vec::new(),
+        }
+    }
+
+    /// Take an item's bytes as a node; `None` if they are not one.
+    pub fn from_bytes(data: Vec<u8>) -> Option<NodeBuf> {
+        let prefix = match data.first()? {
+            b'L' => 0,
+            b'I' => INNER_PREFIX_BYTES,
+            _ => return None,
+        };
+        let n = data.get(1..NODE_HEADER_BYTES).map(|_| u32_at(&data, 1))? as usize;
+        let mut offs = Vec::with_capacity(n.min(data.len() / ENTRY_FIXED_BYTES));
+        let mut at = NODE_HEADER_BYTES;
+        for _ in 0..n {
+            let fixed = at + prefix + ENTRY_FIXED_BYTES;
+            if fixed > data.len() {
+                return None;
+            }
+            let l = u32_at(&data, fixed - 4) as usize;
+            offs.push(u32::try_from(at).ok()?);
+            at = fixed.checked_add(l).filter(|&e| e <= data.len())?;
+        }
+        (at == data.len()).then_some(NodeBuf { data, offs })
+    }
+
+    /// The item's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// True for a leaf.
+    pub fn is_leaf(&self) -> bool {
+        self.data[0] == b'L'
+    }
+
+    /// Number of entries (leaf) or children (inner).
+    pub fn len(&self) -> usize {
+        self.offs.len()
+    }
+
+    /// True if no entries.
+    pub fn is_empty(&self) -> bool {
+        self.offs.is_empty()
+    }
+
+    fn prefix(&self) -> usize {
+        if self.is_leaf() {
+            0
+        } else {
+            INNER_PREFIX_BYTES
+        }
+    }
+
+    fn start(&self, i: usize) -> usize {
+        self.offs[i] as usize
+    }
+
+    fn end(&self, i: usize) -> usize {
+        self.offs
+            .get(i + 1)
+            .map_or(self.data.len(), |&o| o as usize)
+    }
+
+    fn sync_len(&mut self) {
+        let n = self.offs.len() as u32;
+        self.data[1..NODE_HEADER_BYTES].copy_from_slice(&n.to_le_bytes());
+    }
+
+    /// Entry `i`'s (score, member): a leaf's entry, an inner node's
+    /// child's largest entry.
+    pub fn key(&self, i: usize) -> (f64, &[u8]) {
+        let at = self.start(i) + self.prefix();
+        (
+            f64_at(&self.data, at),
+            &self.data[at + ENTRY_FIXED_BYTES..self.end(i)],
+        )
+    }
+
+    /// The last key, if any.
+    pub fn last_key(&self) -> Option<(f64, &[u8])> {
+        (!self.is_empty()).then(|| self.key(self.len() - 1))
+    }
+
+    /// The number of leading entries whose key satisfies `pred` (which
+    /// must hold on a prefix of the order): a binary search.
+    pub fn partition_point(&self, pred: impl Fn(f64, &[u8]) -> bool) -> usize {
+        let (mut lo, mut hi) = (0, self.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            let (s, m) = self.key(mid);
+            if pred(s, m) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+
+    /// The position of key `k`, if present.
+    pub fn find(&self, k: (f64, &[u8])) -> Option<usize> {
+        let i = self.partition_point(|s, m| cmp_key((s, m), k) == Ordering::Less);
+        (i < self.len() && cmp_key(self.key(i), k) == Ordering::Equal).then_some(i)
+    }
+
+    /// Inner node: child `i`'s node number.
+    pub fn child(&self, i: usize) -> u32 {
+        u32_at(&self.data, self.start(i))
+    }
+
+    /// Inner node: entries below child `i`.
+    pub fn count(&self, i: usize) -> u64 {
+        u64_at(&self.data, self.start(i) + 4)
+    }
+
+    /// Inner node: set the entries below child `i`.
+    pub fn set_count(&mut self, i: usize, c: u64) {
+        let at = self.start(i) + 4;
+        self.data[at..at + 8].copy_from_slice(&c.to_le_bytes());
+    }
+
+    /// Entries below this node: a leaf's length, an inner node's counts.
+    pub fn total(&self) -> u64 {
+        if self.is_leaf() {
+            self.len() as u64
+        } else {
+            (0..self.len()).map(|i| self.count(i)).sum()
+        }
+    }
+
+    /// Insert the encoded entry `enc` at position `i`.
+    fn insert_raw(&mut self, i: usize, enc: &[&[u8]]) {
+        let at = if i < self.len() {
+            self.start(i)
+        } else {
+            self.data.len()
+        };
+        let n: usize = enc.iter().map(|p| p.len()).sum();
+        open_gap(&mut self.data, at, n);
+        let mut w = at;
+        for p in enc {
+            self.data[w..w + p.len()].copy_from_slice(p);
+            w += p.len();
+        }
+        for o in &mut self.offs[i..] {
+            *o += n as u32;
+        }
+        self.offs.insert(i, at as u32);
+        self.sync_len();
+    }
+
+    /// Leaf: insert (s, m) at position `i`.
+    pub fn insert_entry(&mut self, i: usize, s: f64, m: &[u8]) {
+        self.insert_raw(i, &[&s.to_le_bytes(), &(m.len() as u32).to_le_bytes(), m]);
+    }
+
+    /// Inner node: insert child `num` (`count` entries, largest `max`) at
+    /// position `i`.
+    pub fn insert_child(&mut self, i: usize, num: u32, count: u64, max: (f64, &[u8])) {
+        self.insert_raw(
+            i,
+            &[
+                &num.to_le_bytes(),
+                &count.to_le_bytes(),
+                &max.0.to_le_bytes(),
+                &(max.1.len() as u32).to_le_bytes(),
+                max.1,
+            ],
+        );
+    }
+
+    /// Inner node: set child `i`'s largest entry (patched in place when
+    /// the member's length is unchanged).
+    pub fn set_max(&mut self, i: usize, max: (f64, &[u8])) {
+        let at = self.start(i) + INNER_PREFIX_BYTES;
+        let end = self.end(i);
+        let old = end - at - ENTRY_FIXED_BYTES;
+        self.data[at..at + 8].copy_from_slice(&max.0.to_le_bytes());
+        if old == max.1.len() {
+            self.data[at + ENTRY_FIXED_BYTES..end].copy_from_slice(max.1);
+            return;
+        }
+        self.data[at + 8..at + 12].copy_from_slice(&(max.1.len() as u32).to_le_bytes());
+        replace_range(&mut self.data, at + ENTRY_FIXED_BYTES, end, max.1);
+        let delta = max.1.len() as i64 - old as i64;
+        for o in &mut self.offs[i + 1..] {
+            *o = (i64::from(*o) + delta) as u32;
+        }
+    }
+
+    /// Remove entry (or child) `i`.
+    pub fn remove(&mut self, i: usize) {
+        let (start, end) = (self.start(i), self.end(i));
+        self.data.drain(start..end);
+        self.offs.remove(i);
+        let n = (end - start) as u32;
+        for o in &mut self.offs[i..] {
+            *o -= n;
+        }
+        self.sync_len();
+    }
+
+    /// Move entries `cut..` into a new node of the same kind.
+    pub fn split_off(&mut self, cut: usize) -> NodeBuf {
+        let mut right = NodeBuf::new(self.is_leaf());
+        if cut >= self.len() {
+            return right;
+        }
+        let from = self.start(cut);
+        let base = NODE_HEADER_BYTES as u32;
+        right.data.extend_from_slice(&self.data[from..]);
+        right.offs = self.offs[cut..]
+            .iter()
+            .map(|&o| o - from as u32 + base)
+            .collect();
+        right.sync_len();
+        self.data.truncate(from);
+        self.offs.truncate(cut);
+        self.sync_len();
+        right
+    }
+
+    /// Append every entry of `other` (same kind).
+    pub fn append(&mut self, other: &NodeBuf) {
+        let base = self.data.len() as u32;
+        self.data
+            .extend_from_slice(&other.data[NODE_HEADER_BYTES.min(other.data.len())..]);
+        self.offs.extend(
+            other
+                .offs
+                .iter()
+                .map(|&o| o - NODE_HEADER_BYTES as u32 + base),
+        );
+        self.sync_len();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    fn member(x: u16) -> Vec<u8> {
+        // Lengths vary (1 to 5 digits) so in-place patches change sizes.
+        x.to_string().into_bytes()
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Upsert(u16, u16),
+        Remove(u16),
+        Split(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0u16..300, 0u16..3000).prop_map(|(e, v)| Op::Upsert(e, v)),
+            2 => (0u16..300).prop_map(Op::Remove),
+            1 => (0usize..80).prop_map(Op::Split),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// A bucket patched in place holds what a map holds, and its bytes
+        /// read back as the same bucket.
+        #[test]
+        fn pairbuf_matches_a_map(ops in proptest::collection::vec(op(), 1..300), values in any::<bool>()) {
+            let mut b = PairBuf::new(values);
+            let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+            for o in ops {
+                match o {
+                    Op::Upsert(e, v) => {
+                        let v = if values { member(v) } else { Vec::new() };
+                        let new = b.upsert(&member(e), &v);
+                        prop_assert_eq!(new, model.insert(member(e), v).is_none());
+                    }
+                    Op::Remove(e) => prop_assert_eq!(b.remove(&member(e)), model.remove(&member(e)).is_some()),
+                    Op::Split(e) => {
+                        let e = member(e as u16);
+                        prop_assert_eq!(b.get(&e), model.get(&e).map(|v| &v[..]));
+                    }
+                }
+                prop_assert_eq!(b.len(), model.len());
+            }
+            let back = PairBuf::from_bytes(b.bytes().to_vec(), values).expect("valid");
+            let mut got: Vec<(Vec<u8>, Vec<u8>)> = back.iter().map(|(a, v)| (a.to_vec(), v.to_vec())).collect();
+            got.sort();
+            let want: Vec<(Vec<u8>, Vec<u8>)> = model.into_iter().collect();
+            prop_assert_eq!(got, want);
+        }
+
+        /// Leaf and inner nodes patched in place (inserts at the sorted
+        /// position, removals, max and count patches of different lengths,
+        /// splits and appends) hold what a `BTreeMap` holds, in order, and
+        /// their bytes read back as the same node.
+        #[test]
+        fn nodebuf_matches_a_btreemap(ops in proptest::collection::vec(op(), 1..300), leaf in any::<bool>()) {
+            let mut n = NodeBuf::new(leaf);
+            // key (score, member) -> (child, count) for inner nodes
+            let mut model: BTreeMap<(i64, Vec<u8>), (u32, u64)> = BTreeMap::new();
+            for o in ops {
+                match o {
+                    Op::Upsert(e, v) => {
+                        let k = (i64::from(v % 50), member(e));
+                        let key = (k.0 as f64, &k.1[..]);
+                        match n.find(key) {
+                            Some(i) if !leaf => {
+                                // Patch: a new count, and the same position's
+                                // max rewritten with a longer or shorter member.
+                                n.set_count(i, u64::from(v));
+                                model.get_mut(&k).expect("present").1 = u64::from(v);
+                                n.set_max(i, (key.0, b"a much longer member than any"));
+                                n.set_max(i, key);
+                            }
+                            Some(_) => {}
+                            None => {
+                                let i = n.partition_point(|s, m| cmp_key((s, m), key) == Ordering::Less);
+                                if leaf {
+                                    n.insert_entry(i, key.0, key.1);
+                                } else {
+                                    n.insert_child(i, u32::from(e), u64::from(v), key);
+                                }
+                                model.insert(k, (u32::from(e), u64::from(v)));
+                            }
+                        }
+                    }
+                    Op::Remove(e) => {
+                        let victim = model.keys().find(|k| k.1 == member(e)).cloned();
+                        if let Some(k) = victim {
+                            let i = n.find((k.0 as f64, &k.1)).expect("present");
+                            n.remove(i);
+                            model.remove(&k);
+                        }
+                    }
+                    Op::Split(c) => {
+                        let right = n.split_off(c.min(n.len()));
+                        prop_assert_eq!(n.len(), c.min(model.len()));
+                        n.append(&right);
+                    }
+                }
+                prop_assert_eq!(n.len(), model.len());
+            }
+            let back = NodeBuf::from_bytes(n.bytes().to_vec()).expect("valid");
+            prop_assert_eq!(back.len(), model.len());
+            for (i, (k, (c, cnt))) in model.iter().enumerate() {
+                let (s, m) = back.key(i);
+                prop_assert_eq!((s, m), (k.0 as f64, &k.1[..]));
+                if !leaf {
+                    prop_assert_eq!(back.child(i), *c);
+                    prop_assert_eq!(back.count(i), *cnt);
+                }
+            }
+            if !leaf {
+                prop_assert_eq!(back.total(), model.values().map(|v| v.1).sum::<u64>());
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// A chunk used as a list (pushes and pops at both ends, element
+        /// replacement) holds what a `VecDeque` holds.
+        #[test]
+        fn pairbuf_as_a_deque(ops in proptest::collection::vec((0u8..6, 0u16..2000), 1..300)) {
+            let mut b = PairBuf::new(false);
+            let mut model: std::collections::VecDeque<Vec<u8>> = Default::default();
+            for (o, x) in ops {
+                match o {
+                    0 => { b.push_front(&member(x), &[]); model.push_front(member(x)); }
+                    1 => { b.push(&member(x), &[]); model.push_back(member(x)); }
+                    2 => prop_assert_eq!(b.take_nth(0), model.pop_front()),
+                    3 => prop_assert_eq!(b.take_nth(b.len().wrapping_sub(1)), model.pop_back()),
+                    4 => {
+                        let j = usize::from(x) % (model.len() + 1);
+                        let r = b.set_nth(j, &member(x));
+                        prop_assert_eq!(r.is_some(), j < model.len());
+                        if let Some(m) = model.get_mut(j) { *m = member(x); }
+                    }
+                    _ => {
+                        let j = usize::from(x) % (model.len() + 1);
+                        prop_assert_eq!(b.nth(j), model.get(j).map(|v| &v[..]));
+                    }
+                }
+                prop_assert_eq!(b.len(), model.len());
+                prop_assert_eq!(b.payload_bytes(), model.iter().map(Vec::len).sum::<usize>());
+            }
+            let back = PairBuf::from_bytes(b.bytes().to_vec(), false).expect("valid");
+            let got: Vec<Vec<u8>> = back.iter().map(|(a, _)| a.to_vec()).collect();
+            prop_assert_eq!(got, model.into_iter().collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn corrupt_bytes_are_refused() {
+        assert!(NodeBuf::from_bytes(vec![]).is_none());
+        assert!(NodeBuf::from_bytes(vec![b'L', 1, 0, 0, 0]).is_none());
+        assert!(NodeBuf::from_bytes(vec![b'X', 0, 0, 0, 0]).is_none());
+        let mut ok = NodeBuf::new(true);
+        ok.insert_entry(0, 1.0, b"abc");
+        let mut b = ok.bytes().to_vec();
+        b.pop();
+        assert!(NodeBuf::from_bytes(b).is_none());
+        assert!(PairBuf::from_bytes(vec![1, 0, 0, 0, 9, 0, 0, 0], true).is_none());
+        assert!(PairBuf::from_bytes(vec![0, 0], false).is_none());
+    }
+}
