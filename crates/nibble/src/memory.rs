@@ -158,6 +158,14 @@ pub(crate) struct SegInfo {
     /// none. Live bytes cannot see expiry, so compaction uses this to find
     /// segments whose objects have expired.
     pub min_expiry_ms: AtomicU64,
+    /// Latest expiry (Unix ms) of any object written here, raised at
+    /// every append, relocation and expiry change ([`crate::store::note_expiry`]);
+    /// `u64::MAX` once an object without an expiry is written, 0 while
+    /// the segment is empty. An upper bound, never lowered while the
+    /// segment is in use: once it has passed, every object here has
+    /// expired, and the expiry pass frees the segment whole
+    /// (`compaction/expire.rs`).
+    pub max_expiry_ms: AtomicU64,
     /// Everything else.
     pub meta: Mutex<SegMeta>,
 }
@@ -235,6 +243,7 @@ impl Memory {
         let segs = (0..n)
             .map(|_| SegInfo {
                 min_expiry_ms: AtomicU64::new(u64::MAX),
+                max_expiry_ms: AtomicU64::new(0),
                 meta: Mutex::new(SegMeta {
                     state: SegState::Free,
                     blocks: Vec::new(),
@@ -496,6 +505,7 @@ impl Memory {
         let info = &self.segs[id as usize];
         self.live.reset(id);
         info.min_expiry_ms.store(u64::MAX, Ordering::Relaxed);
+        info.max_expiry_ms.store(0, Ordering::Relaxed);
         let mut m = info.meta.lock();
         *m = SegMeta {
             state: SegState::Head,
