@@ -236,9 +236,16 @@ impl Log {
         } else if !fits {
             let blocks = len.div_ceil(BLOCK_BYTES).max(1);
             let seg = mem.new_segment(blocks, false)?;
+            let blocks = {
+                let mut m = mem.seg(seg).meta.lock();
+                if let Some((expiry, width)) = span {
+                    m.ttl_span_end_ms = expiry.saturating_add(width);
+                }
+                m.blocks.clone()
+            };
             let fresh = HeadSeg {
                 seg,
-                blocks: mem.seg(seg).meta.lock().blocks.clone(),
+                blocks,
                 used: 0,
                 first_expiry_ms: span.map_or(0, |(expiry, _)| expiry),
             };

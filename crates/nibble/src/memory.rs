@@ -150,6 +150,15 @@ pub(crate) struct SegMeta {
     pub created_tsc: u64,
     /// Epoch stamp when closed.
     pub closed_at: u64,
+    /// TTL heads' segments (module `log`): the first object's expiry plus
+    /// its bucket's width (Unix ms), by when every object appended to it
+    /// expires unless an expiry changed later; 0 for other segments. The
+    /// expiry pass waits for such a segment to expire whole instead of
+    /// reading it for its first expired objects.
+    pub ttl_span_end_ms: u64,
+    /// The expiry pass's wait (ms) before it reads this mixed segment
+    /// again for expired objects; doubles while reads find little.
+    pub mixed_backoff_ms: u64,
 }
 
 /// One SegmentInfo slot.
@@ -250,6 +259,8 @@ impl Memory {
                     used: 0,
                     created_tsc: 0,
                     closed_at: 0,
+                    ttl_span_end_ms: 0,
+                    mixed_backoff_ms: 0,
                 }),
             })
             .collect();
@@ -513,6 +524,8 @@ impl Memory {
             used: 0,
             created_tsc: topology::rdtsc(),
             closed_at: 0,
+            ttl_span_end_ms: 0,
+            mixed_backoff_ms: 0,
         };
         Ok(id)
     }

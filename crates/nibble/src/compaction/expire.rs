@@ -9,8 +9,11 @@
 //!      latest expiry passed  ─ sweep it (the compaction sweep: per object, under its bucket
 //!                              lock, unlink the entry only if it still names this location)
 //!                              ─ retire(now) ─ blocks freed once the epoch passes
-//!      earliest passed only  ─ mixed segment: unlink its expired objects in place (dead mark),
-//!                              earliest expiry moved past the next one (at most every MIXED_RESCAN_MS)
+//!      earliest passed only  ─ a TTL head's segment within its bucket width: wait for the latest
+//!                            ─ else a mixed segment: unlink its expired objects in place (dead
+//!                              mark), earliest expiry moved past the next one and at least the
+//!                              segment's wait ahead (MIXED_RESCAN_MS, doubling up to
+//!                              MIXED_RESCAN_MAX_MS while reads find under an eighth expired)
 //! ```
 //!
 //! Every segment records the earliest and latest expiry of the objects
@@ -32,10 +35,16 @@
 //! (placement off, expiry set by EXPIRE or kept by SET KEEPTTL, survivors
 //! of compaction): once such a segment's earliest expiry passes, the pass
 //! unlinks the expired objects it holds (marking them dead, like a
-//! delete) so that DBSIZE stops counting them within about a second, as
-//! Redis's active expiry does, and compaction sees their bytes as dead.
-//! That reads the segment, which placement avoids: `expiry_bytes_read`
-//! counts both, and `memlab expire` compares them.
+//! delete) so that the index stops counting them (`Store::len`) within
+//! about a second, as Redis's active expiry does, and compaction sees
+//! their bytes as dead. That reads the segment, which placement avoids:
+//! `expiry_bytes_read` counts both, and `memlab expire` compares them. A
+//! segment whose reads find little expired (persistent keys with a few
+//! EXPIREd ones) is read less and less often (its wait doubles up to a
+//! minute); such keys still never show: reads, SCAN and the server's
+//! DBSIZE skip expired items. A TTL head's segment is never read early:
+//! its objects expire within one bucket width of each other, so the pass
+//! waits for its latest expiry and reads it once.
 
 use std::sync::atomic::Ordering;
 
@@ -52,6 +61,13 @@ pub(super) const EXPIRY_RESCAN_MS: u64 = 100;
 /// A mixed segment's expired objects are unlinked at most this often
 /// (ms): its earliest expiry is moved at least this far ahead.
 const MIXED_RESCAN_MS: u64 = 500;
+/// While reads of a mixed segment find less than `1 / MIXED_YIELD_DIVISOR`
+/// of it expired, its wait doubles, up to this (ms): a segment of
+/// persistent keys with a few expiring ones (SET then EXPIRE) is not read
+/// twice a second for each of them.
+const MIXED_RESCAN_MAX_MS: u64 = 60_000;
+/// See `MIXED_RESCAN_MAX_MS`.
+const MIXED_YIELD_DIVISOR: u64 = 8;
 /// Bytes of mixed segments one pass reads at most; the rest wait for the
 /// next step (a few milliseconds later).
 const MIXED_PASS_MAX_BYTES: u64 = 16 << 20;
@@ -63,6 +79,8 @@ struct Due {
     whole: bool,
     /// Its earliest expiry when judged.
     min_expiry_ms: u64,
+    /// Its wait before the next mixed read (`SegMeta::mixed_backoff_ms`).
+    backoff_ms: u64,
     used: u64,
     cap_blocks: usize,
 }
@@ -94,10 +112,19 @@ pub(super) fn expire_once(inner: &Inner, st: &mut WorkerState, now_ms: u64) -> b
             next = now_ms;
             continue;
         }
+        let whole = max <= now_ms;
+        if !whole && max <= m.ttl_span_end_ms {
+            // A TTL head's segment: it expires whole within a bucket
+            // width of its first object; reading it earlier would only
+            // read it twice.
+            next = next.min(max);
+            continue;
+        }
         due.push(Due {
             seg,
-            whole: max <= now_ms,
+            whole,
             min_expiry_ms: min,
+            backoff_ms: m.mixed_backoff_ms.max(MIXED_RESCAN_MS),
             used: m.used as u64,
             cap_blocks: m.blocks.len(),
         });
@@ -138,10 +165,16 @@ pub(super) fn expire_once(inner: &Inner, st: &mut WorkerState, now_ms: u64) -> b
             next = now_ms;
         } else {
             mixed_read += d.used;
-            let earliest = unlink_expired(inner, d.seg, now_ms);
+            let (earliest, unlinked_bytes) = unlink_expired(inner, d.seg, now_ms);
+            let backoff_ms = if unlinked_bytes * MIXED_YIELD_DIVISOR < d.used {
+                (d.backoff_ms * 2).min(MIXED_RESCAN_MAX_MS)
+            } else {
+                MIXED_RESCAN_MS
+            };
+            mem.seg(d.seg).meta.lock().mixed_backoff_ms = backoff_ms;
             // A hint only (the latest expiry is what frees segments): if a
             // writer lowered it meanwhile, its value stands.
-            let moved = earliest.max(now_ms + MIXED_RESCAN_MS);
+            let moved = earliest.max(now_ms + d.backoff_ms);
             let _ = mem.seg(d.seg).min_expiry_ms.compare_exchange(
                 d.min_expiry_ms,
                 moved,
@@ -158,8 +191,8 @@ pub(super) fn expire_once(inner: &Inner, st: &mut WorkerState, now_ms: u64) -> b
 /// Unlink the expired objects of the closed candidate `seg` (one of this
 /// worker's, so nobody else retires it meanwhile) at `now_ms`, marking
 /// them dead; returns the earliest expiry among its remaining objects
-/// (`u64::MAX` if none has one).
-fn unlink_expired(inner: &Inner, seg: SegId, now_ms: u64) -> u64 {
+/// (`u64::MAX` if none has one) and the bytes unlinked.
+fn unlink_expired(inner: &Inner, seg: SegId, now_ms: u64) -> (u64, u64) {
     let mem = &inner.mem;
     let (blocks, used) = {
         let m = mem.seg(seg).meta.lock();
@@ -168,6 +201,7 @@ fn unlink_expired(inner: &Inner, seg: SegId, now_ms: u64) -> u64 {
     let mut earliest = u64::MAX;
     let mut key = Vec::new();
     let (mut unlinked, mut unfetched, mut at) = (0u64, 0u64, 0usize);
+    let mut unlinked_bytes = 0u64;
     while at < used.min(blocks.len() * BLOCK_BYTES) {
         let off = Memory::seg_offset(&blocks, at);
         // Sizes never change in place, so the scan stays on object
@@ -208,6 +242,7 @@ fn unlink_expired(inner: &Inner, seg: SegId, now_ms: u64) -> u64 {
         drop(g);
         mem.live().add(seg, -(h.object_bytes() as i64));
         unlinked += 1;
+        unlinked_bytes += h.object_bytes() as u64;
         if mem.tracks_access() && !mem.accessed(off) {
             unfetched += 1;
         }
@@ -221,5 +256,5 @@ fn unlink_expired(inner: &Inner, seg: SegId, now_ms: u64) -> u64 {
         c.expired_unfetched.fetch_add(unfetched, Ordering::Relaxed);
         inner.note_reclaimable();
     }
-    earliest
+    (earliest, unlinked_bytes)
 }
