@@ -172,6 +172,10 @@ pub(super) fn expire_once(inner: &Inner, st: &mut WorkerState, now_ms: u64) -> b
                 MIXED_RESCAN_MS
             };
             mem.seg(d.seg).meta.lock().mixed_backoff_ms = backoff_ms;
+            if unlinked_bytes > 0 {
+                // New dead bytes: idle defragmentation may find work again.
+                st.defrag_done = false;
+            }
             // A hint only (the latest expiry is what frees segments): if a
             // writer lowered it meanwhile, its value stands.
             let moved = earliest.max(now_ms + d.backoff_ms);
