@@ -103,7 +103,7 @@ fn cell(o: &ExpireOpts, mode: Mode, placement: bool) -> Cell {
     let start = Instant::now();
     let write = Duration::from_secs_f64(o.write_secs);
     let end = write + Duration::from_secs_f64(o.drain_secs);
-    // (expiry, bytes) of every TTL write, in order: unexpired bytes at t
+    // The expiry of every TTL write, per TTL, in order: unexpired bytes at t
     // are those with expiry > t (two FIFO queues, one per TTL).
     let mut expiries: [std::collections::VecDeque<u64>; 2] = Default::default();
     let mut samples = Vec::new();
