@@ -38,6 +38,7 @@ mod child;
 mod churn;
 mod error;
 mod evict;
+mod expire;
 mod fill;
 mod frag;
 mod jmp;
@@ -121,6 +122,9 @@ enum Command {
     /// Cache mode: miss ratio of each eviction policy on a zipfian trace vs an exact
     /// LRU, and throughput of a full cache under eviction vs a store that never evicts
     Evict(EvictArgs),
+    /// Bulk TTL expiry: memory held by expired objects, bytes read to expire them and
+    /// time to reuse, with TTL placement on and off side by side
+    Expire(ExpireArgs),
     /// The nibble server vs redis-server and memcached over loopback: closed-loop
     /// load generator (throughput, p50/p99/p99.9, RSS), churn, redis-benchmark
     #[command(long_about = server::ABOUT)]
@@ -437,6 +441,30 @@ struct EvictArgs {
     /// Seconds of each throughput run [default: 3; --quick: 1]
     #[arg(long, value_parser = parse_seconds)]
     seconds: Option<f64>,
+}
+
+#[derive(Args)]
+struct ExpireArgs {
+    #[command(flatten)]
+    run: RunOpts,
+    /// Persistent keys (no TTL) [default: 300000; --quick: 100000]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1000..))]
+    keys: Option<u64>,
+    /// Value bytes
+    #[arg(long, default_value = "200")]
+    value_bytes: usize,
+    /// Writes per second in the write phase [default: 200000; --quick: 100000]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1000..))]
+    rate: Option<u64>,
+    /// Seconds of the write phase [default: 10; --quick: 4]
+    #[arg(long, value_parser = parse_seconds)]
+    seconds: Option<f64>,
+    /// Seconds without writes after it (TTLs are 1 s and 5 s) [default: 8; --quick: 7]
+    #[arg(long, value_parser = parse_seconds)]
+    drain: Option<f64>,
+    /// Store capacity, MiB
+    #[arg(long, default_value = "512", value_parser = clap::value_parser!(u64).range(16..=65536))]
+    capacity_mib: u64,
 }
 
 #[derive(Args)]
@@ -784,6 +812,19 @@ pub fn main_entry(alloc: Alloc) -> ExitCode {
                 repeat: a.run.repeat(1),
             };
             a.run.report(|rep| evict::run(&opts, rep))
+        }
+        Command::Expire(a) => {
+            let q = a.run.quick;
+            let opts = expire::ExpireOpts {
+                keys: a.keys.unwrap_or(if q { 100_000 } else { 300_000 }),
+                value_bytes: a.value_bytes,
+                rate: a.rate.unwrap_or(if q { 100_000 } else { 200_000 }),
+                write_secs: a.seconds.unwrap_or(if q { 4.0 } else { 10.0 }),
+                drain_secs: a.drain.unwrap_or(if q { 7.0 } else { 8.0 }),
+                capacity_mib: a.capacity_mib as usize,
+                repeat: a.run.repeat(1),
+            };
+            a.run.report(|rep| expire::run(&opts, rep))
         }
         Command::Server(a) => server::run_cli(a),
         Command::Jmp(a) => jmp::run(a),

@@ -18,6 +18,11 @@
 //! not enough: under a read-only load it would take CPU from the readers,
 //! and the next write burst would fault every released block back in.
 //!
+//! Bulk expiry (submodule `expire`, its own essay): each step first frees
+//! the candidates whose latest expiry has passed, whole, and unlinks the
+//! expired objects of mixed segments, so expired memory is reused within
+//! about a second without waiting for free space to run short.
+//!
 //! Cache mode: under an evicting policy, a worker that finds free space
 //! short compacts only segments at most half live and otherwise evicts
 //! whole segments with the same sweep (submodule `evict`, which has its
@@ -59,6 +64,7 @@ use crate::object::{now_ms, Header};
 use crate::store::Inner;
 
 mod evict;
+mod expire;
 
 /// How often an idle worker wakes to free retired segments.
 const IDLE_TICK_MS: u64 = 20;
@@ -115,6 +121,11 @@ pub struct WorkerState {
     last_active_ms: u64,
     /// Idle defragmentation found nothing more since the last activity.
     defrag_done: bool,
+    /// The earliest expiry (Unix ms) among the candidates the last expiry
+    /// pass left (module `expire`): the next pass is due then.
+    next_expiry_ms: u64,
+    /// When the last expiry pass ran (Unix ms).
+    last_expiry_scan_ms: u64,
 }
 
 /// A compaction destination being filled: like a log head, it grows a
@@ -191,12 +202,17 @@ enum Step {
 /// one compaction pass if free space is short.
 fn step(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState) -> Step {
     let now = now_ms();
-    while let Some(s) = inner.logs[node].closed[worker].pop() {
-        st.cands.push(s);
-        st.last_closed_ms = now;
-        st.defrag_done = false;
-    }
+    take_closed(inner, node, worker, st, now);
     free_retired(inner, &mut st.retired);
+    // Bulk expiry (module `expire`): when a candidate's earliest expiry
+    // is due, and every `EXPIRY_RESCAN_MS` for the TTL heads and the
+    // segments compaction closed meanwhile.
+    if now >= st.next_expiry_ms || now >= st.last_expiry_scan_ms + expire::EXPIRY_RESCAN_MS {
+        if worker == 0 {
+            inner.logs[node].close_expired_heads(&inner.mem, &inner.epochs, now);
+        }
+        expire::expire_once(inner, st, now);
+    }
     // Idle defragmentation: when no segment has closed and no operation
     // was seen for the decay time, segments left sparse by deletes are
     // compacted even though free space is plentiful, so that their blocks
@@ -273,6 +289,38 @@ fn step(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState) -> Step
     }
     Step::Idle {
         retired_pending: !st.retired.is_empty(),
+    }
+}
+
+/// Take the segments the log closed for worker `worker` of `node` as
+/// candidates.
+fn take_closed(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState, now: u64) {
+    while let Some(s) = inner.logs[node].closed[worker].pop() {
+        st.cands.push(s);
+        st.last_closed_ms = now;
+        st.defrag_done = false;
+        let earliest = inner.mem.seg(s).min_expiry_ms.load(Ordering::Acquire);
+        st.next_expiry_ms = st.next_expiry_ms.min(earliest);
+    }
+}
+
+/// Run an expiry pass of every worker now, on the calling thread (for
+/// `Store::expire_now`): close the TTL heads whose objects have all
+/// expired, then let each worker free its expired segments and unlink the
+/// expired objects of its mixed ones. Segments a running operation may
+/// still be appending to wait for a later pass.
+pub fn expire_now(inner: &Inner) {
+    let now = now_ms();
+    for log in &inner.logs {
+        log.close_expired_heads(&inner.mem, &inner.epochs, now);
+    }
+    for (node, workers) in inner.workers.iter().enumerate() {
+        for (w, state) in workers.iter().enumerate() {
+            let mut st = state.lock();
+            take_closed(inner, node, w, &mut st, now);
+            expire::expire_once(inner, &mut st, now);
+            free_retired(inner, &mut st.retired);
+        }
     }
 }
 

@@ -141,6 +141,11 @@ pub struct EngineStats {
     /// counted only while the engine keeps accessed bits, i.e. in cache
     /// mode).
     pub expired_unfetched: u64,
+    /// Segments freed whole by the expiry pass, every object expired (0
+    /// for an engine without one).
+    pub expired_segments: u64,
+    /// Bytes of segments the expiry pass read to unlink expired items.
+    pub expiry_bytes_read: u64,
     /// Keys.
     pub items: u64,
     /// Processes attached to a shared store (this one included).
@@ -224,6 +229,8 @@ impl KvEngine for Store {
             damaged_objects: 0,
             evicted_items: st.evicted_items,
             expired_unfetched: st.expired_unfetched,
+            expired_segments: st.expired_segments,
+            expiry_bytes_read: st.expiry_bytes_read,
             items: st.items,
             processes: 1,
         }

@@ -150,6 +150,15 @@ pub(crate) struct SegMeta {
     pub created_tsc: u64,
     /// Epoch stamp when closed.
     pub closed_at: u64,
+    /// TTL heads' segments (module `log`): the first object's expiry plus
+    /// its bucket's width (Unix ms), by when every object appended to it
+    /// expires unless an expiry changed later; 0 for other segments. The
+    /// expiry pass waits for such a segment to expire whole instead of
+    /// reading it for its first expired objects.
+    pub ttl_span_end_ms: u64,
+    /// The expiry pass's wait (ms) before it reads this mixed segment
+    /// again for expired objects; doubles while reads find little.
+    pub mixed_backoff_ms: u64,
 }
 
 /// One SegmentInfo slot.
@@ -158,6 +167,14 @@ pub(crate) struct SegInfo {
     /// none. Live bytes cannot see expiry, so compaction uses this to find
     /// segments whose objects have expired.
     pub min_expiry_ms: AtomicU64,
+    /// Latest expiry (Unix ms) of any object written here, raised at
+    /// every append, relocation and expiry change ([`crate::store::note_expiry`]);
+    /// `u64::MAX` once an object without an expiry is written, 0 while
+    /// the segment is empty. An upper bound, never lowered while the
+    /// segment is in use: once it has passed, every object here has
+    /// expired, and the expiry pass frees the segment whole
+    /// (`compaction/expire.rs`).
+    pub max_expiry_ms: AtomicU64,
     /// Everything else.
     pub meta: Mutex<SegMeta>,
 }
@@ -235,12 +252,15 @@ impl Memory {
         let segs = (0..n)
             .map(|_| SegInfo {
                 min_expiry_ms: AtomicU64::new(u64::MAX),
+                max_expiry_ms: AtomicU64::new(0),
                 meta: Mutex::new(SegMeta {
                     state: SegState::Free,
                     blocks: Vec::new(),
                     used: 0,
                     created_tsc: 0,
                     closed_at: 0,
+                    ttl_span_end_ms: 0,
+                    mixed_backoff_ms: 0,
                 }),
             })
             .collect();
@@ -496,6 +516,7 @@ impl Memory {
         let info = &self.segs[id as usize];
         self.live.reset(id);
         info.min_expiry_ms.store(u64::MAX, Ordering::Relaxed);
+        info.max_expiry_ms.store(0, Ordering::Relaxed);
         let mut m = info.meta.lock();
         *m = SegMeta {
             state: SegState::Head,
@@ -503,6 +524,8 @@ impl Memory {
             used: 0,
             created_tsc: topology::rdtsc(),
             closed_at: 0,
+            ttl_span_end_ms: 0,
+            mixed_backoff_ms: 0,
         };
         Ok(id)
     }

@@ -209,7 +209,14 @@ impl Store {
             index.set_overflow(Box::new(LogLendsToIndex(mem.clone())));
         }
         let logs = (0..nodes)
-            .map(|_| Log::new(heads_per_node, workers_per_node, segment_blocks))
+            .map(|_| {
+                Log::new(
+                    heads_per_node,
+                    workers_per_node,
+                    segment_blocks,
+                    cfg.ttl_placement,
+                )
+            })
             .collect();
         let mut cpu_slot = vec![(0, 0); topo.max_cpu_id() + 1];
         for (n, node) in topo.nodes().iter().enumerate() {

@@ -31,6 +31,15 @@ pub(crate) struct CompactionCounters {
     pub retiring_blocks: AtomicU64,
     /// Retired segments freed (their blocks back to the allocator).
     pub segments_freed: AtomicU64,
+    /// Segments the expiry pass retired whole: every object expired (or
+    /// dead), nothing relocated.
+    pub expired_segments: AtomicU64,
+    /// Bytes of segments the expiry pass read (the whole-segment frees
+    /// and the unlinking of expired objects from mixed segments).
+    pub expiry_bytes_read: AtomicU64,
+    /// Mixed segments (unexpired objects beside expired ones) whose
+    /// expired objects the expiry pass unlinked in place.
+    pub expiry_mixed_scans: AtomicU64,
     /// `segments_freed + 1` when a write was last refused for want of
     /// log space (0: none, or a delete since): until another segment is
     /// freed or an item deleted, the next write is refused at once (see
@@ -100,6 +109,13 @@ pub struct Stats {
     /// Expired objects reclaimed that no GET had read (memcached's
     /// `expired_unfetched`; counted once the store may evict, 0 before).
     pub expired_unfetched: u64,
+    /// Segments the expiry pass freed whole (every object expired).
+    pub expired_segments: u64,
+    /// Bytes of segments the expiry pass read to unlink expired objects.
+    pub expiry_bytes_read: u64,
+    /// Mixed segments the expiry pass read to unlink expired objects
+    /// beside unexpired ones.
+    pub expiry_mixed_scans: u64,
     /// Index figures.
     pub index: IndexStats,
 }
@@ -140,6 +156,14 @@ impl Store {
     /// [`Store::compact_now`] this is the store's `malloc_trim`.
     pub fn release_memory(&self) -> u64 {
         self.inner.mem.purge_all() * BLOCK_BYTES as u64
+    }
+
+    /// Run the bulk-expiry pass now on the calling thread (the workers
+    /// run it by themselves at least every 100 ms): segments whose objects
+    /// have all expired are freed whole, expired objects of mixed segments
+    /// unlinked (module `compaction::expire`). For tests and tools.
+    pub fn expire_now(&self) {
+        crate::compaction::expire_now(&self.inner);
     }
 
     /// A statistics snapshot.
@@ -188,6 +212,9 @@ impl Store {
             evicted_bytes: c.evicted_bytes.load(Ordering::Relaxed),
             eviction_passes: c.eviction_passes.load(Ordering::Relaxed),
             expired_unfetched: c.expired_unfetched.load(Ordering::Relaxed),
+            expired_segments: c.expired_segments.load(Ordering::Relaxed),
+            expiry_bytes_read: c.expiry_bytes_read.load(Ordering::Relaxed),
+            expiry_mixed_scans: c.expiry_mixed_scans.load(Ordering::Relaxed),
             index: inner.index.stats(),
         }
     }

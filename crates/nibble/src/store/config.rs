@@ -125,6 +125,13 @@ pub struct Config {
     /// or evict (cache mode, module `compaction::evict`). Can be changed
     /// while the store runs ([`crate::Store::set_eviction`]).
     pub eviction: Eviction,
+    /// TTL-aware placement (Segcache's TTL buckets, module `log`): writes
+    /// with an expiry go to heads chosen by their TTL, so that segments
+    /// expire whole and the expiry pass frees them without relocating
+    /// live data (default). False: every write goes to its CPU's head,
+    /// and expired objects are unlinked by reading the mixed segments
+    /// that hold them (for comparison, `memlab expire`).
+    pub ttl_placement: bool,
 }
 
 impl Config {
@@ -145,6 +152,7 @@ impl Config {
             decay_ms: DEFAULT_DECAY_MS,
             max_write_wait_ms: DEFAULT_MAX_WRITE_WAIT_MS,
             eviction: Eviction::default(),
+            ttl_placement: true,
         }
     }
 }

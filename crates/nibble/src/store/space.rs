@@ -83,12 +83,13 @@ impl Inner {
     pub(super) fn try_append(
         &self,
         len: usize,
+        expiry_ms: u64,
         fill: &dyn Fn(u64),
     ) -> Result<crate::log::Appended, crate::memory::NoBlocks> {
         let cpu = topology::current_cpu();
         let (node, head) = self.cpu_slot.get(cpu).copied().unwrap_or((0, cpu));
         let before = self.mem.client_blocks_free();
-        let a = self.logs[node].append(&self.mem, &self.epochs, head, len, fill)?;
+        let a = self.logs[node].append(&self.mem, &self.epochs, head, len, expiry_ms, fill)?;
         if before != self.mem.client_blocks_free() && self.should_compact() {
             self.wake_workers();
         }
@@ -115,7 +116,7 @@ impl Inner {
     /// of being refused at once. A load of a read-mostly line; the store
     /// only when the store was known full.
     #[inline]
-    pub(super) fn note_reclaimable(&self) {
+    pub(crate) fn note_reclaimable(&self) {
         if self.stats.refused_at.load(Ordering::Relaxed) != 0 {
             self.stats.refused_at.store(0, Ordering::Release);
         }

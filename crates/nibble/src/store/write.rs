@@ -232,11 +232,14 @@ impl Store {
                 mem.write_part(off, head_bytes, key);
                 mem.write_part(off, head_bytes + key.len(), value);
             }
+            // Under the head's lock, so before the segment can close: the
+            // expiry pass never sees a latest expiry that misses it.
+            note_expiry(mem, off, h.expiry_ms);
         };
         // Made at the first failed append only (it reads the clock).
         let mut wait = None;
         loop {
-            match inner.try_append(len, &fill) {
+            match inner.try_append(len, h.expiry_ms, &fill) {
                 Ok(a) => return Ok((a, guard)),
                 Err(_) => {
                     if wait.is_none() && inner.known_full() {
@@ -446,11 +449,19 @@ impl Store {
     }
 }
 
-/// Record that the object at `off` expires at `expiry_ms` (0 = never).
+/// Record that the object at `off` expires at `expiry_ms` (0 = never):
+/// its segment's earliest expiry (a hint for compaction and the expiry
+/// pass) and latest expiry (an upper bound: the expiry pass frees the
+/// segment whole once it has passed). Each is a load first and a write
+/// only when it moves, so a segment of objects without an expiry costs
+/// one load per write once its latest expiry is `u64::MAX`.
 pub(crate) fn note_expiry(mem: &Memory, off: u64, expiry_ms: u64) {
-    if expiry_ms != 0 {
-        mem.seg(mem.seg_of(off))
-            .min_expiry_ms
-            .fetch_min(expiry_ms, Ordering::AcqRel);
+    let info = mem.seg(mem.seg_of(off));
+    if expiry_ms != 0 && info.min_expiry_ms.load(Ordering::Relaxed) > expiry_ms {
+        info.min_expiry_ms.fetch_min(expiry_ms, Ordering::AcqRel);
+    }
+    let latest = if expiry_ms == 0 { u64::MAX } else { expiry_ms };
+    if info.max_expiry_ms.load(Ordering::Relaxed) < latest {
+        info.max_expiry_ms.fetch_max(latest, Ordering::AcqRel);
     }
 }

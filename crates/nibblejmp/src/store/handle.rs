@@ -416,6 +416,9 @@ impl nibble::KvEngine for SharedStore {
             // shared between processes; see the nibble engine essay).
             evicted_items: 0,
             expired_unfetched: 0,
+            // Expired objects are reclaimed by its compaction only.
+            expired_segments: 0,
+            expiry_bytes_read: 0,
             items: st.objects,
             processes: st.processes.iter().filter(|p| p.2).count(),
         }

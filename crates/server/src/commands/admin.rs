@@ -485,8 +485,8 @@ pub fn info_text(ctx: &Ctx, section: &str) -> String {
     if want("stats") {
         let _ = write!(
             o,
-            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\nrejected_connections:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nprotocol_errors:{}\r\nexpired_keys:{}\r\nevicted_keys:{}\r\nexpired_reclaimed:{}\r\ndamaged_objects:{}\r\nrejected_calls:{}\r\n\r\n",
-            t.connections, t.commands, t.rejected, t.hits, t.misses, t.net_in, t.net_out, t.proto_errors, st.expired_reclaimed, st.evicted_items, st.expired_reclaimed, st.damaged_objects, t.rejected_calls
+            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\nrejected_connections:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nprotocol_errors:{}\r\nexpired_keys:{}\r\nexpired_segments:{}\r\nexpiry_bytes_read:{}\r\nevicted_keys:{}\r\nexpired_reclaimed:{}\r\ndamaged_objects:{}\r\nrejected_calls:{}\r\n\r\n",
+            t.connections, t.commands, t.rejected, t.hits, t.misses, t.net_in, t.net_out, t.proto_errors, st.expired_reclaimed, st.expired_segments, st.expiry_bytes_read, st.evicted_items, st.expired_reclaimed, st.damaged_objects, t.rejected_calls
         );
     }
     if want("replication") {

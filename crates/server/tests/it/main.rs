@@ -8,6 +8,7 @@ mod common;
 mod datadir;
 mod differential;
 mod eviction;
+mod expiry;
 mod hashes_admin;
 mod limits;
 mod mc_binary;
