@@ -31,6 +31,8 @@
 //! | [`types`] | string/hash typing and the hash encoding |
 //! | [`glob`] | KEYS/SCAN pattern matching |
 //! | [`tls`] | TLS on `tls-port` (rustls + ring), its settings and handshake |
+//! | [`blocking`] | clients blocked on list/zset keys: per-key FIFO waiters, serving by the pusher |
+//! | [`pubsub`] | pub/sub registry and subscriber mailboxes (output buffer limits) |
 //! | [`rdb`] | RDB snapshots: SAVE/BGSAVE, import of a `dump.rdb` at start |
 //!
 //! ```no_run
@@ -43,6 +45,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod auth;
+pub mod blocking;
 pub mod coll;
 pub mod commands;
 pub mod config;
@@ -297,6 +300,7 @@ impl Server {
             closed_since_trim: AtomicU64::new(0),
             keylocks: keylock::KeyLocks::new(),
             pubsub: Arc::new(pubsub::Hub::new()),
+            blocking: Arc::new(blocking::Registry::new()),
             persist: rdb::Persistence::new(&cfg),
             config: cfg.clone(),
         });

@@ -431,6 +431,7 @@ mod tests {
             watch: Default::default(),
             sub: Default::default(),
             psub: Default::default(),
+            blocked: Default::default(),
         })
     }
 

@@ -113,6 +113,8 @@ pub struct ClientInfo {
     pub sub: AtomicU32,
     /// Patterns subscribed.
     pub psub: AtomicU32,
+    /// The command it is blocked in (CLIENT UNBLOCK).
+    pub blocked: parking_lot::Mutex<Option<Arc<crate::blocking::Waiter>>>,
 }
 
 /// Mutable strings of a client.
@@ -148,6 +150,9 @@ impl ClientInfo {
         }
         if sub + psub > 0 {
             flags.push('P');
+        }
+        if self.blocked.lock().is_some() {
+            flags.push('b');
         }
         if flags.is_empty() {
             flags.push('N');
@@ -210,6 +215,8 @@ pub struct Shared {
     pub closed_since_trim: AtomicU64,
     /// Striped key locks (see [`crate::keylock`]).
     pub keylocks: crate::keylock::KeyLocks,
+    /// Clients blocked on keys (see [`crate::blocking`]).
+    pub blocking: Arc<crate::blocking::Registry>,
     /// Pub/sub channel registry (see [`crate::pubsub`]).
     pub pubsub: Arc<crate::pubsub::Hub>,
     /// RDB snapshots (see [`crate::rdb`]).

@@ -50,6 +50,7 @@
 
 pub mod admin;
 pub mod bits;
+pub mod blocking;
 pub mod dump;
 pub mod hash;
 pub mod keys;
@@ -146,6 +147,14 @@ pub struct Session {
     pub exec_all: bool,
     /// Channel and pattern subscriptions, once the connection subscribed.
     pub subs: Option<crate::pubsub::Subs>,
+    /// Set by a blocking command that found nothing: the connection
+    /// waits on it before its next request (see [`crate::blocking`]).
+    pub blocked: Option<crate::blocking::Blocked>,
+    /// EXEC is running its queue: blocking commands do not block.
+    pub in_exec: bool,
+    /// Keys this connection's writes signalled as ready for blocked
+    /// clients, served once its stripes are released.
+    pub ready: Vec<Vec<u8>>,
 }
 
 impl Session {
@@ -162,6 +171,9 @@ impl Session {
             watched: Vec::new(),
             exec_all: false,
             subs: None,
+            blocked: None,
+            in_exec: false,
+            ready: Vec::new(),
         }
     }
 
@@ -358,12 +370,29 @@ pub fn execute(ctx: &mut Ctx, args: &[&[u8]], r: &mut Reply) {
         return;
     }
     let write = spec.flags.contains(&"write");
-    let _keys = lock_keys(ctx.shared, spec, args, write);
+    let keys = lock_keys(ctx.shared, spec, args, write);
     if write {
         WorkerStats::bump(&ctx.stats.writes, 1);
     }
     if let Err(e) = (spec.run)(ctx, args, r) {
         r.error(&e.0);
+    }
+    signal(ctx, spec, args);
+    drop(keys);
+    if !ctx.sess.ready.is_empty() {
+        blocking::serve_ready(ctx.shared, &mut ctx.sess.ready);
+    }
+}
+
+/// Note the key a write may have given list or zset elements to, while
+/// some client is blocked (one relaxed load otherwise).
+#[inline]
+fn signal(ctx: &mut Ctx, spec: &Spec, args: &[&[u8]]) {
+    if ctx.shared.blocking.blocked() > 0 {
+        let k = blocking::signalled_keys(spec, args);
+        if !k.is_empty() {
+            ctx.sess.ready.push(k.to_vec());
+        }
     }
 }
 
@@ -391,6 +420,7 @@ pub fn execute_held(ctx: &mut Ctx, spec: &'static Spec, args: &[&[u8]], r: &mut 
     if let Err(e) = (spec.run)(ctx, args, r) {
         r.error(&e.0);
     }
+    signal(ctx, spec, args);
 }
 
 /// The keys of a request, by the table's (first, last, step): the

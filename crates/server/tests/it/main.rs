@@ -2,6 +2,7 @@
 //! links once: every module starts its own in-process server on ephemeral
 //! ports (or the real binary, in `process`).
 
+mod blocking;
 mod collections;
 mod commands;
 mod common;
