@@ -67,10 +67,12 @@ pub struct Message {
     payload: Box<[u8]>,
 }
 
-/// A message in one mailbox: the pattern it matched, if it came by one.
+/// A message in one mailbox: the pattern it matched, if it came by one;
+/// `shard` for SPUBLISH's (`smessage`).
 struct Delivery {
     msg: Arc<Message>,
     pattern: Option<Arc<[u8]>>,
+    shard: bool,
 }
 
 impl Delivery {
@@ -85,7 +87,7 @@ impl Delivery {
         match &self.pattern {
             None => {
                 r.push(3);
-                r.bulk(b"message");
+                r.bulk(if self.shard { b"smessage" } else { b"message" });
             }
             Some(p) => {
                 r.push(4);
@@ -205,6 +207,8 @@ type PatternList = Vec<(Arc<[u8]>, Arc<Mailbox>)>;
 /// The registry of channel and pattern subscriptions.
 pub struct Hub {
     shards: Box<[ChannelShard]>,
+    /// Shard channels (SSUBSCRIBE/SPUBLISH), a registry of their own.
+    sshards: Box<[ChannelShard]>,
     patterns: RwLock<PatternList>,
     /// Pattern subscriptions (so PUBLISH can skip the list when 0).
     npatterns: AtomicUsize,
@@ -225,6 +229,7 @@ impl Hub {
     pub fn new() -> Hub {
         Hub {
             shards: (0..CHANNEL_SHARDS).map(|_| Default::default()).collect(),
+            sshards: (0..CHANNEL_SHARDS).map(|_| Default::default()).collect(),
             patterns: RwLock::default(),
             npatterns: AtomicUsize::new(0),
         }
@@ -243,6 +248,7 @@ impl Hub {
                 mb.push(Delivery {
                     msg: msg.clone(),
                     pattern: None,
+                    shard: false,
                 });
                 n += 1;
             }
@@ -253,6 +259,7 @@ impl Hub {
                     mb.push(Delivery {
                         msg: msg.clone(),
                         pattern: Some(pat.clone()),
+                        shard: false,
                     });
                     n += 1;
                 }
@@ -261,10 +268,48 @@ impl Hub {
         n
     }
 
+    /// SPUBLISH: deliver to the subscribers of shard channel `channel`
+    /// (patterns do not apply); returns how many.
+    pub fn spublish(&self, channel: &[u8], payload: &[u8]) -> usize {
+        let guard = self.sshards[shard_of(channel)].read();
+        let Some(subs) = guard.get(channel) else {
+            return 0;
+        };
+        let msg = Arc::new(Message {
+            channel: channel.into(),
+            payload: payload.into(),
+        });
+        for mb in subs {
+            mb.push(Delivery {
+                msg: msg.clone(),
+                pattern: None,
+                shard: true,
+            });
+        }
+        subs.len()
+    }
+
     /// Active channels (with at least one subscriber) matching `pattern`.
     pub fn channels(&self, pattern: Option<&[u8]>) -> Vec<Box<[u8]>> {
+        Self::list(&self.shards, pattern)
+    }
+
+    /// Active shard channels matching `pattern`.
+    pub fn shard_channels(&self, pattern: Option<&[u8]>) -> Vec<Box<[u8]>> {
+        Self::list(&self.sshards, pattern)
+    }
+
+    /// Subscribers of shard channel `channel`.
+    pub fn shard_numsub(&self, channel: &[u8]) -> usize {
+        self.sshards[shard_of(channel)]
+            .read()
+            .get(channel)
+            .map_or(0, Vec::len)
+    }
+
+    fn list(shards: &[ChannelShard], pattern: Option<&[u8]>) -> Vec<Box<[u8]>> {
         let mut v = Vec::new();
-        for s in self.shards.iter() {
+        for s in shards.iter() {
             for ch in s.read().keys() {
                 if pattern.is_none_or(|p| crate::glob::matches(p, ch)) {
                     v.push(ch.clone());
@@ -288,16 +333,18 @@ impl Hub {
         p.iter().map(|(pat, _)| pat).collect::<HashSet<_>>().len()
     }
 
-    fn add_channel(&self, channel: &[u8], mb: &Arc<Mailbox>) {
-        self.shards[shard_of(channel)]
+    fn add_channel(&self, channel: &[u8], mb: &Arc<Mailbox>, shard: bool) {
+        let shards = if shard { &self.sshards } else { &self.shards };
+        shards[shard_of(channel)]
             .write()
             .entry(channel.into())
             .or_default()
             .push(mb.clone());
     }
 
-    fn remove_channel(&self, channel: &[u8], mb: &Arc<Mailbox>) {
-        let mut s = self.shards[shard_of(channel)].write();
+    fn remove_channel(&self, channel: &[u8], mb: &Arc<Mailbox>, shard: bool) {
+        let shards = if shard { &self.sshards } else { &self.shards };
+        let mut s = shards[shard_of(channel)].write();
         if let Some(v) = s.get_mut(channel) {
             v.retain(|m| !Arc::ptr_eq(m, mb));
             if v.is_empty() {
@@ -329,6 +376,7 @@ pub struct Subs {
     pub mailbox: Arc<Mailbox>,
     channels: HashSet<Box<[u8]>>,
     patterns: HashSet<Box<[u8]>>,
+    schannels: HashSet<Box<[u8]>>,
 }
 
 impl Subs {
@@ -340,12 +388,23 @@ impl Subs {
             info,
             channels: HashSet::new(),
             patterns: HashSet::new(),
+            schannels: HashSet::new(),
         }
     }
 
-    /// Channels plus patterns.
+    /// Channels plus patterns (the count SUBSCRIBE and friends report).
     pub fn count(&self) -> usize {
         self.channels.len() + self.patterns.len()
+    }
+
+    /// Shard channels (the count SSUBSCRIBE and SUNSUBSCRIBE report).
+    pub fn shard_count(&self) -> usize {
+        self.schannels.len()
+    }
+
+    /// Every subscription: none left ends the subscribed state.
+    pub fn total(&self) -> usize {
+        self.count() + self.shard_count()
     }
 
     fn publish_counts(&self) {
@@ -355,12 +414,15 @@ impl Subs {
         self.info
             .psub
             .store(self.patterns.len() as u32, Ordering::Relaxed);
+        self.info
+            .ssub
+            .store(self.schannels.len() as u32, Ordering::Relaxed);
     }
 
     /// Subscribe to `channel` (no-op if subscribed already).
     pub fn subscribe(&mut self, channel: &[u8]) {
         if self.channels.insert(channel.into()) {
-            self.hub.add_channel(channel, &self.mailbox);
+            self.hub.add_channel(channel, &self.mailbox, false);
             self.publish_counts();
         }
     }
@@ -368,9 +430,30 @@ impl Subs {
     /// Unsubscribe from `channel` (no-op if not subscribed).
     pub fn unsubscribe(&mut self, channel: &[u8]) {
         if self.channels.remove(channel) {
-            self.hub.remove_channel(channel, &self.mailbox);
+            self.hub.remove_channel(channel, &self.mailbox, false);
             self.publish_counts();
         }
+    }
+
+    /// Subscribe to shard channel `channel`.
+    pub fn ssubscribe(&mut self, channel: &[u8]) {
+        if self.schannels.insert(channel.into()) {
+            self.hub.add_channel(channel, &self.mailbox, true);
+            self.publish_counts();
+        }
+    }
+
+    /// Unsubscribe from shard channel `channel`.
+    pub fn sunsubscribe(&mut self, channel: &[u8]) {
+        if self.schannels.remove(channel) {
+            self.hub.remove_channel(channel, &self.mailbox, true);
+            self.publish_counts();
+        }
+    }
+
+    /// Shard channels subscribed to.
+    pub fn shard_channel_list(&self) -> Vec<Box<[u8]>> {
+        self.schannels.iter().cloned().collect()
     }
 
     /// Subscribe to `pattern`.
@@ -403,7 +486,10 @@ impl Subs {
 impl Drop for Subs {
     fn drop(&mut self) {
         for c in std::mem::take(&mut self.channels) {
-            self.hub.remove_channel(&c, &self.mailbox);
+            self.hub.remove_channel(&c, &self.mailbox, false);
+        }
+        for c in std::mem::take(&mut self.schannels) {
+            self.hub.remove_channel(&c, &self.mailbox, true);
         }
         for p in std::mem::take(&mut self.patterns) {
             self.hub.remove_pattern(&p, &self.mailbox);
@@ -431,6 +517,7 @@ mod tests {
             watch: Default::default(),
             sub: Default::default(),
             psub: Default::default(),
+            ssub: Default::default(),
             blocked: Default::default(),
         })
     }

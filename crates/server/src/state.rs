@@ -113,6 +113,8 @@ pub struct ClientInfo {
     pub sub: AtomicU32,
     /// Patterns subscribed.
     pub psub: AtomicU32,
+    /// Shard channels subscribed.
+    pub ssub: AtomicU32,
     /// The command it is blocked in (CLIENT UNBLOCK).
     pub blocked: parking_lot::Mutex<Option<Arc<crate::blocking::Waiter>>>,
 }
@@ -139,16 +141,17 @@ impl ClientInfo {
                 .load(Ordering::Relaxed)
                 .min(age.as_millis() as u64);
         let multi = self.multi.load(Ordering::Relaxed);
-        let (sub, psub) = (
+        let (sub, psub, ssub) = (
             self.sub.load(Ordering::Relaxed),
             self.psub.load(Ordering::Relaxed),
+            self.ssub.load(Ordering::Relaxed),
         );
         // Redis's flags letters: x in MULTI, P subscribed, N for neither.
         let mut flags = String::new();
         if multi >= 0 {
             flags.push('x');
         }
-        if sub + psub > 0 {
+        if sub + psub + ssub > 0 {
             flags.push('P');
         }
         if self.blocked.lock().is_some() {
@@ -158,7 +161,7 @@ impl ClientInfo {
             flags.push('N');
         }
         format!(
-            "id={} addr={} laddr={} fd=-1 name={} age={} idle={} flags={} db=0 sub={} psub={} ssub=0 multi={} watch={} qbuf={} qbuf-free={} argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd=NULL user=default redir=-1 resp={} lib-name={} lib-ver={}",
+            "id={} addr={} laddr={} fd=-1 name={} age={} idle={} flags={} db=0 sub={} psub={} ssub={} multi={} watch={} qbuf={} qbuf-free={} argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd=NULL user=default redir=-1 resp={} lib-name={} lib-ver={}",
             self.id,
             self.addr,
             self.laddr,
@@ -168,6 +171,7 @@ impl ClientInfo {
             flags,
             sub,
             psub,
+            ssub,
             multi,
             self.watch.load(Ordering::Relaxed),
             self.qbuf.load(Ordering::Relaxed),

@@ -169,6 +169,7 @@ fn admit(
         watch: Default::default(),
         sub: Default::default(),
         psub: Default::default(),
+        ssub: Default::default(),
         blocked: Default::default(),
     });
     shared.clients[worker]

@@ -1582,6 +1582,33 @@ pub static COMMANDS: &[Spec] = &[
         pubsub::publish
     ),
     spec!(
+        "ssubscribe",
+        -2,
+        PS,
+        K0,
+        "pubsub",
+        "Listens for messages published to shard channels.",
+        pubsub::ssubscribe
+    ),
+    spec!(
+        "sunsubscribe",
+        -1,
+        PS,
+        K0,
+        "pubsub",
+        "Stops listening to messages posted to shard channels.",
+        pubsub::sunsubscribe
+    ),
+    spec!(
+        "spublish",
+        3,
+        PS_PUB,
+        K0,
+        "pubsub",
+        "Post a message to a shard channel",
+        pubsub::spublish
+    ),
+    spec!(
         "pubsub",
         -2,
         &["pubsub"],
