@@ -42,6 +42,12 @@
 //! keep its task (or the messages) alive. The idle timeout does not apply
 //! to it, as in Redis.
 //!
+//! Output buffer limits: a subscriber's are its mailbox's (above); for a
+//! normal client the hard limit of `client-output-buffer-limit normal`
+//! (off by default, as in Redis) closes the connection when one batch's
+//! unwritten replies pass it, which here means one reply larger than the
+//! limit, since the output is written at every [`OUT_SOFT`] bytes.
+//!
 //! A protocol error (RESP) or an unrecoverable one (memcached) is answered
 //! with one error line, then this connection alone is closed. The idle
 //! `timeout` closes a connection that sent nothing for that long; shutdown
@@ -431,6 +437,24 @@ async fn wait_blocked<S: AsyncRead + Unpin>(
     }
 }
 
+/// redis-server's per-client static reply buffer, which its output
+/// buffer limits do not count.
+const REDIS_STATIC_REPLY_BYTES: usize = 16 << 10;
+
+/// Is the output past `client-output-buffer-limit normal`'s hard limit
+/// (not counting the first [`REDIS_STATIC_REPLY_BYTES`], as Redis)?
+/// The output is written whenever it passes [`OUT_SOFT`], so with a
+/// limit above that only one reply larger than the limit can take it
+/// there; redis-server then closes the client without sending it.
+#[inline]
+fn over_normal_limit(shared: &Shared, out: &[u8]) -> bool {
+    let hard = shared
+        .settings
+        .output_limits
+        .hard(crate::config::OBUF_NORMAL);
+    hard > 0 && out.len().saturating_sub(REDIS_STATIC_REPLY_BYTES) as u64 > hard
+}
+
 /// Drop up to `skip` pending bytes; true if more remain to be dropped.
 fn discard(inb: &mut InBuf, skip: &mut u64) -> bool {
     let n = (inb.filled - inb.start).min(usize::try_from(*skip).unwrap_or(usize::MAX));
@@ -602,6 +626,14 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                                 commands::execute(&mut ctx, args, &mut r)
                             });
                             close = sess.close;
+                            if over_normal_limit(&shared, &out) {
+                                log::warn!(
+                                    "client {} closed for overcoming of output buffer limits ({} bytes pending)",
+                                    info.id,
+                                    out.len()
+                                );
+                                return;
+                            }
                             let used = req.consumed;
                             parser.recycle(req.args);
                             Ok(used)

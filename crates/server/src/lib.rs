@@ -286,6 +286,7 @@ impl Server {
         }
         settings.maxclients_ceiling = ceiling;
         let (tx, _) = watch::channel(false);
+        let output_limits = settings.output_limits.clone();
         let shared = Arc::new(Shared {
             store,
             settings,
@@ -299,7 +300,7 @@ impl Server {
             ports: Mutex::new((resp_port.unwrap_or(0), memcached_port.unwrap_or(0))),
             closed_since_trim: AtomicU64::new(0),
             keylocks: keylock::KeyLocks::new(),
-            pubsub: Arc::new(pubsub::Hub::new()),
+            pubsub: Arc::new(pubsub::Hub::with_limits(output_limits)),
             blocking: Arc::new(blocking::Registry::new()),
             persist: rdb::Persistence::new(&cfg),
             config: cfg.clone(),

@@ -25,11 +25,14 @@
 //! channel, so there is no key to shard them by.
 //!
 //! Output buffer limits, as Redis's `client-output-buffer-limit pubsub
-//! 32mb 8mb 60`: a mailbox counts the bytes it holds (channel, pattern,
-//! payload and [`MESSAGE_OVERHEAD_BYTES`] per message). A push that takes
-//! it past [`PUBSUB_HARD_LIMIT_BYTES`], or that finds it above
-//! [`PUBSUB_SOFT_LIMIT_BYTES`] continuously for
-//! [`PUBSUB_SOFT_LIMIT_SECS`], kills the subscriber: its queue is freed at
+//! 32mb 8mb 60` (the defaults; CONFIG SET and the config file change
+//! them, read at every push from [`OutputLimits`]): a mailbox counts the
+//! bytes it holds (channel, pattern, payload and
+//! [`MESSAGE_OVERHEAD_BYTES`] per message; CLIENT LIST shows them as
+//! `omem`). A push that takes it past the hard limit (default
+//! [`PUBSUB_HARD_LIMIT_BYTES`]), or that finds it above the soft limit
+//! ([`PUBSUB_SOFT_LIMIT_BYTES`]) continuously for the soft seconds
+//! ([`PUBSUB_SOFT_LIMIT_SECS`]), kills the subscriber; 0 turns a limit off: its queue is freed at
 //! once, later pushes are dropped, and its task (woken through `killed`
 //! even while it is blocked writing to a client that does not read)
 //! closes the connection. So the memory one subscriber can hold is the
@@ -46,6 +49,7 @@ use crossbeam_utils::CachePadded;
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
 
+use crate::config::{OutputLimits, OBUF_PUBSUB};
 use crate::resp::{Proto, Reply};
 use crate::state::ClientInfo;
 
@@ -106,6 +110,8 @@ struct Queue {
     bytes: usize,
     /// Since when the queue has been above the soft limit.
     soft_since: Option<Instant>,
+    /// The soft limit the last push saw (bytes; 0 = none).
+    soft_limit: u64,
 }
 
 /// One subscribed connection's pending messages.
@@ -116,18 +122,18 @@ pub struct Mailbox {
     /// Wakes the connection when it is killed (also while it writes).
     pub kill: Notify,
     killed: AtomicBool,
-    /// For the log line.
-    client_id: u64,
+    /// Its client (the log line, CLIENT LIST's `omem`).
+    info: Arc<ClientInfo>,
 }
 
 impl Mailbox {
-    fn new(client_id: u64) -> Mailbox {
+    fn new(info: Arc<ClientInfo>) -> Mailbox {
         Mailbox {
             queue: Mutex::default(),
             wake: Notify::new(),
             kill: Notify::new(),
             killed: AtomicBool::new(false),
-            client_id,
+            info,
         }
     }
 
@@ -136,31 +142,35 @@ impl Mailbox {
         self.killed.load(Ordering::Acquire)
     }
 
-    fn push(&self, d: Delivery) {
+    fn push(&self, d: Delivery, limits: &OutputLimits) {
         if self.is_killed() {
             return;
         }
+        let (hard, soft, soft_secs) = limits.get(OBUF_PUBSUB);
         let mut q = self.queue.lock();
         let was_empty = q.items.is_empty();
+        q.soft_limit = soft;
         q.bytes += d.bytes();
         q.items.push_back(d);
-        let over = if q.bytes > PUBSUB_HARD_LIMIT_BYTES {
+        let bytes = q.bytes as u64;
+        let over = if hard > 0 && bytes > hard {
             true
-        } else if q.bytes > PUBSUB_SOFT_LIMIT_BYTES {
+        } else if soft > 0 && bytes > soft {
             let since = *q.soft_since.get_or_insert_with(Instant::now);
-            since.elapsed().as_secs() >= PUBSUB_SOFT_LIMIT_SECS
+            since.elapsed().as_secs() >= soft_secs
         } else {
             false
         };
+        self.info.omem.store(bytes, Ordering::Relaxed);
         if over {
-            let bytes = q.bytes;
             *q = Queue::default();
             drop(q);
+            self.info.omem.store(0, Ordering::Relaxed);
             self.killed.store(true, Ordering::Release);
             crate::warn_limited!(
                 KILL_LOG,
                 "client id={} closed for overcoming of output buffer limits ({} bytes of pub/sub messages pending)",
-                self.client_id,
+                self.info.id,
                 bytes
             );
             self.kill.notify_one();
@@ -183,9 +193,11 @@ impl Mailbox {
             q.bytes -= d.bytes();
             d.encode(&mut r);
         }
-        if q.bytes <= PUBSUB_SOFT_LIMIT_BYTES {
+        // Below the soft limit now: its clock starts again next time.
+        if q.bytes as u64 <= q.soft_limit {
             q.soft_since = None;
         }
+        self.info.omem.store(q.bytes as u64, Ordering::Relaxed);
         !q.items.is_empty()
     }
 
@@ -212,6 +224,8 @@ pub struct Hub {
     patterns: RwLock<PatternList>,
     /// Pattern subscriptions (so PUBLISH can skip the list when 0).
     npatterns: AtomicUsize,
+    /// client-output-buffer-limit (the pubsub class applies here).
+    limits: Arc<OutputLimits>,
 }
 
 impl Default for Hub {
@@ -225,9 +239,15 @@ fn shard_of(channel: &[u8]) -> usize {
 }
 
 impl Hub {
-    /// An empty registry.
+    /// An empty registry with Redis's default output buffer limits.
     pub fn new() -> Hub {
+        Hub::with_limits(Arc::default())
+    }
+
+    /// An empty registry under these output buffer limits.
+    pub fn with_limits(limits: Arc<OutputLimits>) -> Hub {
         Hub {
+            limits,
             shards: (0..CHANNEL_SHARDS).map(|_| Default::default()).collect(),
             sshards: (0..CHANNEL_SHARDS).map(|_| Default::default()).collect(),
             patterns: RwLock::default(),
@@ -245,22 +265,28 @@ impl Hub {
         let mut n = 0;
         if let Some(subs) = self.shards[shard_of(channel)].read().get(channel) {
             for mb in subs {
-                mb.push(Delivery {
-                    msg: msg.clone(),
-                    pattern: None,
-                    shard: false,
-                });
+                mb.push(
+                    Delivery {
+                        msg: msg.clone(),
+                        pattern: None,
+                        shard: false,
+                    },
+                    &self.limits,
+                );
                 n += 1;
             }
         }
         if self.npatterns.load(Ordering::Relaxed) > 0 {
             for (pat, mb) in self.patterns.read().iter() {
                 if crate::glob::matches(pat, channel) {
-                    mb.push(Delivery {
-                        msg: msg.clone(),
-                        pattern: Some(pat.clone()),
-                        shard: false,
-                    });
+                    mb.push(
+                        Delivery {
+                            msg: msg.clone(),
+                            pattern: Some(pat.clone()),
+                            shard: false,
+                        },
+                        &self.limits,
+                    );
                     n += 1;
                 }
             }
@@ -280,11 +306,14 @@ impl Hub {
             payload: payload.into(),
         });
         for mb in subs {
-            mb.push(Delivery {
-                msg: msg.clone(),
-                pattern: None,
-                shard: true,
-            });
+            mb.push(
+                Delivery {
+                    msg: msg.clone(),
+                    pattern: None,
+                    shard: true,
+                },
+                &self.limits,
+            );
         }
         subs.len()
     }
@@ -383,7 +412,7 @@ impl Subs {
     /// No subscriptions yet.
     pub fn new(hub: Arc<Hub>, info: Arc<ClientInfo>) -> Subs {
         Subs {
-            mailbox: Arc::new(Mailbox::new(info.id)),
+            mailbox: Arc::new(Mailbox::new(info.clone())),
             hub,
             info,
             channels: HashSet::new(),
@@ -518,6 +547,7 @@ mod tests {
             sub: Default::default(),
             psub: Default::default(),
             ssub: Default::default(),
+            omem: Default::default(),
             blocked: Default::default(),
         })
     }

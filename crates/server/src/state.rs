@@ -115,6 +115,8 @@ pub struct ClientInfo {
     pub psub: AtomicU32,
     /// Shard channels subscribed.
     pub ssub: AtomicU32,
+    /// Bytes of pub/sub messages waiting for it (CLIENT LIST `omem`).
+    pub omem: AtomicU64,
     /// The command it is blocked in (CLIENT UNBLOCK).
     pub blocked: parking_lot::Mutex<Option<Arc<crate::blocking::Waiter>>>,
 }
@@ -161,7 +163,7 @@ impl ClientInfo {
             flags.push('N');
         }
         format!(
-            "id={} addr={} laddr={} fd=-1 name={} age={} idle={} flags={} db=0 sub={} psub={} ssub={} multi={} watch={} qbuf={} qbuf-free={} argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd=NULL user=default redir=-1 resp={} lib-name={} lib-ver={}",
+            "id={} addr={} laddr={} fd=-1 name={} age={} idle={} flags={} db=0 sub={} psub={} ssub={} multi={} watch={} qbuf={} qbuf-free={} argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem={} tot-mem=0 events=r cmd=NULL user=default redir=-1 resp={} lib-name={} lib-ver={}",
             self.id,
             self.addr,
             self.laddr,
@@ -176,6 +178,7 @@ impl ClientInfo {
             self.watch.load(Ordering::Relaxed),
             self.qbuf.load(Ordering::Relaxed),
             self.qbuf_free.load(Ordering::Relaxed),
+            self.omem.load(Ordering::Relaxed),
             self.resp.load(Ordering::Relaxed),
             t.lib_name,
             t.lib_ver

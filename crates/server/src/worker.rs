@@ -170,6 +170,7 @@ fn admit(
         sub: Default::default(),
         psub: Default::default(),
         ssub: Default::default(),
+        omem: Default::default(),
         blocked: Default::default(),
     });
     shared.clients[worker]

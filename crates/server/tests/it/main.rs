@@ -15,6 +15,7 @@ mod mc_binary;
 mod mc_meta;
 mod memcached;
 mod multi;
+mod obuf;
 mod parsers;
 mod process;
 mod rdb;
