@@ -42,6 +42,15 @@
 //! keep its task (or the messages) alive. The idle timeout does not apply
 //! to it, as in Redis.
 //!
+//! Blocked clients: a blocking command that found nothing leaves a
+//! registered waiter in the session; the batch loop writes the replies so
+//! far and awaits the waiter (served, timed out, CLIENT UNBLOCK), its
+//! deadline and the socket (see [`crate::blocking`]), so only this task
+//! waits; the worker's other connections run. Requests pipelined behind
+//! the blocking one are read meanwhile and run after its reply; end of
+//! file or a socket error while blocked means the client has gone, and
+//! its waiter leaves the queues before anything could be popped for it.
+//!
 //! Output buffer limits: a subscriber's are its mailbox's (above); for a
 //! normal client the hard limit of `client-output-buffer-limit normal`
 //! (off by default, as in Redis) closes the connection when one batch's

@@ -40,8 +40,14 @@
 //! Modules: [`strings`], [`lcs`], [`bits`] (bitmaps), [`keys`], [`dump`]
 //! (DUMP/RESTORE), [`hash`], [`set`], [`list`], [`admin`] (connection and
 //! server commands), [`multi`] (MULTI/EXEC/WATCH, RESET), [`pubsub`]
-//! (SUBSCRIBE, PUBLISH, PUBSUB); the table itself ([`COMMANDS`]) is in
-//! `table.rs`.
+//! (SUBSCRIBE, PUBLISH, PUBSUB, and the sharded forms), [`blocking`]
+//! (BLPOP and the other blocking pops, LMPOP, ZMPOP); the table itself
+//! ([`COMMANDS`]) is in `table.rs`.
+//!
+//! Blocked clients: after a write that can give a list or sorted set
+//! elements, while some client is blocked, dispatch notes the key as
+//! ready and, once the command's stripes are released, serves the key's
+//! waiters ([`blocking::serve_ready`], design in [`crate::blocking`]).
 //!
 //! Connection state that changes what dispatch does: inside MULTI a
 //! command is checked and queued instead of run (see [`multi`]); a RESP2
