@@ -3,7 +3,7 @@
 //! blocked clients when a key they wait on gets elements (the waiter
 //! registry and the design are in [`crate::blocking`]).
 //!
-//! Each command parses into one [`Pop`]; [`attempt`] runs its
+//! Each command parses into one `Pop`; `attempt` runs its
 //! non-blocking form over the keys in order (a missing key is skipped, a
 //! key of another type answers WRONGTYPE, the first non-empty one is
 //! popped), as Redis 7.0's `blockingPopGenericCommand`,
@@ -13,7 +13,7 @@
 //! registers a waiter under its keys' stripes and leaves the wait to the
 //! connection. [`serve_ready`] is what a pusher runs, after its command
 //! released its stripes, for each key it signalled ([`signalled_keys`]):
-//! the key's first waiting waiter is served by running [`attempt`] on
+//! the key's first waiting waiter is served by running `attempt` on
 //! that key alone, under the waiter's stripes. Serving a BLMOVE pushes
 //! onto its destination, which is then ready in turn.
 //!

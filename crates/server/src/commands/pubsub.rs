@@ -211,8 +211,8 @@ pub fn publish(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     Ok(())
 }
 
-/// PUBSUB CHANNELS [pattern] | NUMSUB [channel ...] | NUMPAT |
-/// SHARDCHANNELS [pattern] | SHARDNUMSUB [shardchannel ...].
+/// PUBSUB CHANNELS \[pattern\] | NUMSUB [channel ...] | NUMPAT |
+/// SHARDCHANNELS \[pattern\] | SHARDNUMSUB \[shardchannel ...\].
 pub fn pubsub(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     let hub = &ctx.shared.pubsub;
     let sub = a[1];
