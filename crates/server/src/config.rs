@@ -227,6 +227,117 @@ pub struct ServerConfig {
     pub rdb: crate::rdb::RdbConfig,
     /// Replication settings (`replicaof`, `masterauth`, ...).
     pub replica: crate::replica::ReplicaConfig,
+    /// client-output-buffer-limit: (hard bytes, soft bytes, soft seconds)
+    /// per class, in [`OBUF_CLASSES`] order.
+    pub output_buffer_limits: [[u64; 3]; 3],
+}
+
+/// The client classes of `client-output-buffer-limit`, in Redis's order
+/// (CONFIG GET names the replica class `slave`, as redis-server 7.0 does).
+pub const OBUF_CLASSES: [&str; 3] = ["normal", "slave", "pubsub"];
+/// Index of the normal class.
+pub const OBUF_NORMAL: usize = 0;
+/// Index of the pubsub class.
+pub const OBUF_PUBSUB: usize = 2;
+/// Redis's defaults: `normal 0 0 0 replica 256mb 64mb 60 pubsub 32mb 8mb 60`.
+pub const DEFAULT_OUTPUT_BUFFER_LIMITS: [[u64; 3]; 3] = [
+    [0, 0, 0],
+    [256 << 20, 64 << 20, 60],
+    [
+        crate::pubsub::PUBSUB_HARD_LIMIT_BYTES as u64,
+        crate::pubsub::PUBSUB_SOFT_LIMIT_BYTES as u64,
+        crate::pubsub::PUBSUB_SOFT_LIMIT_SECS,
+    ],
+];
+
+/// Parse a `client-output-buffer-limit` value (`class hard soft seconds`,
+/// repeated) into `limits`, all or nothing, with redis-server's errors.
+pub fn parse_output_limits(value: &str, limits: &mut [[u64; 3]; 3]) -> Result<(), &'static str> {
+    let words: Vec<&str> = value.split_whitespace().collect();
+    if !words.len().is_multiple_of(4) {
+        return Err("Wrong number of arguments in buffer limit configuration.");
+    }
+    let mut next = *limits;
+    for w in words.chunks(4) {
+        let class = match w[0].to_ascii_lowercase().as_str() {
+            "normal" => 0,
+            "replica" | "slave" => 1,
+            "pubsub" => 2,
+            _ => return Err("Invalid client class specified in buffer limit configuration."),
+        };
+        let bad = "Error in hard, soft or soft_seconds setting in buffer limit configuration.";
+        let hard = parse_size(w[1]).map_err(|_| bad)?;
+        let soft = parse_size(w[2]).map_err(|_| bad)?;
+        let secs: u64 = w[3].parse().map_err(|_| bad)?;
+        next[class] = [hard, soft, secs];
+    }
+    *limits = next;
+    Ok(())
+}
+
+/// The output buffer limits in force (CONFIG SET changes them).
+pub struct OutputLimits {
+    classes: [[AtomicU64; 3]; 3],
+}
+
+impl Default for OutputLimits {
+    fn default() -> Self {
+        OutputLimits::new(DEFAULT_OUTPUT_BUFFER_LIMITS)
+    }
+}
+
+impl OutputLimits {
+    /// These limits.
+    pub fn new(v: [[u64; 3]; 3]) -> OutputLimits {
+        OutputLimits {
+            classes: v.map(|c| c.map(AtomicU64::new)),
+        }
+    }
+
+    /// (hard bytes, soft bytes, soft seconds) of `class`; 0 = no limit.
+    #[inline]
+    pub fn get(&self, class: usize) -> (u64, u64, u64) {
+        let c = &self.classes[class];
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        (l(&c[0]), l(&c[1]), l(&c[2]))
+    }
+
+    /// The hard limit of `class` (bytes; 0 = none).
+    #[inline]
+    pub fn hard(&self, class: usize) -> u64 {
+        self.classes[class][0].load(Ordering::Relaxed)
+    }
+
+    /// All classes now.
+    pub fn all(&self) -> [[u64; 3]; 3] {
+        [0, 1, 2].map(|c| {
+            let (h, s, t) = self.get(c);
+            [h, s, t]
+        })
+    }
+
+    /// CONFIG SET.
+    pub fn set(&self, value: &str) -> Result<(), &'static str> {
+        let mut v = self.all();
+        parse_output_limits(value, &mut v)?;
+        for (c, vals) in self.classes.iter().zip(v) {
+            for (a, x) in c.iter().zip(vals) {
+                a.store(x, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    /// CONFIG GET's text.
+    pub fn render(&self) -> String {
+        let v = self.all();
+        OBUF_CLASSES
+            .iter()
+            .zip(v)
+            .map(|(n, [h, s, t])| format!("{n} {h} {s} {t}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
 }
 
 impl Default for ServerConfig {
@@ -262,6 +373,7 @@ impl Default for ServerConfig {
             tls: Default::default(),
             rdb: Default::default(),
             replica: Default::default(),
+            output_buffer_limits: DEFAULT_OUTPUT_BUFFER_LIMITS,
         }
     }
 }
@@ -396,6 +508,9 @@ impl ServerConfig {
                 self.max_inline_len = at_least(&name, parse_size(value)?, MIN_MAX_INLINE)?
             }
             "loglevel" => self.loglevel = value.to_string(),
+            "client-output-buffer-limit" => {
+                parse_output_limits(value, &mut self.output_buffer_limits)?
+            }
             "pin" => self.pin = matches!(value, "yes" | "true" | "1"),
             n if n.starts_with("tls-") => self.tls.apply(n, value)?,
             n if crate::rdb::RdbConfig::owns(n) => self.rdb.apply(n, value)?,
@@ -531,6 +646,8 @@ pub struct Settings {
     /// maxmemory-policy in force (`MaxmemoryPolicy::to_byte`); the engine
     /// follows it (`Engine::set_eviction`).
     pub maxmemory_policy: std::sync::atomic::AtomicU8,
+    /// client-output-buffer-limit (shared with the pub/sub hub).
+    pub output_limits: std::sync::Arc<OutputLimits>,
 }
 
 impl Settings {
@@ -556,6 +673,7 @@ impl Settings {
             maxmemory_policy: std::sync::atomic::AtomicU8::new(
                 crate::eviction::MaxmemoryPolicy::at_start(c).to_byte(),
             ),
+            output_limits: std::sync::Arc::new(OutputLimits::new(c.output_buffer_limits)),
         })
     }
 
@@ -693,6 +811,7 @@ impl Settings {
             ("client-query-buffer-limit", r(&self.query_buffer_limit)),
             ("max-multibulk-len", r(&self.max_multibulk_len)),
             ("max-inline-len", r(&self.max_inline_len)),
+            ("client-output-buffer-limit", self.output_limits.render()),
         ]
         .into_iter()
         .chain(fixed.tls.config_get())
@@ -744,6 +863,10 @@ impl Settings {
             "max-inline-len" => self
                 .max_inline_len
                 .store(floor(size(value)?, MIN_MAX_INLINE)?, Ordering::Relaxed),
+            "client-output-buffer-limit" => self
+                .output_limits
+                .set(value)
+                .map_err(&failed)?,
             "protected-mode" => self.protected_mode.store(
                 parse_yes_no(name, value).map_err(|e| failed(&e))?,
                 Ordering::Relaxed,
@@ -809,6 +932,22 @@ mod tests {
         assert_eq!(c.data_dir, Some(PathBuf::from("/dev/shm/my store")));
         assert!(c.apply_file_text("data-dir \"\"").is_err());
         assert!(c.apply_file_text("bogus 1").is_err());
+        c.apply_file_text(
+            "client-output-buffer-limit pubsub 1mb 512kb 5\nclient-output-buffer-limit normal 0 0 0\n",
+        )
+        .unwrap();
+        assert_eq!(c.output_buffer_limits[OBUF_PUBSUB], [1 << 20, 512 << 10, 5]);
+        let l = OutputLimits::new(c.output_buffer_limits);
+        assert_eq!(
+            l.render(),
+            "normal 0 0 0 slave 268435456 67108864 60 pubsub 1048576 524288 5"
+        );
+        assert!(l.set("pubsub 1 2").is_err());
+        assert!(l.set("foo 1 1 1").is_err());
+        assert!(l.set("pubsub 1 1 -1").is_err());
+        l.set("replica 1 1 1 normal 2 2 2").unwrap();
+        assert_eq!(l.get(1), (1, 1, 1));
+        assert_eq!(l.get(OBUF_NORMAL), (2, 2, 2));
     }
 
     #[test]

@@ -42,6 +42,21 @@
 //! keep its task (or the messages) alive. The idle timeout does not apply
 //! to it, as in Redis.
 //!
+//! Blocked clients: a blocking command that found nothing leaves a
+//! registered waiter in the session; the batch loop writes the replies so
+//! far and awaits the waiter (served, timed out, CLIENT UNBLOCK), its
+//! deadline and the socket (see [`crate::blocking`]), so only this task
+//! waits; the worker's other connections run. Requests pipelined behind
+//! the blocking one are read meanwhile and run after its reply; end of
+//! file or a socket error while blocked means the client has gone, and
+//! its waiter leaves the queues before anything could be popped for it.
+//!
+//! Output buffer limits: a subscriber's are its mailbox's (above); for a
+//! normal client the hard limit of `client-output-buffer-limit normal`
+//! (off by default, as in Redis) closes the connection when one batch's
+//! unwritten replies pass it, which here means one reply larger than the
+//! limit, since the output is written at every [`OUT_SOFT`] bytes.
+//!
 //! A protocol error (RESP) or an unrecoverable one (memcached) is answered
 //! with one error line, then this connection alone is closed. The idle
 //! `timeout` closes a connection that sent nothing for that long; shutdown
@@ -342,6 +357,122 @@ async fn peek_input<S: AsyncRead + Unpin>(
     }
 }
 
+/// What woke a blocked connection.
+enum BlockWake {
+    /// The waiter's state may have changed.
+    Notified,
+    /// The timeout passed.
+    Deadline,
+    /// Read this many bytes (0: the client closed; `None`: failed).
+    Read(Option<usize>),
+    Shutdown,
+}
+
+/// Wait for a blocked command's end (see [`crate::blocking`]): served,
+/// timed out, or unblocked, whose reply goes to `out`; false if the
+/// client went away (or the server stops) while it waited. Requests the
+/// client pipelines meanwhile are read (up to the query buffer limit)
+/// and run afterwards, as redis-server does; a read of end-of-file or an
+/// error means the client has gone: the waiter leaves every queue before
+/// anything could be popped for it.
+async fn wait_blocked<S: AsyncRead + Unpin>(
+    s: &mut S,
+    inb: &mut InBuf,
+    cap: usize,
+    stats: &WorkerStats,
+    shutdown: &mut watch::Receiver<bool>,
+    b: &crate::blocking::Blocked,
+    out: &mut Vec<u8>,
+) -> bool {
+    use crate::blocking::Outcome;
+    let w = &b.waiter;
+    let mut reading = true;
+    // The deadline passed while a serve was under way: wait for its end.
+    let mut deadline_seen = false;
+    loop {
+        match w.outcome() {
+            Outcome::Served => {
+                out.extend_from_slice(&w.take_reply());
+                return true;
+            }
+            Outcome::TimedOut => {
+                commands::blocking::timed_out_reply(out, w.proto);
+                return true;
+            }
+            Outcome::Unblocked => {
+                crate::resp::Reply {
+                    out,
+                    proto: w.proto,
+                }
+                .error(commands::blocking::UNBLOCKED);
+                return true;
+            }
+            Outcome::Pending => {}
+        }
+        let room = reading && inb.filled - inb.start < cap;
+        if room {
+            inb.reserve(1, cap);
+        }
+        let buf = &mut inb.data[inb.filled..];
+        let read = async {
+            if room {
+                s.read(buf).await.ok()
+            } else {
+                std::future::pending().await
+            }
+        };
+        let deadline = async {
+            match b.deadline {
+                Some(d) if !deadline_seen => tokio::time::sleep_until(d.into()).await,
+                _ => std::future::pending().await,
+            }
+        };
+        let wake = tokio::select! {
+            _ = w.wake.notified() => BlockWake::Notified,
+            _ = deadline => BlockWake::Deadline,
+            n = read => BlockWake::Read(n),
+            _ = shutdown.wait_for(|v| *v) => BlockWake::Shutdown,
+        };
+        match wake {
+            BlockWake::Notified => deadline_seen = false,
+            BlockWake::Deadline => {
+                if !w.time_out() {
+                    deadline_seen = true;
+                }
+            }
+            BlockWake::Read(Some(n)) if n > 0 => {
+                inb.filled += n;
+                WorkerStats::bump(&stats.net_in, n as u64);
+            }
+            BlockWake::Read(_) | BlockWake::Shutdown => {
+                if w.client_gone() {
+                    return false;
+                }
+                // Being served: take the reply, then close.
+                reading = false;
+            }
+        }
+    }
+}
+
+/// redis-server's per-client static reply buffer, which its output
+/// buffer limits do not count.
+const REDIS_STATIC_REPLY_BYTES: usize = 16 << 10;
+
+/// Is the output past `client-output-buffer-limit normal`'s hard limit
+/// (not counting the first [`REDIS_STATIC_REPLY_BYTES`], as Redis)?
+/// The output is written whenever it passes [`OUT_SOFT`], so with a
+/// limit above that only one reply larger than the limit can take it
+/// there; redis-server then closes the client without sending it.
+#[inline]
+fn over_normal_limit(shared: &Shared, out: &[u8]) -> bool {
+    let hard = shared
+        .settings
+        .output_limits
+        .hard(crate::config::OBUF_NORMAL);
+    hard > 0 && out.len().saturating_sub(REDIS_STATIC_REPLY_BYTES) as u64 > hard
+}
+
 /// Drop up to `skip` pending bytes; true if more remain to be dropped.
 fn discard(inb: &mut InBuf, skip: &mut u64) -> bool {
     let n = (inb.filled - inb.start).min(usize::try_from(*skip).unwrap_or(usize::MAX));
@@ -515,6 +646,14 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                                 commands::execute(&mut ctx, args, &mut r)
                             });
                             close = sess.close;
+                            if over_normal_limit(&shared, &out) {
+                                log::warn!(
+                                    "client {} closed for overcoming of output buffer limits ({} bytes pending)",
+                                    info.id,
+                                    out.len()
+                                );
+                                return;
+                            }
                             let used = req.consumed;
                             parser.recycle(req.args);
                             Ok(used)
@@ -628,6 +767,29 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                     want = 1;
                     if close {
                         break;
+                    }
+                    if let Some(b) = sess.blocked.take() {
+                        // A blocking command found nothing: send what
+                        // is answered so far, then wait (this task only).
+                        let ok = flush(&mut s, &mut out, stats, mailbox(&sess).as_deref())
+                            .await
+                            .is_ok()
+                            && wait_blocked(
+                                &mut s,
+                                &mut inb,
+                                cap,
+                                stats,
+                                &mut shutdown,
+                                &b,
+                                &mut out,
+                            )
+                            .await;
+                        *info.blocked.lock() = None;
+                        drop(b);
+                        if !ok {
+                            return;
+                        }
+                        slice_start = std::time::Instant::now();
                     }
                     if let Some(d) = sess.penalty.take() {
                         // A failed authentication: the reply and the next

@@ -31,6 +31,8 @@
 //! | [`types`] | string/hash typing and the hash encoding |
 //! | [`glob`] | KEYS/SCAN pattern matching |
 //! | [`tls`] | TLS on `tls-port` (rustls + ring), its settings and handshake |
+//! | [`blocking`] | clients blocked on list/zset keys: per-key FIFO waiters, serving by the pusher |
+//! | [`pubsub`] | pub/sub registry and subscriber mailboxes (output buffer limits) |
 //! | [`rdb`] | RDB snapshots: SAVE/BGSAVE, import of a `dump.rdb` at start |
 //! | [`replica`] | REPLICAOF: replica of a Redis primary (PSYNC, full and partial sync, read-only gate) |
 //! | [`durability`] | `appendfsync` for a store on disk: group commit, the flusher thread |
@@ -45,6 +47,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod auth;
+pub mod blocking;
 pub mod coll;
 pub mod commands;
 pub mod config;
@@ -288,6 +291,7 @@ impl Server {
         }
         settings.maxclients_ceiling = ceiling;
         let (tx, _) = watch::channel(false);
+        let output_limits = settings.output_limits.clone();
         let shared = Arc::new(Shared {
             store,
             settings,
@@ -302,7 +306,8 @@ impl Server {
             ports: Mutex::new((resp_port.unwrap_or(0), memcached_port.unwrap_or(0))),
             closed_since_trim: AtomicU64::new(0),
             keylocks: keylock::KeyLocks::new(),
-            pubsub: Arc::new(pubsub::Hub::new()),
+            pubsub: Arc::new(pubsub::Hub::with_limits(output_limits)),
+            blocking: Arc::new(blocking::Registry::new()),
             persist: rdb::Persistence::new(&cfg),
             replica: replica::Replication::new(&cfg.replica),
             durability: durability::Durability::new(cfg.appendfsync, cfg.data_dir.is_some()),

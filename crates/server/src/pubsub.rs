@@ -25,11 +25,14 @@
 //! channel, so there is no key to shard them by.
 //!
 //! Output buffer limits, as Redis's `client-output-buffer-limit pubsub
-//! 32mb 8mb 60`: a mailbox counts the bytes it holds (channel, pattern,
-//! payload and [`MESSAGE_OVERHEAD_BYTES`] per message). A push that takes
-//! it past [`PUBSUB_HARD_LIMIT_BYTES`], or that finds it above
-//! [`PUBSUB_SOFT_LIMIT_BYTES`] continuously for
-//! [`PUBSUB_SOFT_LIMIT_SECS`], kills the subscriber: its queue is freed at
+//! 32mb 8mb 60` (the defaults; CONFIG SET and the config file change
+//! them, read at every push from [`OutputLimits`]): a mailbox counts the
+//! bytes it holds (channel, pattern, payload and
+//! [`MESSAGE_OVERHEAD_BYTES`] per message; CLIENT LIST shows them as
+//! `omem`). A push that takes it past the hard limit (default
+//! [`PUBSUB_HARD_LIMIT_BYTES`]), or that finds it above the soft limit
+//! ([`PUBSUB_SOFT_LIMIT_BYTES`]) continuously for the soft seconds
+//! ([`PUBSUB_SOFT_LIMIT_SECS`]), kills the subscriber; 0 turns a limit off: its queue is freed at
 //! once, later pushes are dropped, and its task (woken through `killed`
 //! even while it is blocked writing to a client that does not read)
 //! closes the connection. So the memory one subscriber can hold is the
@@ -46,6 +49,7 @@ use crossbeam_utils::CachePadded;
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
 
+use crate::config::{OutputLimits, OBUF_PUBSUB};
 use crate::resp::{Proto, Reply};
 use crate::state::ClientInfo;
 
@@ -67,10 +71,12 @@ pub struct Message {
     payload: Box<[u8]>,
 }
 
-/// A message in one mailbox: the pattern it matched, if it came by one.
+/// A message in one mailbox: the pattern it matched, if it came by one;
+/// `shard` for SPUBLISH's (`smessage`).
 struct Delivery {
     msg: Arc<Message>,
     pattern: Option<Arc<[u8]>>,
+    shard: bool,
 }
 
 impl Delivery {
@@ -85,7 +91,7 @@ impl Delivery {
         match &self.pattern {
             None => {
                 r.push(3);
-                r.bulk(b"message");
+                r.bulk(if self.shard { b"smessage" } else { b"message" });
             }
             Some(p) => {
                 r.push(4);
@@ -104,6 +110,8 @@ struct Queue {
     bytes: usize,
     /// Since when the queue has been above the soft limit.
     soft_since: Option<Instant>,
+    /// The soft limit the last push saw (bytes; 0 = none).
+    soft_limit: u64,
 }
 
 /// One subscribed connection's pending messages.
@@ -114,18 +122,18 @@ pub struct Mailbox {
     /// Wakes the connection when it is killed (also while it writes).
     pub kill: Notify,
     killed: AtomicBool,
-    /// For the log line.
-    client_id: u64,
+    /// Its client (the log line, CLIENT LIST's `omem`).
+    info: Arc<ClientInfo>,
 }
 
 impl Mailbox {
-    fn new(client_id: u64) -> Mailbox {
+    fn new(info: Arc<ClientInfo>) -> Mailbox {
         Mailbox {
             queue: Mutex::default(),
             wake: Notify::new(),
             kill: Notify::new(),
             killed: AtomicBool::new(false),
-            client_id,
+            info,
         }
     }
 
@@ -134,31 +142,35 @@ impl Mailbox {
         self.killed.load(Ordering::Acquire)
     }
 
-    fn push(&self, d: Delivery) {
+    fn push(&self, d: Delivery, limits: &OutputLimits) {
         if self.is_killed() {
             return;
         }
+        let (hard, soft, soft_secs) = limits.get(OBUF_PUBSUB);
         let mut q = self.queue.lock();
         let was_empty = q.items.is_empty();
+        q.soft_limit = soft;
         q.bytes += d.bytes();
         q.items.push_back(d);
-        let over = if q.bytes > PUBSUB_HARD_LIMIT_BYTES {
+        let bytes = q.bytes as u64;
+        let over = if hard > 0 && bytes > hard {
             true
-        } else if q.bytes > PUBSUB_SOFT_LIMIT_BYTES {
+        } else if soft > 0 && bytes > soft {
             let since = *q.soft_since.get_or_insert_with(Instant::now);
-            since.elapsed().as_secs() >= PUBSUB_SOFT_LIMIT_SECS
+            since.elapsed().as_secs() >= soft_secs
         } else {
             false
         };
+        self.info.omem.store(bytes, Ordering::Relaxed);
         if over {
-            let bytes = q.bytes;
             *q = Queue::default();
             drop(q);
+            self.info.omem.store(0, Ordering::Relaxed);
             self.killed.store(true, Ordering::Release);
             crate::warn_limited!(
                 KILL_LOG,
                 "client id={} closed for overcoming of output buffer limits ({} bytes of pub/sub messages pending)",
-                self.client_id,
+                self.info.id,
                 bytes
             );
             self.kill.notify_one();
@@ -181,9 +193,11 @@ impl Mailbox {
             q.bytes -= d.bytes();
             d.encode(&mut r);
         }
-        if q.bytes <= PUBSUB_SOFT_LIMIT_BYTES {
+        // Below the soft limit now: its clock starts again next time.
+        if q.bytes as u64 <= q.soft_limit {
             q.soft_since = None;
         }
+        self.info.omem.store(q.bytes as u64, Ordering::Relaxed);
         !q.items.is_empty()
     }
 
@@ -205,9 +219,13 @@ type PatternList = Vec<(Arc<[u8]>, Arc<Mailbox>)>;
 /// The registry of channel and pattern subscriptions.
 pub struct Hub {
     shards: Box<[ChannelShard]>,
+    /// Shard channels (SSUBSCRIBE/SPUBLISH), a registry of their own.
+    sshards: Box<[ChannelShard]>,
     patterns: RwLock<PatternList>,
     /// Pattern subscriptions (so PUBLISH can skip the list when 0).
     npatterns: AtomicUsize,
+    /// client-output-buffer-limit (the pubsub class applies here).
+    limits: Arc<OutputLimits>,
 }
 
 impl Default for Hub {
@@ -221,10 +239,17 @@ fn shard_of(channel: &[u8]) -> usize {
 }
 
 impl Hub {
-    /// An empty registry.
+    /// An empty registry with Redis's default output buffer limits.
     pub fn new() -> Hub {
+        Hub::with_limits(Arc::default())
+    }
+
+    /// An empty registry under these output buffer limits.
+    pub fn with_limits(limits: Arc<OutputLimits>) -> Hub {
         Hub {
+            limits,
             shards: (0..CHANNEL_SHARDS).map(|_| Default::default()).collect(),
+            sshards: (0..CHANNEL_SHARDS).map(|_| Default::default()).collect(),
             patterns: RwLock::default(),
             npatterns: AtomicUsize::new(0),
         }
@@ -240,20 +265,28 @@ impl Hub {
         let mut n = 0;
         if let Some(subs) = self.shards[shard_of(channel)].read().get(channel) {
             for mb in subs {
-                mb.push(Delivery {
-                    msg: msg.clone(),
-                    pattern: None,
-                });
+                mb.push(
+                    Delivery {
+                        msg: msg.clone(),
+                        pattern: None,
+                        shard: false,
+                    },
+                    &self.limits,
+                );
                 n += 1;
             }
         }
         if self.npatterns.load(Ordering::Relaxed) > 0 {
             for (pat, mb) in self.patterns.read().iter() {
                 if crate::glob::matches(pat, channel) {
-                    mb.push(Delivery {
-                        msg: msg.clone(),
-                        pattern: Some(pat.clone()),
-                    });
+                    mb.push(
+                        Delivery {
+                            msg: msg.clone(),
+                            pattern: Some(pat.clone()),
+                            shard: false,
+                        },
+                        &self.limits,
+                    );
                     n += 1;
                 }
             }
@@ -261,10 +294,51 @@ impl Hub {
         n
     }
 
+    /// SPUBLISH: deliver to the subscribers of shard channel `channel`
+    /// (patterns do not apply); returns how many.
+    pub fn spublish(&self, channel: &[u8], payload: &[u8]) -> usize {
+        let guard = self.sshards[shard_of(channel)].read();
+        let Some(subs) = guard.get(channel) else {
+            return 0;
+        };
+        let msg = Arc::new(Message {
+            channel: channel.into(),
+            payload: payload.into(),
+        });
+        for mb in subs {
+            mb.push(
+                Delivery {
+                    msg: msg.clone(),
+                    pattern: None,
+                    shard: true,
+                },
+                &self.limits,
+            );
+        }
+        subs.len()
+    }
+
     /// Active channels (with at least one subscriber) matching `pattern`.
     pub fn channels(&self, pattern: Option<&[u8]>) -> Vec<Box<[u8]>> {
+        Self::list(&self.shards, pattern)
+    }
+
+    /// Active shard channels matching `pattern`.
+    pub fn shard_channels(&self, pattern: Option<&[u8]>) -> Vec<Box<[u8]>> {
+        Self::list(&self.sshards, pattern)
+    }
+
+    /// Subscribers of shard channel `channel`.
+    pub fn shard_numsub(&self, channel: &[u8]) -> usize {
+        self.sshards[shard_of(channel)]
+            .read()
+            .get(channel)
+            .map_or(0, Vec::len)
+    }
+
+    fn list(shards: &[ChannelShard], pattern: Option<&[u8]>) -> Vec<Box<[u8]>> {
         let mut v = Vec::new();
-        for s in self.shards.iter() {
+        for s in shards.iter() {
             for ch in s.read().keys() {
                 if pattern.is_none_or(|p| crate::glob::matches(p, ch)) {
                     v.push(ch.clone());
@@ -288,16 +362,18 @@ impl Hub {
         p.iter().map(|(pat, _)| pat).collect::<HashSet<_>>().len()
     }
 
-    fn add_channel(&self, channel: &[u8], mb: &Arc<Mailbox>) {
-        self.shards[shard_of(channel)]
+    fn add_channel(&self, channel: &[u8], mb: &Arc<Mailbox>, shard: bool) {
+        let shards = if shard { &self.sshards } else { &self.shards };
+        shards[shard_of(channel)]
             .write()
             .entry(channel.into())
             .or_default()
             .push(mb.clone());
     }
 
-    fn remove_channel(&self, channel: &[u8], mb: &Arc<Mailbox>) {
-        let mut s = self.shards[shard_of(channel)].write();
+    fn remove_channel(&self, channel: &[u8], mb: &Arc<Mailbox>, shard: bool) {
+        let shards = if shard { &self.sshards } else { &self.shards };
+        let mut s = shards[shard_of(channel)].write();
         if let Some(v) = s.get_mut(channel) {
             v.retain(|m| !Arc::ptr_eq(m, mb));
             if v.is_empty() {
@@ -329,23 +405,35 @@ pub struct Subs {
     pub mailbox: Arc<Mailbox>,
     channels: HashSet<Box<[u8]>>,
     patterns: HashSet<Box<[u8]>>,
+    schannels: HashSet<Box<[u8]>>,
 }
 
 impl Subs {
     /// No subscriptions yet.
     pub fn new(hub: Arc<Hub>, info: Arc<ClientInfo>) -> Subs {
         Subs {
-            mailbox: Arc::new(Mailbox::new(info.id)),
+            mailbox: Arc::new(Mailbox::new(info.clone())),
             hub,
             info,
             channels: HashSet::new(),
             patterns: HashSet::new(),
+            schannels: HashSet::new(),
         }
     }
 
-    /// Channels plus patterns.
+    /// Channels plus patterns (the count SUBSCRIBE and friends report).
     pub fn count(&self) -> usize {
         self.channels.len() + self.patterns.len()
+    }
+
+    /// Shard channels (the count SSUBSCRIBE and SUNSUBSCRIBE report).
+    pub fn shard_count(&self) -> usize {
+        self.schannels.len()
+    }
+
+    /// Every subscription: none left ends the subscribed state.
+    pub fn total(&self) -> usize {
+        self.count() + self.shard_count()
     }
 
     fn publish_counts(&self) {
@@ -355,12 +443,15 @@ impl Subs {
         self.info
             .psub
             .store(self.patterns.len() as u32, Ordering::Relaxed);
+        self.info
+            .ssub
+            .store(self.schannels.len() as u32, Ordering::Relaxed);
     }
 
     /// Subscribe to `channel` (no-op if subscribed already).
     pub fn subscribe(&mut self, channel: &[u8]) {
         if self.channels.insert(channel.into()) {
-            self.hub.add_channel(channel, &self.mailbox);
+            self.hub.add_channel(channel, &self.mailbox, false);
             self.publish_counts();
         }
     }
@@ -368,9 +459,30 @@ impl Subs {
     /// Unsubscribe from `channel` (no-op if not subscribed).
     pub fn unsubscribe(&mut self, channel: &[u8]) {
         if self.channels.remove(channel) {
-            self.hub.remove_channel(channel, &self.mailbox);
+            self.hub.remove_channel(channel, &self.mailbox, false);
             self.publish_counts();
         }
+    }
+
+    /// Subscribe to shard channel `channel`.
+    pub fn ssubscribe(&mut self, channel: &[u8]) {
+        if self.schannels.insert(channel.into()) {
+            self.hub.add_channel(channel, &self.mailbox, true);
+            self.publish_counts();
+        }
+    }
+
+    /// Unsubscribe from shard channel `channel`.
+    pub fn sunsubscribe(&mut self, channel: &[u8]) {
+        if self.schannels.remove(channel) {
+            self.hub.remove_channel(channel, &self.mailbox, true);
+            self.publish_counts();
+        }
+    }
+
+    /// Shard channels subscribed to.
+    pub fn shard_channel_list(&self) -> Vec<Box<[u8]>> {
+        self.schannels.iter().cloned().collect()
     }
 
     /// Subscribe to `pattern`.
@@ -403,7 +515,10 @@ impl Subs {
 impl Drop for Subs {
     fn drop(&mut self) {
         for c in std::mem::take(&mut self.channels) {
-            self.hub.remove_channel(&c, &self.mailbox);
+            self.hub.remove_channel(&c, &self.mailbox, false);
+        }
+        for c in std::mem::take(&mut self.schannels) {
+            self.hub.remove_channel(&c, &self.mailbox, true);
         }
         for p in std::mem::take(&mut self.patterns) {
             self.hub.remove_pattern(&p, &self.mailbox);
@@ -431,6 +546,9 @@ mod tests {
             watch: Default::default(),
             sub: Default::default(),
             psub: Default::default(),
+            ssub: Default::default(),
+            omem: Default::default(),
+            blocked: Default::default(),
         })
     }
 

@@ -1253,6 +1253,9 @@ fn primary_client(sh: &Shared, host: &str, port: u16) -> ClientInfo {
         watch: std::sync::atomic::AtomicU32::new(0),
         sub: std::sync::atomic::AtomicU32::new(0),
         psub: std::sync::atomic::AtomicU32::new(0),
+        ssub: std::sync::atomic::AtomicU32::new(0),
+        omem: AtomicU64::new(0),
+        blocked: parking_lot::Mutex::new(None),
     }
 }
 

@@ -113,6 +113,12 @@ pub struct ClientInfo {
     pub sub: AtomicU32,
     /// Patterns subscribed.
     pub psub: AtomicU32,
+    /// Shard channels subscribed.
+    pub ssub: AtomicU32,
+    /// Bytes of pub/sub messages waiting for it (CLIENT LIST `omem`).
+    pub omem: AtomicU64,
+    /// The command it is blocked in (CLIENT UNBLOCK).
+    pub blocked: parking_lot::Mutex<Option<Arc<crate::blocking::Waiter>>>,
 }
 
 /// Mutable strings of a client.
@@ -137,23 +143,27 @@ impl ClientInfo {
                 .load(Ordering::Relaxed)
                 .min(age.as_millis() as u64);
         let multi = self.multi.load(Ordering::Relaxed);
-        let (sub, psub) = (
+        let (sub, psub, ssub) = (
             self.sub.load(Ordering::Relaxed),
             self.psub.load(Ordering::Relaxed),
+            self.ssub.load(Ordering::Relaxed),
         );
         // Redis's flags letters: x in MULTI, P subscribed, N for neither.
         let mut flags = String::new();
         if multi >= 0 {
             flags.push('x');
         }
-        if sub + psub > 0 {
+        if sub + psub + ssub > 0 {
             flags.push('P');
+        }
+        if self.blocked.lock().is_some() {
+            flags.push('b');
         }
         if flags.is_empty() {
             flags.push('N');
         }
         format!(
-            "id={} addr={} laddr={} fd=-1 name={} age={} idle={} flags={} db=0 sub={} psub={} ssub=0 multi={} watch={} qbuf={} qbuf-free={} argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd=NULL user=default redir=-1 resp={} lib-name={} lib-ver={}",
+            "id={} addr={} laddr={} fd=-1 name={} age={} idle={} flags={} db=0 sub={} psub={} ssub={} multi={} watch={} qbuf={} qbuf-free={} argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem={} tot-mem=0 events=r cmd=NULL user=default redir=-1 resp={} lib-name={} lib-ver={}",
             self.id,
             self.addr,
             self.laddr,
@@ -163,10 +173,12 @@ impl ClientInfo {
             flags,
             sub,
             psub,
+            ssub,
             multi,
             self.watch.load(Ordering::Relaxed),
             self.qbuf.load(Ordering::Relaxed),
             self.qbuf_free.load(Ordering::Relaxed),
+            self.omem.load(Ordering::Relaxed),
             self.resp.load(Ordering::Relaxed),
             t.lib_name,
             t.lib_ver
@@ -211,6 +223,8 @@ pub struct Shared {
     pub closed_since_trim: AtomicU64,
     /// Striped key locks (see [`crate::keylock`]).
     pub keylocks: crate::keylock::KeyLocks,
+    /// Clients blocked on keys (see [`crate::blocking`]).
+    pub blocking: Arc<crate::blocking::Registry>,
     /// Pub/sub channel registry (see [`crate::pubsub`]).
     pub pubsub: Arc<crate::pubsub::Hub>,
     /// RDB snapshots (see [`crate::rdb`]).

@@ -169,6 +169,9 @@ fn admit(
         watch: Default::default(),
         sub: Default::default(),
         psub: Default::default(),
+        ssub: Default::default(),
+        omem: Default::default(),
+        blocked: Default::default(),
     });
     shared.clients[worker]
         .map

@@ -113,7 +113,14 @@ pub enum Op {
     /// MULTI, SET key:k, INCR ctr:(k mod COLLECTIONS), EXEC: four
     /// requests, four replies; its latency is the EXEC's.
     Multi(u64, u32),
+    /// LPUSH queue, an element of this many bytes (a producer).
+    QPush(u32),
+    /// BRPOP queue 1 (a consumer; blocks while the queue is empty).
+    QPop,
 }
+
+/// The one list of the producer-consumer phase.
+const QUEUE_KEY: &[u8] = b"queue";
 
 impl Op {
     fn expect(self) -> Expect {
@@ -174,6 +181,9 @@ pub struct Conn {
     /// (op index, op) of the batch in flight, in order.
     inflight: Vec<(usize, Op)>,
     sent_at: Instant,
+    /// In the producer-consumer phase: this connection pops (BRPOP)
+    /// where the phase asks for pushes.
+    consumer: bool,
 }
 
 impl Conn {
@@ -207,6 +217,7 @@ impl Conn {
             wbuf: Vec::with_capacity(64 << 10),
             inflight: Vec::new(),
             sent_at: Instant::now(),
+            consumer: false,
         }
     }
 
@@ -331,6 +342,8 @@ impl Conn {
                 proto::enc_cmd(p, w, &[b"ZADD", &coll_key(b"zset", c), m, m])
             }
             Op::ZRange(c) => proto::enc_cmd(p, w, &[b"ZRANGE", &coll_key(b"zset", c), b"0", b"9"]),
+            Op::QPush(n) => proto::enc_cmd(p, w, &[b"LPUSH", QUEUE_KEY, filler(n as usize)]),
+            Op::QPop => proto::enc_cmd(p, w, &[b"BRPOP", QUEUE_KEY, b"1"]),
             Op::Multi(k, n) => {
                 proto::enc_cmd(p, w, &[b"MULTI"]);
                 proto::enc_set(p, w, &key(k), filler(n as usize));
@@ -346,6 +359,13 @@ impl Conn {
         next(&mut self.inflight);
         if self.inflight.is_empty() {
             return Ok(false);
+        }
+        if self.consumer {
+            for x in &mut self.inflight {
+                if let Op::QPush(_) = x.1 {
+                    x.1 = Op::QPop;
+                }
+            }
         }
         for i in 0..self.inflight.len() {
             let op = self.inflight[i].1;
@@ -420,6 +440,9 @@ pub enum MixKind {
     ZSet,
     /// MULTI, SET, INCR, EXEC (no reads).
     Multi,
+    /// Producer-consumer on one list: even connections LPUSH, odd ones
+    /// BRPOP with a 1 s timeout (blocked while the list is empty).
+    Queue,
 }
 
 /// What a measured phase sends.
@@ -513,6 +536,9 @@ pub fn run_phase(
     let start = Instant::now() + warmup;
     let end = start + measure;
     let secs = measure.as_secs_f64();
+    for (i, c) in conns.iter_mut().enumerate() {
+        c.consumer = mix.kind == MixKind::Queue && i % 2 == 1;
+    }
     let results = std::thread::scope(|s| {
         let handles: Vec<_> = groups(conns, threads)
             .into_iter()
@@ -559,6 +585,7 @@ fn phase_worker(
                 (MixKind::ZSet, true) => Op::ZRange(c),
                 (MixKind::ZSet, false) => Op::ZAdd(c, k),
                 (MixKind::Multi, _) => Op::Multi(k, size),
+                (MixKind::Queue, _) => Op::QPush(size),
             };
             batch.push((0, op));
         }
@@ -589,6 +616,12 @@ fn phase_worker(
                 matches!(r, Reply::Int(_))
             }
             (Op::ZRange(_), _) => matches!(r, Reply::Array(_)),
+            (Op::QPush(_), _) => matches!(r, Reply::Int(_)),
+            (Op::QPop, _) => match r {
+                // An element, or the 1 s timeout (at the phase's end).
+                Reply::Array(2) | Reply::Nil => true,
+                _ => false,
+            },
             (Op::Multi(..), 0) => r.is_stored(),
             (Op::Multi(..), 1 | 2) => matches!(r, Reply::Status(b"QUEUED")),
             (Op::Multi(..), _) => matches!(r, Reply::Array(2)),
@@ -600,7 +633,9 @@ fn phase_worker(
         if part + 1 == op.replies() && now >= start && now < end {
             out.ops += 1;
             match op {
-                Op::Get(_) | Op::RPop(_) | Op::SIsMember(..) | Op::ZRange(_) => out.gets += 1,
+                Op::Get(_) | Op::RPop(_) | Op::SIsMember(..) | Op::ZRange(_) | Op::QPop => {
+                    out.gets += 1
+                }
                 _ => out.sets += 1,
             }
             // Saturates at the histogram's top (100 s).

@@ -161,6 +161,8 @@ pub enum Phase {
     Zadd,
     /// MULTI, SET, INCR, EXEC (RESP only)
     Multi,
+    /// Producer-consumer queue: half the connections LPUSH one list, half BRPOP it (RESP only)
+    Blpop,
 }
 
 impl Phase {
@@ -174,6 +176,7 @@ impl Phase {
             Phase::Sadd => "sadd",
             Phase::Zadd => "zadd",
             Phase::Multi => "multi",
+            Phase::Blpop => "blpop",
         }
     }
 
@@ -188,6 +191,7 @@ impl Phase {
             Phase::Sadd => (MixKind::Set, 0.5),
             Phase::Zadd => (MixKind::ZSet, 0.5),
             Phase::Multi => (MixKind::Multi, 0.0),
+            Phase::Blpop => (MixKind::Queue, 0.0),
         }
     }
 
@@ -195,7 +199,7 @@ impl Phase {
     fn resp_only(self) -> bool {
         matches!(
             self,
-            Phase::Lpush | Phase::Sadd | Phase::Zadd | Phase::Multi
+            Phase::Lpush | Phase::Sadd | Phase::Zadd | Phase::Multi | Phase::Blpop
         )
     }
 }
@@ -677,7 +681,13 @@ mod tests {
         let mut conns: Vec<Conn> = (0..4)
             .map(|_| Conn::connect(server.addr, server.proto).unwrap())
             .collect();
-        for ph in [Phase::Lpush, Phase::Sadd, Phase::Zadd, Phase::Multi] {
+        for ph in [
+            Phase::Lpush,
+            Phase::Sadd,
+            Phase::Zadd,
+            Phase::Multi,
+            Phase::Blpop,
+        ] {
             let (kind, read_ratio) = ph.mix_kind(0.9);
             let mix = Mix {
                 kind,
@@ -703,7 +713,7 @@ mod tests {
                 ph.name(),
                 out.first_error
             );
-            if read_ratio > 0.0 {
+            if read_ratio > 0.0 || ph == Phase::Blpop {
                 assert!(out.gets > 0 && out.sets > 0, "{}", ph.name());
             }
         }

@@ -164,7 +164,7 @@ fn set_name(ctx: &mut Ctx, n: &[u8]) -> CmdResult {
     Ok(())
 }
 
-/// CLIENT SETNAME|GETNAME|SETINFO|ID|INFO|LIST.
+/// CLIENT SETNAME|GETNAME|SETINFO|ID|INFO|LIST|UNBLOCK.
 pub fn client(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     let sub = a[1];
     let info = ctx.sess.info.clone();
@@ -205,6 +205,24 @@ pub fn client(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
         r.int(info.id as i64);
     } else if eq(sub, "info") && a.len() == 2 {
         r.verbatim(&(info.line() + "\n"));
+    } else if eq(sub, "unblock") && (a.len() == 3 || a.len() == 4) {
+        let id = super::int_arg(a[2])?;
+        let error = match a.get(3) {
+            None => false,
+            Some(w) if eq(w, "timeout") => false,
+            Some(w) if eq(w, "error") => true,
+            Some(_) => {
+                return Err("ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR".into());
+            }
+        };
+        let unblocked = ctx
+            .shared
+            .client_list()
+            .into_iter()
+            .find(|c| c.id as i64 == id)
+            .and_then(|c| c.blocked.lock().clone())
+            .is_some_and(|w| w.unblock(error));
+        r.int(i64::from(unblocked));
     } else if eq(sub, "list") {
         let ids = client_list_filter(&a[2..])?;
         let mut s = String::new();
@@ -445,9 +463,10 @@ pub fn info_text(ctx: &Ctx, section: &str) -> String {
     if want("clients") {
         let _ = write!(
             o,
-            "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:0\r\n\r\n",
+            "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:{}\r\n\r\n",
             sh.connected.load(Ordering::Relaxed),
-            sh.settings.maxclients.load(Ordering::Relaxed)
+            sh.settings.maxclients.load(Ordering::Relaxed),
+            sh.blocking.blocked()
         );
     }
     if want("memory") {

@@ -40,8 +40,14 @@
 //! Modules: [`strings`], [`lcs`], [`bits`] (bitmaps), [`keys`], [`dump`]
 //! (DUMP/RESTORE), [`hash`], [`set`], [`list`], [`admin`] (connection and
 //! server commands), [`multi`] (MULTI/EXEC/WATCH, RESET), [`pubsub`]
-//! (SUBSCRIBE, PUBLISH, PUBSUB); the table itself ([`COMMANDS`]) is in
-//! `table.rs`.
+//! (SUBSCRIBE, PUBLISH, PUBSUB, and the sharded forms), [`blocking`]
+//! (BLPOP and the other blocking pops, LMPOP, ZMPOP); the table itself
+//! ([`COMMANDS`]) is in `table.rs`.
+//!
+//! Blocked clients: after a write that can give a list or sorted set
+//! elements, while some client is blocked, dispatch notes the key as
+//! ready and, once the command's stripes are released, serves the key's
+//! waiters ([`blocking::serve_ready`], design in [`crate::blocking`]).
 //!
 //! On a replica ([`crate::replica`]) a gate byte, 0 on a primary, makes
 //! dispatch refuse clients' writes (`-READONLY`) and, during a full
@@ -54,6 +60,7 @@
 
 pub mod admin;
 pub mod bits;
+pub mod blocking;
 pub mod dump;
 pub mod hash;
 pub mod keys;
@@ -156,6 +163,14 @@ pub struct Session {
     /// A write command ran since the replies were last written: under
     /// `appendfsync always` they wait for a flush (see `durability`).
     pub dirty: bool,
+    /// Set by a blocking command that found nothing: the connection
+    /// waits on it before its next request (see [`crate::blocking`]).
+    pub blocked: Option<crate::blocking::Blocked>,
+    /// EXEC is running its queue: blocking commands do not block.
+    pub in_exec: bool,
+    /// Keys this connection's writes signalled as ready for blocked
+    /// clients, served once its stripes are released.
+    pub ready: Vec<Vec<u8>>,
 }
 
 impl Session {
@@ -174,6 +189,9 @@ impl Session {
             subs: None,
             primary: false,
             dirty: false,
+            blocked: None,
+            in_exec: false,
+            ready: Vec::new(),
         }
     }
 
@@ -377,13 +395,30 @@ pub fn execute(ctx: &mut Ctx, args: &[&[u8]], r: &mut Reply) {
         return;
     }
     let write = spec.flags.contains(&"write");
-    let _keys = lock_keys(ctx.shared, spec, args, write);
+    let keys = lock_keys(ctx.shared, spec, args, write);
     if write {
         WorkerStats::bump(&ctx.stats.writes, 1);
         ctx.sess.dirty = true;
     }
     if let Err(e) = (spec.run)(ctx, args, r) {
         r.error(&e.0);
+    }
+    signal(ctx, spec, args);
+    drop(keys);
+    if !ctx.sess.ready.is_empty() {
+        blocking::serve_ready(ctx.shared, &mut ctx.sess.ready);
+    }
+}
+
+/// Note the key a write may have given list or zset elements to, while
+/// some client is blocked (one relaxed load otherwise).
+#[inline]
+fn signal(ctx: &mut Ctx, spec: &Spec, args: &[&[u8]]) {
+    if ctx.shared.blocking.blocked() > 0 {
+        let k = blocking::signalled_keys(spec, args);
+        if !k.is_empty() {
+            ctx.sess.ready.push(k.to_vec());
+        }
     }
 }
 
@@ -414,6 +449,7 @@ pub fn execute_held(ctx: &mut Ctx, spec: &'static Spec, args: &[&[u8]], r: &mut 
     if let Err(e) = (spec.run)(ctx, args, r) {
         r.error(&e.0);
     }
+    signal(ctx, spec, args);
 }
 
 /// The keys of a request, by the table's (first, last, step): the

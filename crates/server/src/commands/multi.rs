@@ -253,6 +253,7 @@ pub fn exec(ctx: &mut Ctx, _a: &[&[u8]], r: &mut Reply) -> CmdResult {
     }
     r.array(m.queue.len());
     ctx.sess.exec_all = all;
+    ctx.sess.in_exec = true;
     for (q, args) in m.queue.iter().zip(&argv) {
         super::execute_held(ctx, q.spec, args, r);
         if all && q.spec.flags.contains(&"write") {
@@ -262,6 +263,7 @@ pub fn exec(ctx: &mut Ctx, _a: &[&[u8]], r: &mut Reply) -> CmdResult {
         }
     }
     ctx.sess.exec_all = false;
+    ctx.sess.in_exec = false;
     drop(guard);
     Ok(())
 }

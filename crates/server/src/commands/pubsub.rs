@@ -1,5 +1,10 @@
 //! Pub/sub commands: SUBSCRIBE, UNSUBSCRIBE, PSUBSCRIBE, PUNSUBSCRIBE,
-//! PUBLISH, PUBSUB CHANNELS/NUMSUB/NUMPAT. Delivery (the sharded registry,
+//! PUBLISH, PUBSUB CHANNELS/NUMSUB/NUMPAT, and the sharded forms
+//! SSUBSCRIBE, SUNSUBSCRIBE, SPUBLISH, PUBSUB SHARDCHANNELS/SHARDNUMSUB
+//! with redis-server 7.0's standalone semantics: shard channels are a
+//! namespace of their own (SPUBLISH reaches only SSUBSCRIBEd clients, no
+//! patterns), their confirmations count the shard channels alone, and
+//! messages arrive as `smessage`. Delivery (the sharded registry,
 //! the per-connection mailboxes and their output buffer limits) is in
 //! [`crate::pubsub`]; the connection loop drains its mailbox.
 //!
@@ -25,7 +30,15 @@ use crate::resp::{Proto, Reply};
 pub fn allowed_subscribed(_ctx: &Ctx, spec: &Spec) -> bool {
     matches!(
         spec.name,
-        "subscribe" | "psubscribe" | "unsubscribe" | "punsubscribe" | "ping" | "quit" | "reset"
+        "subscribe"
+            | "psubscribe"
+            | "ssubscribe"
+            | "unsubscribe"
+            | "punsubscribe"
+            | "sunsubscribe"
+            | "ping"
+            | "quit"
+            | "reset"
     )
 }
 
@@ -62,7 +75,7 @@ fn confirm(r: &mut Reply, kind: &str, name: Option<&[u8]>, count: usize) {
 /// Drop the subscription state once nothing is subscribed (a RESP2
 /// connection may then run every command again).
 fn settle(ctx: &mut Ctx) {
-    if ctx.sess.subs.as_ref().is_some_and(|s| s.count() == 0) {
+    if ctx.sess.subs.as_ref().is_some_and(|s| s.total() == 0) {
         ctx.sess.subs = None;
     }
 }
@@ -89,36 +102,59 @@ pub fn psubscribe(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     Ok(())
 }
 
-/// UNSUBSCRIBE [channel ...] and PUNSUBSCRIBE [pattern ...].
-fn leave(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply, patterns: bool) {
+/// What an unsubscribe leaves.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Leave {
+    Channels,
+    Patterns,
+    Shard,
+}
+
+/// UNSUBSCRIBE [channel ...], PUNSUBSCRIBE [pattern ...] and
+/// SUNSUBSCRIBE [shardchannel ...].
+fn leave(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply, what: Leave) {
     drain_own(ctx, r);
-    let kind = if patterns {
-        "punsubscribe"
-    } else {
-        "unsubscribe"
+    let kind = match what {
+        Leave::Channels => "unsubscribe",
+        Leave::Patterns => "punsubscribe",
+        Leave::Shard => "sunsubscribe",
     };
     let names: Vec<Box<[u8]>> = if a.len() > 1 {
         a[1..].iter().map(|&n| n.into()).collect()
     } else {
         match &ctx.sess.subs {
-            Some(s) if patterns => s.pattern_list(),
-            Some(s) => s.channel_list(),
+            Some(s) => match what {
+                Leave::Channels => s.channel_list(),
+                Leave::Patterns => s.pattern_list(),
+                Leave::Shard => s.shard_channel_list(),
+            },
             None => Vec::new(),
         }
     };
     if names.is_empty() {
-        confirm(r, kind, None, ctx.sess.subscriptions());
+        let n = match (&ctx.sess.subs, what) {
+            (Some(s), Leave::Shard) => s.shard_count(),
+            (Some(s), _) => s.count(),
+            (None, _) => 0,
+        };
+        confirm(r, kind, None, n);
     }
     for n in &names {
         let count = match &mut ctx.sess.subs {
-            Some(s) => {
-                if patterns {
-                    s.punsubscribe(n);
-                } else {
+            Some(s) => match what {
+                Leave::Channels => {
                     s.unsubscribe(n);
+                    s.count()
                 }
-                s.count()
-            }
+                Leave::Patterns => {
+                    s.punsubscribe(n);
+                    s.count()
+                }
+                Leave::Shard => {
+                    s.sunsubscribe(n);
+                    s.shard_count()
+                }
+            },
             None => 0,
         };
         confirm(r, kind, Some(n), count);
@@ -128,13 +164,42 @@ fn leave(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply, patterns: bool) {
 
 /// UNSUBSCRIBE [channel ...].
 pub fn unsubscribe(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
-    leave(ctx, a, r, false);
+    leave(ctx, a, r, Leave::Channels);
     Ok(())
 }
 
 /// PUNSUBSCRIBE [pattern ...].
 pub fn punsubscribe(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
-    leave(ctx, a, r, true);
+    leave(ctx, a, r, Leave::Patterns);
+    Ok(())
+}
+
+/// SSUBSCRIBE shardchannel [shardchannel ...]. Refused inside a
+/// transaction, as redis-server refuses it to a client that may not block.
+pub fn ssubscribe(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    if ctx.sess.in_exec {
+        return Err("ERR SSUBSCRIBE isn't allowed for a DENY BLOCKING client".into());
+    }
+    drain_own(ctx, r);
+    let s = subs(ctx);
+    for &ch in &a[1..] {
+        s.ssubscribe(ch);
+        confirm(r, "ssubscribe", Some(ch), s.shard_count());
+    }
+    Ok(())
+}
+
+/// SUNSUBSCRIBE [shardchannel ...].
+pub fn sunsubscribe(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    leave(ctx, a, r, Leave::Shard);
+    Ok(())
+}
+
+/// SPUBLISH shardchannel message.
+pub fn spublish(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    let n = ctx.shared.pubsub.spublish(a[1], a[2]);
+    drain_own(ctx, r);
+    r.int(n as i64);
     Ok(())
 }
 
@@ -146,24 +211,42 @@ pub fn publish(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     Ok(())
 }
 
-/// PUBSUB CHANNELS [pattern] | NUMSUB [channel ...] | NUMPAT.
+/// PUBSUB CHANNELS \[pattern\] | NUMSUB [channel ...] | NUMPAT |
+/// SHARDCHANNELS \[pattern\] | SHARDNUMSUB \[shardchannel ...\].
 pub fn pubsub(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     let hub = &ctx.shared.pubsub;
     let sub = a[1];
     let arity_err = |name: &str| {
         Err(format!("ERR wrong number of arguments for 'pubsub|{name}' command").into())
     };
-    if eq(sub, "channels") {
+    let syntax_err = || {
+        Err(format!(
+            "ERR unknown subcommand or wrong number of arguments for '{}'. Try PUBSUB HELP.",
+            super::shown(sub)
+        )
+        .into())
+    };
+    if eq(sub, "channels") || eq(sub, "shardchannels") {
         if a.len() > 3 {
-            return arity_err("channels");
+            return syntax_err();
         }
-        let chans = hub.channels(a.get(2).copied());
+        let chans = if eq(sub, "channels") {
+            hub.channels(a.get(2).copied())
+        } else {
+            hub.shard_channels(a.get(2).copied())
+        };
         r.bulks(chans.iter());
-    } else if eq(sub, "numsub") {
+    } else if eq(sub, "numsub") || eq(sub, "shardnumsub") {
+        let shard = eq(sub, "shardnumsub");
         r.array(2 * (a.len() - 2));
         for &ch in &a[2..] {
             r.bulk(ch);
-            r.int(hub.numsub(ch) as i64);
+            let n = if shard {
+                hub.shard_numsub(ch)
+            } else {
+                hub.numsub(ch)
+            };
+            r.int(n as i64);
         }
     } else if eq(sub, "numpat") {
         if a.len() != 2 {

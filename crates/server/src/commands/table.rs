@@ -4,7 +4,9 @@
 
 use crate::replica;
 
-use super::{admin, bits, dump, hash, keys, lcs, list, multi, pubsub, set, strings, zset, Spec};
+use super::{
+    admin, bits, blocking, dump, hash, keys, lcs, list, multi, pubsub, set, strings, zset, Spec,
+};
 
 // Flag sets (Redis's command flags, as COMMAND INFO reports them).
 const W: &[&str] = &["write", "denyoom", "fast"];
@@ -17,6 +19,9 @@ const N: &[&str] = &["noauth", "fast"];
 // Transactions and pub/sub (Redis 7's flags for them).
 const TX: &[&str] = &["noscript", "loading", "stale", "fast", "allow_busy"];
 const TX_EXEC: &[&str] = &["noscript", "loading", "stale", "skip_slowlog"];
+// Blocking commands.
+const WB: &[&str] = &["write", "noscript", "blocking"];
+const WBM: &[&str] = &["write", "denyoom", "noscript", "blocking"];
 const PS: &[&str] = &["pubsub", "noscript", "loading", "stale"];
 const PS_PUB: &[&str] = &["pubsub", "loading", "stale", "fast", "may_replicate"];
 
@@ -1174,6 +1179,60 @@ pub static COMMANDS: &[Spec] = &[
         zset::zpopmax
     ),
     spec!(
+        "bzpopmin",
+        -3,
+        &["write", "noscript", "fast", "blocking"],
+        (1, -2, 1),
+        "sorted_set",
+        "Removes and returns the member with the lowest score from one or more sorted sets. Blocks until a member is available otherwise. Deletes the sorted set if the last element was popped.",
+        blocking::bzpopmin
+    ),
+    spec!(
+        "bzpopmax",
+        -3,
+        &["write", "noscript", "fast", "blocking"],
+        (1, -2, 1),
+        "sorted_set",
+        "Removes and returns the member with the highest score from one or more sorted sets. Blocks until a member available otherwise. Deletes the sorted set if the last element was popped.",
+        blocking::bzpopmax
+    ),
+    spec!(
+        "bzmpop",
+        -5,
+        WB,
+        K0,
+        "sorted_set",
+        "Removes and returns a member by score from one or more sorted sets. Blocks until a member is available otherwise. Deletes the sorted set if the last element was popped.",
+        blocking::bzmpop
+    ),
+    spec!(
+        "zmpop",
+        -4,
+        &["write"],
+        K0,
+        "sorted_set",
+        "Returns the highest- or lowest-scoring members from one or more sorted sets after removing them. Deletes the sorted set if the last member was popped.",
+        blocking::zmpop
+    ),
+    spec!(
+        "zrangestore",
+        -5,
+        WS,
+        (1, 2, 1),
+        "sorted_set",
+        "Stores a range of members from sorted set in a key.",
+        zset::zrangestore
+    ),
+    spec!(
+        "zintercard",
+        -3,
+        RS,
+        K0,
+        "sorted_set",
+        "Returns the number of members of the intersect of multiple sorted sets.",
+        zset::zintercard
+    ),
+    spec!(
         "zrandmember",
         -2,
         RS,
@@ -1389,6 +1448,60 @@ pub static COMMANDS: &[Spec] = &[
         "Moves the last element of a list to the head of another.",
         list::rpoplpush
     ),
+    spec!(
+        "blpop",
+        -3,
+        WB,
+        (1, -2, 1),
+        "list",
+        "Removes and returns the first element in a list. Blocks until an element is available otherwise. Deletes the list if the last element was popped.",
+        blocking::blpop
+    ),
+    spec!(
+        "brpop",
+        -3,
+        WB,
+        (1, -2, 1),
+        "list",
+        "Removes and returns the last element in a list. Blocks until an element is available otherwise. Deletes the list if the last element was popped.",
+        blocking::brpop
+    ),
+    spec!(
+        "blmove",
+        6,
+        WBM,
+        (1, 2, 1),
+        "list",
+        "Pops an element from a list, pushes it to another list and returns it. Blocks until an element is available otherwise. Deletes the list if the last element was moved.",
+        blocking::blmove
+    ),
+    spec!(
+        "brpoplpush",
+        4,
+        WBM,
+        (1, 2, 1),
+        "list",
+        "Pops an element from a list, pushes it to another list and returns it. Block until an element is available otherwise. Deletes the list if the last element was popped.",
+        blocking::brpoplpush
+    ),
+    spec!(
+        "blmpop",
+        -5,
+        WB,
+        K0,
+        "list",
+        "Pops the first element from one of multiple lists. Blocks until an element is available otherwise. Deletes the list if the last element was popped.",
+        blocking::blmpop
+    ),
+    spec!(
+        "lmpop",
+        -4,
+        &["write"],
+        K0,
+        "list",
+        "Returns multiple elements from a list after removing them. Deletes the list if the last element was popped.",
+        blocking::lmpop
+    ),
     // Transactions (commands/multi.rs).
     spec!(
         "multi",
@@ -1496,6 +1609,33 @@ pub static COMMANDS: &[Spec] = &[
         "pubsub",
         "Posts a message to a channel.",
         pubsub::publish
+    ),
+    spec!(
+        "ssubscribe",
+        -2,
+        PS,
+        K0,
+        "pubsub",
+        "Listens for messages published to shard channels.",
+        pubsub::ssubscribe
+    ),
+    spec!(
+        "sunsubscribe",
+        -1,
+        PS,
+        K0,
+        "pubsub",
+        "Stops listening to messages posted to shard channels.",
+        pubsub::sunsubscribe
+    ),
+    spec!(
+        "spublish",
+        3,
+        PS_PUB,
+        K0,
+        "pubsub",
+        "Post a message to a shard channel",
+        pubsub::spublish
     ),
     spec!(
         "pubsub",

@@ -54,7 +54,8 @@ pub fn fmt_d2string(v: f64) -> String {
     fmt_g17(v)
 }
 
-fn reply_score(r: &mut Reply, v: f64) {
+/// A score: a bulk string in RESP2, a double in RESP3.
+pub fn reply_score(r: &mut Reply, v: f64) {
     let s = fmt_g17(v);
     if r.proto == Proto::Resp3 {
         r.out.push(b',');
@@ -404,15 +405,28 @@ fn zrange_generic(
     ctx: &mut Ctx,
     args: &[&[u8]],
     r: &mut Reply,
+    rtype: RangeType,
+    rev: Option<bool>,
+) -> CmdResult {
+    zrange_to(ctx, args, r, rtype, rev, None)
+}
+
+/// [`zrange_generic`], storing the range at `dst` (ZRANGESTORE) instead
+/// of replying with it.
+fn zrange_to(
+    ctx: &mut Ctx,
+    args: &[&[u8]],
+    r: &mut Reply,
     mut rtype: RangeType,
     mut rev: Option<bool>,
+    dst: Option<&[u8]>,
 ) -> CmdResult {
     let (mut withscores, mut offset, mut limit) = (false, 0i64, -1i64);
     let mut j = 3;
     while j < args.len() {
         let left = args.len() - j - 1;
         let f = args[j];
-        if eq(f, "withscores") {
+        if dst.is_none() && eq(f, "withscores") {
             withscores = true;
         } else if eq(f, "limit") && left >= 2 {
             offset = int_arg(args[j + 1])?;
@@ -494,8 +508,21 @@ fn zrange_generic(
         Ok(v)
     })?
     .unwrap_or_default();
+    if let Some(d) = dst {
+        crate::coll::delete_key(&ctx.shared.store, d)?;
+        if !out.is_empty() {
+            zset::create(ctx.shared, d, &out)?;
+        }
+        r.int(out.len() as i64);
+        return Ok(());
+    }
     reply_entries(r, &out, withscores);
     Ok(())
+}
+
+/// ZRANGESTORE dst src min max [BYSCORE|BYLEX] [REV] [LIMIT offset count].
+pub fn zrangestore(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    zrange_to(ctx, &a[2..], r, RangeType::Auto, None, Some(a[1]))
 }
 
 trait ClampEmpty {
@@ -955,6 +982,57 @@ fn set_op_reply(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply, op: SetOp, name: &str
 fn set_op_store(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply, op: SetOp, name: &str) -> CmdResult {
     let (out, _) = set_op(ctx, a, 2, Some(a[1]), op, name)?;
     r.int(out.len() as i64);
+    Ok(())
+}
+
+/// ZINTERCARD numkeys key... [LIMIT limit]: the size of the
+/// intersection (of sorted sets or sets), counting stops at `limit`. The
+/// keys follow `numkeys`, so the stripes are taken here (shared).
+pub fn zintercard(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    let n = int_arg(a[1])?;
+    if n < 1 {
+        return Err("ERR at least 1 input key is needed for 'zintercard' command".into());
+    }
+    if n as u64 > (a.len() - 2) as u64 {
+        return Err(SYNTAX.into());
+    }
+    let keys = &a[2..2 + n as usize];
+    let _g = ctx.lock(keys.iter().copied(), false);
+    let mut srcs = Vec::with_capacity(keys.len());
+    for k in keys {
+        srcs.push(source(ctx, k)?);
+    }
+    let mut limit = 0u64;
+    let mut j = 2 + keys.len();
+    while j < a.len() {
+        if eq(a[j], "limit") && j + 1 < a.len() {
+            limit = super::parse_i64(a[j + 1])
+                .filter(|l| *l >= 0)
+                .ok_or(CmdError::from("ERR LIMIT can't be negative"))? as u64;
+            j += 2;
+        } else {
+            return Err(SYNTAX.into());
+        }
+    }
+    let limit = if limit == 0 { u64::MAX } else { limit };
+    let mut count = 0u64;
+    if srcs.iter().all(Option::is_some) {
+        let mut srcs: Vec<Source> = srcs.into_iter().flatten().collect();
+        srcs.sort_by_key(Vec::len);
+        let sets: Vec<std::collections::HashSet<&[u8]>> = srcs[1..]
+            .iter()
+            .map(|s| s.iter().map(|(m, _)| &m[..]).collect())
+            .collect();
+        for (m, _) in &srcs[0] {
+            if count >= limit {
+                break;
+            }
+            if sets.iter().all(|s| s.contains(&m[..])) {
+                count += 1;
+            }
+        }
+    }
+    r.int(count as i64);
     Ok(())
 }
 

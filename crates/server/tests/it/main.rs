@@ -2,6 +2,7 @@
 //! links once: every module starts its own in-process server on ephemeral
 //! ports (or the real binary, in `process`).
 
+mod blocking;
 mod collections;
 mod commands;
 mod common;
@@ -15,6 +16,7 @@ mod mc_binary;
 mod mc_meta;
 mod memcached;
 mod multi;
+mod obuf;
 mod parsers;
 mod power;
 mod process;

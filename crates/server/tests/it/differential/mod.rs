@@ -15,6 +15,7 @@
 //! lists by command group, and [`prop`] (random command sequences).
 
 mod bits;
+mod blocking;
 mod collections;
 mod dump;
 pub mod harness;

@@ -2,7 +2,7 @@
 //! WATCH edge cases, queued errors, and the exact shapes of subscribe
 //! confirmations and messages in RESP2 and RESP3.
 
-use super::harness::{step, Conn, Pair};
+use super::harness::{agree, step, Cmp, Conn, Pair};
 
 #[test]
 fn transactions_match_redis() {
@@ -159,4 +159,70 @@ fn pubsub_shapes_match_redis() {
     let a = p.ours.0.read();
     let b = p.theirs.0.read();
     assert_eq!(a, b, "count after the push");
+}
+
+#[test]
+fn sharded_pubsub_matches_redis() {
+    let Some(mut p) = Pair::start("sharded_pubsub_matches_redis") else {
+        return;
+    };
+    p.cases(&[&[
+        "SPUBLISH nobody hi",
+        "SPUBLISH a",
+        "SSUBSCRIBE",
+        "PUBSUB SHARDCHANNELS",
+        "PUBSUB SHARDCHANNELS a b",
+        "PUBSUB CHANNELS a b",
+        "PUBSUB SHARDNUMSUB",
+        "PUBSUB SHARDNUMSUB a b",
+        "SUNSUBSCRIBE",
+        "SUNSUBSCRIBE x",
+        "MULTI",
+        "SSUBSCRIBE x",
+        "SPUBLISH x y",
+        "EXEC",
+    ]]);
+    for proto in ["2", "3"] {
+        p.check(&step(&format!("? HELLO {proto}")), "hello");
+        let mut opub = Conn::new(p.ours_port());
+        let mut tpub = Conn::new(p.theirs_port());
+        p.check(&step("SSUBSCRIBE a b"), "ssubscribe");
+        let (x, y) = (p.ours.0.read(), p.theirs.0.read());
+        assert_eq!(x, y, "second confirmation");
+        p.check(&step("SUBSCRIBE c"), "subscribe: its own count");
+        p.check(&step("SSUBSCRIBE a"), "again");
+        p.check(&step("PING"), "ping subscribed");
+        if proto == "2" {
+            p.check(&step("GET k"), "refused in RESP2");
+        }
+        for l in [
+            "SPUBLISH a hello",
+            "PUBLISH a not-for-shard",
+            "PUBSUB SHARDCHANNELS",
+            "PUBSUB SHARDCHANNELS a*",
+            "PUBSUB SHARDNUMSUB a b z",
+            "PUBSUB CHANNELS",
+        ] {
+            let s = step(l);
+            let (x, y) = (opub.run(&s.args), tpub.run(&s.args));
+            assert!(
+                agree(Cmp::Unordered, &x, &y),
+                "{l} RESP{proto}: {x:?} {y:?}"
+            );
+        }
+        let (x, y) = (p.ours.0.read(), p.theirs.0.read());
+        assert_eq!(x, y, "smessage RESP{proto}");
+        p.check(&step("SUNSUBSCRIBE a"), "sunsubscribe a");
+        p.check(&step("SUNSUBSCRIBE"), "sunsubscribe all");
+        p.check(&step("SUNSUBSCRIBE"), "sunsubscribe none");
+        if proto == "2" {
+            p.check(&step("GET k"), "still subscribed to c");
+        }
+        p.check(&step("UNSUBSCRIBE"), "unsubscribe");
+        p.check(&step("GET k"), "plain again");
+        p.check(&step("SSUBSCRIBE q"), "ssubscribe q");
+        p.check(&step("RESET"), "reset");
+        let s = step("PUBSUB SHARDNUMSUB q");
+        assert_eq!(opub.run(&s.args), tpub.run(&s.args));
+    }
 }

@@ -428,3 +428,64 @@ fn zsets_random_sequences_match_redis() {
         })
         .unwrap();
 }
+
+#[test]
+fn zrangestore_and_zintercard_match_redis() {
+    let Some(mut p) = Pair::start("zrangestore_and_zintercard_match_redis") else {
+        return;
+    };
+    p.cases(&[
+        &[
+            "ZADD z 1 a 2 b 3 c 4 d",
+            "ZADD y 2 b 3 c 4 d 5 e",
+            "SADD s b c x",
+            "SET str v",
+            "ZINTERCARD 0 z",
+            "ZINTERCARD -1 z",
+            "ZINTERCARD x z",
+            "ZINTERCARD 3 z y",
+            "ZINTERCARD 2 z y",
+            "ZINTERCARD 2 z s",
+            "ZINTERCARD 3 z y s",
+            "ZINTERCARD 2 z y LIMIT 1",
+            "ZINTERCARD 2 z y limit 0",
+            "ZINTERCARD 2 z y LIMIT 100",
+            "ZINTERCARD 2 z y LIMIT -1",
+            "ZINTERCARD 2 z y LIMIT x",
+            "ZINTERCARD 2 z y LIMIT",
+            "ZINTERCARD 2 z y WEIGHTS 1 2",
+            "ZINTERCARD 1 str",
+            "ZINTERCARD 1 str LIMIT x",
+            "ZINTERCARD 2 z nokey",
+            "ZINTERCARD 1 z",
+            "ZINTERCARD",
+        ],
+        &[
+            "ZADD z 1 a 2 b 3 c 4 d",
+            "SADD s a",
+            "SET str v",
+            "ZRANGESTORE d z 0 -1",
+            "ZRANGE d 0 -1 WITHSCORES",
+            "ZRANGESTORE d z 0 -1 WITHSCORES",
+            "ZRANGESTORE d z (1 +inf BYSCORE LIMIT 0 2",
+            "ZRANGE d 0 -1 WITHSCORES",
+            "ZRANGESTORE d z +inf -inf BYSCORE REV LIMIT 1 2",
+            "ZRANGE d 0 -1 WITHSCORES",
+            "ZRANGESTORE d z 0 1 LIMIT 0 1",
+            "ZRANGESTORE d z [a [b BYLEX",
+            "ZRANGE d 0 -1",
+            "ZRANGESTORE d z 1 2 REV",
+            "ZRANGE d 0 -1",
+            "ZRANGESTORE d z x 1",
+            "ZRANGESTORE d z 5 6",
+            "EXISTS d",
+            "ZRANGESTORE d nokey 0 -1",
+            "ZRANGESTORE d s 0 -1",
+            "ZRANGESTORE str z 0 -1",
+            "TYPE str",
+            "ZRANGESTORE z z 1 2",
+            "ZRANGE z 0 -1 WITHSCORES",
+            "ZRANGESTORE d z",
+        ],
+    ]);
+}

@@ -1,0 +1,207 @@
+//! Blocking pops: clients that wait on empty keys and are served by
+//! pushes from other clients (FIFO per key, pushes from MULTI/EXEC,
+//! BLMOVE chains), timeouts, disconnects while blocked, CLIENT UNBLOCK,
+//! and a blocked client not holding up its worker's other connections.
+//! The replies' shapes and errors are compared with redis-server in
+//! `differential/blocking.rs`.
+
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+use crate::common::{bulk, start, start_with, Resp, V};
+use server::Server;
+
+/// Send a command without reading its reply.
+fn send(c: &mut Resp, args: &[&str]) {
+    let mut b = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        b.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
+    }
+    c.send(&b);
+}
+
+/// Wait until the server counts `n` blocked clients.
+fn wait_blocked(s: &Server, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.shared().blocking.blocked() != n {
+        assert!(Instant::now() < deadline, "never {n} blocked clients");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn arr(items: &[&str]) -> V {
+    V::Array(items.iter().map(|s| bulk(s)).collect())
+}
+
+#[test]
+fn two_waiters_are_served_in_fifo_order() {
+    let s = start();
+    let port = s.resp_port().unwrap();
+    let (mut w1, mut w2, mut p) = (Resp::new(port), Resp::new(port), Resp::new(port));
+    send(&mut w1, &["BLPOP", "q", "0"]);
+    wait_blocked(&s, 1);
+    send(&mut w2, &["BLPOP", "other", "q", "0"]);
+    wait_blocked(&s, 2);
+    match p.cmd(&["INFO", "clients"]) {
+        V::Bulk(b) => assert!(String::from_utf8(b).unwrap().contains("blocked_clients:2")),
+        v => panic!("{v:?}"),
+    }
+    // One element: the first waiter only.
+    assert_eq!(p.cmd(&["RPUSH", "q", "a"]), V::Int(1));
+    assert_eq!(w1.read(), arr(&["q", "a"]));
+    wait_blocked(&s, 1);
+    assert_eq!(p.cmd(&["LLEN", "q"]), V::Int(0));
+    assert_eq!(p.cmd(&["RPUSH", "q", "b", "c"]), V::Int(2));
+    assert_eq!(w2.read(), arr(&["q", "b"]));
+    assert_eq!(p.cmd(&["LRANGE", "q", "0", "-1"]), arr(&["c"]));
+    // A pipelined command after the BLPOP runs once it is served.
+    send(&mut w1, &["BLPOP", "q2", "0"]);
+    send(&mut w1, &["PING"]);
+    wait_blocked(&s, 1);
+    assert_eq!(p.cmd(&["LPUSH", "q2", "x"]), V::Int(1));
+    assert_eq!(w1.read(), arr(&["q2", "x"]));
+    assert_eq!(w1.read(), V::Simple("PONG".into()));
+}
+
+#[test]
+fn a_push_inside_exec_wakes_a_waiter() {
+    let s = start();
+    let port = s.resp_port().unwrap();
+    let (mut w, mut p) = (Resp::new(port), Resp::new(port));
+    send(&mut w, &["BRPOP", "q", "0"]);
+    wait_blocked(&s, 1);
+    assert_eq!(p.cmd(&["MULTI"]), V::Simple("OK".into()));
+    assert_eq!(p.cmd(&["RPUSH", "q", "a", "b"]), V::Simple("QUEUED".into()));
+    assert_eq!(p.cmd(&["LLEN", "q"]), V::Simple("QUEUED".into()));
+    // The waiter is served after the transaction, which saw both.
+    assert_eq!(p.cmd(&["EXEC"]), V::Array(vec![V::Int(2), V::Int(2)]));
+    assert_eq!(w.read(), arr(&["q", "b"]));
+    assert_eq!(p.cmd(&["LRANGE", "q", "0", "-1"]), arr(&["a"]));
+}
+
+#[test]
+fn a_timeout_replies_a_null_array() {
+    let s = start();
+    let port = s.resp_port().unwrap();
+    for (hello, null) in [(false, &b"*-1\r\n"[..]), (true, &b"_\r\n"[..])] {
+        let mut c = Resp::new(port);
+        if hello {
+            c.cmd(&["HELLO", "3"]);
+        }
+        for cmd in [
+            &["BLPOP", "q", "0.05"][..],
+            &["BLMOVE", "q", "d", "LEFT", "LEFT", "0.05"],
+            &["BZMPOP", "0.05", "1", "q", "MIN"],
+        ] {
+            let t = Instant::now();
+            send(&mut c, cmd);
+            let mut got = vec![0u8; null.len()];
+            c.r.read_exact(&mut got).unwrap();
+            assert_eq!(got, null, "{cmd:?}");
+            let took = t.elapsed();
+            assert!(took >= Duration::from_millis(45), "{cmd:?} took {took:?}");
+            assert!(took < Duration::from_secs(5), "{cmd:?} took {took:?}");
+        }
+    }
+    wait_blocked(&s, 0);
+}
+
+#[test]
+fn a_client_gone_while_blocked_loses_nothing() {
+    let s = start();
+    let port = s.resp_port().unwrap();
+    let mut w = Resp::new(port);
+    send(&mut w, &["BLPOP", "q", "0"]);
+    wait_blocked(&s, 1);
+    drop(w);
+    wait_blocked(&s, 0);
+    let mut p = Resp::new(port);
+    assert_eq!(p.cmd(&["RPUSH", "q", "a"]), V::Int(1));
+    assert_eq!(p.cmd(&["LRANGE", "q", "0", "-1"]), arr(&["a"]));
+    // And a gone client in front of a live one: the live one is served.
+    let (mut gone, mut live) = (Resp::new(port), Resp::new(port));
+    send(&mut gone, &["BLPOP", "k", "0"]);
+    wait_blocked(&s, 1);
+    send(&mut live, &["BLPOP", "k", "0"]);
+    wait_blocked(&s, 2);
+    drop(gone);
+    wait_blocked(&s, 1);
+    assert_eq!(p.cmd(&["RPUSH", "k", "x", "y"]), V::Int(2));
+    assert_eq!(live.read(), arr(&["k", "x"]));
+    assert_eq!(p.cmd(&["LRANGE", "k", "0", "-1"]), arr(&["y"]));
+}
+
+#[test]
+fn blmove_wakes_a_waiter_of_its_destination() {
+    let s = start();
+    let port = s.resp_port().unwrap();
+    let (mut mover, mut w, mut p) = (Resp::new(port), Resp::new(port), Resp::new(port));
+    send(&mut mover, &["BLMOVE", "src", "dst", "RIGHT", "LEFT", "0"]);
+    wait_blocked(&s, 1);
+    send(&mut w, &["BLPOP", "dst", "0"]);
+    wait_blocked(&s, 2);
+    assert_eq!(p.cmd(&["RPUSH", "src", "a", "b"]), V::Int(2));
+    assert_eq!(mover.read(), bulk("b"));
+    assert_eq!(w.read(), arr(&["dst", "b"]));
+    assert_eq!(p.cmd(&["LRANGE", "src", "0", "-1"]), arr(&["a"]));
+    assert_eq!(p.cmd(&["EXISTS", "dst"]), V::Int(0));
+    // An LMOVE onto a waited key serves too, and BZPOPMIN waits on ZADD.
+    send(&mut w, &["BLPOP", "dst", "0"]);
+    wait_blocked(&s, 1);
+    assert_eq!(p.cmd(&["LMOVE", "src", "dst", "LEFT", "LEFT"]), bulk("a"));
+    assert_eq!(w.read(), arr(&["dst", "a"]));
+    send(&mut w, &["BZPOPMIN", "z", "0"]);
+    wait_blocked(&s, 1);
+    assert_eq!(p.cmd(&["ZADD", "z", "2", "m", "1", "n"]), V::Int(2));
+    assert_eq!(w.read(), V::Array(vec![bulk("z"), bulk("n"), bulk("1")]));
+}
+
+#[test]
+fn client_unblock_ends_a_wait() {
+    let s = start();
+    let port = s.resp_port().unwrap();
+    let (mut w, mut p) = (Resp::new(port), Resp::new(port));
+    let id = match w.cmd(&["CLIENT", "ID"]) {
+        V::Int(i) => i.to_string(),
+        v => panic!("{v:?}"),
+    };
+    send(&mut w, &["BLPOP", "q", "0"]);
+    wait_blocked(&s, 1);
+    let list = match p.cmd(&["CLIENT", "LIST"]) {
+        V::Verbatim(t) => t,
+        V::Bulk(b) => String::from_utf8(b).unwrap(),
+        v => panic!("{v:?}"),
+    };
+    assert!(list.contains("flags=b"), "{list}");
+    assert_eq!(p.cmd(&["CLIENT", "UNBLOCK", &id]), V::Int(1));
+    assert_eq!(w.read(), V::Null);
+    assert_eq!(p.cmd(&["CLIENT", "UNBLOCK", &id]), V::Int(0));
+    send(&mut w, &["BLPOP", "q", "0"]);
+    wait_blocked(&s, 1);
+    assert_eq!(p.cmd(&["CLIENT", "UNBLOCK", &id, "ERROR"]), V::Int(1));
+    assert_eq!(
+        w.read(),
+        V::Err("UNBLOCKED client unblocked via CLIENT UNBLOCK".into())
+    );
+    assert_eq!(p.cmd(&["RPUSH", "q", "a"]), V::Int(1));
+    assert_eq!(w.cmd(&["LLEN", "q"]), V::Int(1));
+}
+
+#[test]
+fn a_blocked_client_does_not_hold_its_worker() {
+    // One worker: the blocked connection and the other share it.
+    let s = start_with(|c| c.threads = 1);
+    let port = s.resp_port().unwrap();
+    let (mut w, mut other) = (Resp::new(port), Resp::new(port));
+    send(&mut w, &["BLPOP", "q", "0"]);
+    wait_blocked(&s, 1);
+    for i in 0..100 {
+        assert_eq!(
+            other.cmd(&["SET", "k", &i.to_string()]),
+            V::Simple("OK".into())
+        );
+        assert_eq!(other.cmd(&["GET", "k"]), bulk(&i.to_string()));
+    }
+    assert_eq!(other.cmd(&["LPUSH", "q", "v"]), V::Int(1));
+    assert_eq!(w.read(), arr(&["q", "v"]));
+}
