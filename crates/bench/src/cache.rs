@@ -5,7 +5,7 @@
 //! ```text
 //!  miss ratio (one client, per trace x cache size x system):
 //!    keys 0..N, V-byte values; cache size = a share of the data
-//!    (N x (key + value) bytes), the same number for every system: nibble's
+//!    (N x (key + value) bytes) in whole MiB, the same for every system: nibble's
 //!    capacity, Segcache's heap, memcached -m, redis-server maxmemory
 //!    cache-aside: GET a batch of keys; SET each missed key (with its TTL)
 //!    trace zipf<a>: N warm-up requests, then 2N measured, zipf(a) over a
@@ -600,6 +600,14 @@ fn tput_cell(
     Ok(runs[runs.len() / 2])
 }
 
+/// The cache size of `pct` % of `data_bytes`: whole MiB (rounded down),
+/// so memcached's `-m` (MiB) and Segcache's heap (1 MiB segments) get the
+/// same bytes as the others.
+fn cache_bytes(data_bytes: u64, pct: f64) -> u64 {
+    let b = (data_bytes as f64 * pct / 100.0) as u64;
+    (b >> 20 << 20).max(1 << 20)
+}
+
 /// Run it all.
 pub fn run(o: &CacheOpts, rep: &mut Reporter) -> std::io::Result<()> {
     sut::install_missing_peers();
@@ -624,7 +632,7 @@ pub fn run(o: &CacheOpts, rep: &mut Reporter) -> std::io::Result<()> {
     for &kind in &o.traces {
         let t = make_trace(kind, o.keys);
         for &pct in &o.sizes_pct {
-            let bytes = (data_bytes as f64 * pct / 100.0) as u64;
+            let bytes = cache_bytes(data_bytes, pct);
             for &sys in &systems {
                 bar.inc(1);
                 if matches!(
@@ -681,7 +689,7 @@ pub fn run(o: &CacheOpts, rep: &mut Reporter) -> std::io::Result<()> {
     } else {
         TPUT_MIN_SIZE_PCT
     };
-    let bytes = ((data_bytes as f64 * pct / 100.0) as u64).max(nibble::MIN_CAPACITY_BYTES as u64);
+    let bytes = cache_bytes(data_bytes, pct).max(nibble::MIN_CAPACITY_BYTES as u64);
     let zipf = Zipf::new(o.keys, 1.0);
     let servers: Vec<CacheSys> = systems
         .iter()
