@@ -379,9 +379,11 @@ fn nibble_store(mode: Mode, bytes: usize, policy: EvictionPolicy) -> Result<Stor
 }
 
 fn segcache(bytes: usize, keys: u64) -> Result<segcache::Segcache, String> {
-    // 7/8 of 2^power slots hold items; room for every key of the trace.
+    // 7/8 of 2^power slots hold items; room for twice the trace's keys
+    // (a bucket holds 7: with exactly enough slots, full buckets overflow
+    // even with the overflow factor, and Segcache refuses the insert).
     let mut power = 7u8;
-    while (7u64 << power) / 8 < keys && power < 30 {
+    while (7u64 << power) / 8 < 2 * keys && power < 30 {
         power += 1;
     }
     // Its heap is whole segments: the largest multiple within the limit.
