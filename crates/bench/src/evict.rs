@@ -48,12 +48,12 @@ const POLICIES: [EvictionPolicy; 4] = [
 ];
 
 /// A zipfian sampler over ranks `0..n` (inverse CDF by binary search).
-struct Zipf {
+pub(crate) struct Zipf {
     cdf: Vec<f64>,
 }
 
 impl Zipf {
-    fn new(n: u64, alpha: f64) -> Zipf {
+    pub(crate) fn new(n: u64, alpha: f64) -> Zipf {
         let mut cdf = Vec::with_capacity(n as usize);
         let mut sum = 0.0;
         for r in 1..=n {
@@ -68,7 +68,7 @@ impl Zipf {
 
     /// The key of a uniform `u` in [0, 1): its rank, scrambled so that
     /// popular keys are not written next to each other.
-    fn key(&self, u: f64) -> u64 {
+    pub(crate) fn key(&self, u: f64) -> u64 {
         let r = self.cdf.partition_point(|&c| c < u) as u64;
         let n = self.cdf.len() as u64;
         r.wrapping_mul(0x9E37_79B9_7F4A_7C15) % n.max(1)

@@ -34,6 +34,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod buddy;
+mod cache;
 mod child;
 mod churn;
 mod error;
@@ -125,6 +126,10 @@ enum Command {
     /// Bulk TTL expiry: memory held by expired objects, bytes read to expire them and
     /// time to reuse, with TTL placement on and off side by side
     Expire(ExpireArgs),
+    /// Cache against caches: miss ratio vs cache size (zipf, scan, mixed TTLs) for
+    /// Nibble, Nibble-2, Segcache, memcached and redis-server, and throughput of a
+    /// full cache under eviction over the memcached protocol
+    Cache(CacheArgs),
     /// The nibble server vs redis-server and memcached over loopback: closed-loop
     /// load generator (throughput, p50/p99/p99.9, RSS), churn, redis-benchmark
     #[command(long_about = server::ABOUT)]
@@ -420,6 +425,38 @@ struct ChurnArgs {
     /// Transactions per thread [default: 2000000; --quick: 400000]
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     ops: Option<u64>,
+}
+
+#[derive(Args)]
+struct CacheArgs {
+    #[command(flatten)]
+    run: RunOpts,
+    /// Keys in the working set [default: 1000000; --quick: 100000]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1000..))]
+    keys: Option<u64>,
+    /// Value bytes
+    #[arg(long, default_value = "1000")]
+    value_bytes: usize,
+    /// Cache sizes, percent of the data (keys + values), comma-separated
+    /// [default: 1,5,10,25,50; --quick: 10,20,30,40,50]
+    #[arg(long, value_delimiter = ',')]
+    sizes: Option<Vec<f64>>,
+    /// Traces: zipf<alpha>, scan (a one-off scan), ttl (mixed TTLs, paced)
+    #[arg(long, value_delimiter = ',', default_value = "zipf0.8,zipf1.0,zipf1.2,scan,ttl",
+          value_parser = cache::TraceKind::parse)]
+    traces: Vec<cache::TraceKind>,
+    /// Systems, comma-separated [default: all]
+    #[arg(long, value_delimiter = ',', value_enum)]
+    systems: Option<Vec<cache::CacheSys>>,
+    /// Client threads of the throughput runs; 0 = no throughput runs [default: 2]
+    #[arg(long, value_delimiter = ',')]
+    clients: Option<Vec<usize>>,
+    /// Seconds of each throughput run [default: 3; --quick: 1]
+    #[arg(long, value_parser = parse_seconds)]
+    seconds: Option<f64>,
+    /// The nibble server binary [default: `nibble` next to memlab]
+    #[arg(long)]
+    nibble_bin: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -825,6 +862,36 @@ pub fn main_entry(alloc: Alloc) -> ExitCode {
                 repeat: a.run.repeat(1),
             };
             a.run.report(|rep| expire::run(&opts, rep))
+        }
+        Command::Cache(a) => {
+            let q = a.run.quick;
+            let opts = cache::CacheOpts {
+                keys: a.keys.unwrap_or(if q { 100_000 } else { 1_000_000 }),
+                value_bytes: a.value_bytes,
+                sizes_pct: a.sizes.clone().unwrap_or_else(|| {
+                    if q {
+                        vec![10.0, 20.0, 30.0, 40.0, 50.0]
+                    } else {
+                        vec![1.0, 5.0, 10.0, 25.0, 50.0]
+                    }
+                }),
+                traces: a.traces.clone(),
+                systems: a
+                    .systems
+                    .clone()
+                    .unwrap_or_else(|| cache::CacheSys::ALL.to_vec()),
+                tput_clients: a
+                    .clients
+                    .clone()
+                    .unwrap_or_else(|| vec![2])
+                    .into_iter()
+                    .filter(|&c| c > 0)
+                    .collect(),
+                tput_secs: a.seconds.unwrap_or(if q { 1.0 } else { 3.0 }),
+                repeat: a.run.repeat(1),
+                nibble_bin: a.nibble_bin.clone(),
+            };
+            a.run.report(|rep| cache::run(&opts, rep))
         }
         Command::Server(a) => server::run_cli(a),
         Command::Jmp(a) => jmp::run(a),

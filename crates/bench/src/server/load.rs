@@ -300,6 +300,18 @@ impl Conn {
         proto::enc_cmd(self.proto, &mut self.wbuf, args);
     }
 
+    /// Queue a SET of `key` with a time to live (seconds; 0 = none).
+    pub fn queue_set_ttl(&mut self, key: &[u8], value: &[u8], ttl_secs: u32) {
+        debug_assert!(self.inflight.is_empty());
+        proto::enc_set_ttl(self.proto, &mut self.wbuf, key, value, ttl_secs);
+    }
+
+    /// Queue a GET of `key`.
+    pub fn queue_get(&mut self, key: &[u8]) {
+        debug_assert!(self.inflight.is_empty());
+        proto::enc_get(self.proto, &mut self.wbuf, key);
+    }
+
     /// Send the queued commands and read `n` replies (one per queued
     /// command), handing each to `f` in order.
     pub fn send_queued(

@@ -189,6 +189,33 @@ pub fn enc_set(p: Proto, out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
     }
 }
 
+/// `SET key value EX ttl` / `set key 0 ttl len`: a write with a time to
+/// live in seconds (0 = none).
+pub fn enc_set_ttl(p: Proto, out: &mut Vec<u8>, key: &[u8], value: &[u8], ttl_secs: u32) {
+    if ttl_secs == 0 {
+        return enc_set(p, out, key, value);
+    }
+    match p {
+        Proto::Resp => {
+            out.extend_from_slice(b"*5\r\n$3\r\nSET\r\n");
+            push_bulk(out, key);
+            push_bulk(out, value);
+            out.extend_from_slice(b"$2\r\nEX\r\n");
+            let mut num = Vec::with_capacity(10);
+            push_decimal(&mut num, ttl_secs as u64);
+            push_bulk(out, &num);
+        }
+        Proto::Memcached => {
+            out.extend_from_slice(b"set ");
+            out.extend_from_slice(key);
+            out.extend_from_slice(b" 0 ");
+            push_decimal(out, ttl_secs as u64);
+            out.push(b' ');
+            push_sized(out, value);
+        }
+    }
+}
+
 /// `DEL key` / `delete key`.
 #[inline]
 pub fn enc_del(p: Proto, out: &mut Vec<u8>, key: &[u8]) {
