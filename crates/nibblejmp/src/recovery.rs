@@ -48,7 +48,9 @@
 //! DEAD), ordered with the index update under the bucket lock, and a dead
 //! holder's in-flight update is resolved from its intent before the scan.
 
-use std::sync::atomic::Ordering;
+use std::cmp::Reverse;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use crate::error::{Error, Result};
 use crate::layout::*;
@@ -59,6 +61,24 @@ use crate::store::{Inner, Obj, SealCheck, SegWalk};
 const MAX_RECOVERY_THREADS: usize = 16;
 /// A recovery thread gets at least this many segments.
 const MIN_SEGMENTS_PER_RECOVERY_THREAD: usize = 16;
+/// Segments a recovery thread takes from the shared cursor at a time
+/// (segments fill unevenly: handing them out in small batches keeps the
+/// threads busy to the end).
+const SEGMENTS_PER_GRAB: usize = 4;
+/// Lock stripes of the parallel rebuild (a power of two): an insert holds
+/// the stripes of its key's two buckets, so inserts into different
+/// buckets run in parallel and two copies of one key are compared under
+/// the same stripes.
+const REBUILD_LOCK_STRIPES: usize = 4096;
+
+/// What one thread of the rebuild counted.
+#[derive(Default)]
+struct RebuildTally {
+    indexed: u64,
+    duplicates: u64,
+    damaged_segments: u64,
+    err: Option<Error>,
+}
 
 /// What a verification walk counted.
 #[derive(Clone, Copy, Debug, Default)]
@@ -132,7 +152,7 @@ impl Inner {
             self.hdr().recoveries.fetch_add(1, Ordering::Relaxed);
         }
         if !seal.meta_ok {
-            r.segments_repaired += self.rederive_segments();
+            r.segments_repaired += self.rederive_segments()?;
         }
         // 1. Locks and segment states.
         for b in 0..self.geo.index_buckets as usize {
@@ -185,8 +205,19 @@ impl Inner {
         // 2. Verify: one walk of the log (in parallel over segments)
         //    checks that the index names every committed, live object, and
         //    a scan of the index that it names nothing else.
-        let t = self.verify_walk();
-        let entries = self.count_entries();
+        //    With a distrusted meta segment (a power cut, a bad seal) the
+        //    index is rebuilt whatever the walk finds, so the walk is left
+        //    out: its damage figures come from the walk after the rebuild.
+        let t = if seal.meta_ok {
+            self.verify_walk()
+        } else {
+            Tally::default()
+        };
+        let entries = if seal.meta_ok {
+            self.count_entries()
+        } else {
+            0
+        };
         r.damaged_segments = t.damaged;
         r.damaged_objects = t.damaged_objects;
         r.unindexed_objects = t.live - t.indexed;
@@ -204,7 +235,10 @@ impl Inner {
                     e.state.store(SEG_CLOSED, Ordering::Release);
                 }
             }
-            self.verify_walk();
+            let t2 = self.verify_walk();
+            if !seal.meta_ok {
+                r.damaged_objects = t2.damaged_objects;
+            }
             self.count_entries()
         } else {
             entries
@@ -217,7 +251,7 @@ impl Inner {
                 "nibblejmp store {}: recovery skipped {} damaged objects or regions in {} segments (checksum mismatch); their keys are not indexed",
                 self.dir.display(),
                 r.damaged_objects,
-                t.damaged
+                r.damaged_segments
             );
         }
         // 4. The item counter (live bytes and earliest expiries were set by
@@ -229,49 +263,79 @@ impl Inner {
         Ok(r)
     }
 
-    /// Walk every segment in use, split over up to
-    /// [`MAX_RECOVERY_THREADS`] threads (each owns a contiguous run of
-    /// segments, so each walk is sequential): count committed, live
+    /// Threads a pass over the log uses: `opts.recovery_threads` or one
+    /// per available CPU, at most [`MAX_RECOVERY_THREADS`], each with at
+    /// least [`MIN_SEGMENTS_PER_RECOVERY_THREAD`] segments.
+    fn recovery_threads(&self) -> usize {
+        let n = self.geo.log_segments as usize;
+        self.opts
+            .recovery_threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |p| p.get()))
+            .clamp(1, MAX_RECOVERY_THREADS)
+            .min(n.div_ceil(MIN_SEGMENTS_PER_RECOVERY_THREAD))
+            .max(1)
+    }
+
+    /// Run `f(segment, acc)` for every segment of the log over
+    /// [`recovery_threads`](Self::recovery_threads) threads, which take
+    /// [`SEGMENTS_PER_GRAB`] segments at a time from a shared cursor (one
+    /// thread walks them in log order), each folding into its own
+    /// accumulator; returns the accumulators, `None` if a thread panicked
+    /// (a bug).
+    fn par_segments<T: Default + Send>(&self, f: impl Fn(usize, &mut T) + Sync) -> Option<Vec<T>> {
+        let n = self.geo.log_segments as usize;
+        let threads = self.recovery_threads();
+        let next = AtomicUsize::new(0);
+        let work = || {
+            let mut acc = T::default();
+            loop {
+                let first = next.fetch_add(SEGMENTS_PER_GRAB, Ordering::Relaxed);
+                if first >= n {
+                    return acc;
+                }
+                for s in first..(first + SEGMENTS_PER_GRAB).min(n) {
+                    f(s, &mut acc);
+                }
+            }
+        };
+        if threads == 1 {
+            return Some(vec![work()]);
+        }
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..threads).map(|_| sc.spawn(work)).collect();
+            hs.into_iter().map(|h| h.join().ok()).collect()
+        })
+    }
+
+    /// Walk every segment in use over
+    /// [`recovery_threads`](Self::recovery_threads) threads (each segment
+    /// is walked front to back by one thread): count committed, live
     /// objects and those the index names, and set each segment's live
     /// bytes and earliest expiry from the indexed ones. Objects are walked
     /// in log order and looked up in the (smaller) index, rather than the
     /// other way round: the random accesses go to the index, the log is
     /// read front to back.
     fn verify_walk(&self) -> Tally {
-        let n = self.geo.log_segments as usize;
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |p| p.get())
-            .clamp(1, MAX_RECOVERY_THREADS)
-            .min(n.div_ceil(MIN_SEGMENTS_PER_RECOVERY_THREAD))
-            .max(1);
-        let chunk = n.div_ceil(threads);
-        std::thread::scope(|sc| {
-            let hs: Vec<_> = (0..threads)
-                .map(|t| {
-                    sc.spawn(move || self.verify_segments(t * chunk..((t + 1) * chunk).min(n)))
-                })
-                .collect();
-            hs.into_iter().fold(Tally::default(), |a, h| {
-                // A walker that panicked (a bug) leaves its segments
-                // unverified: count one unindexed object so the index is
-                // rebuilt rather than trusted.
-                let b = h.join().unwrap_or(Tally {
+        // A walker that panicked (a bug) leaves segments unverified: count
+        // one unindexed object so the index is rebuilt rather than trusted.
+        let parts = self
+            .par_segments(|s, t: &mut Tally| self.verify_segment(s, t))
+            .unwrap_or_else(|| {
+                vec![Tally {
                     live: 1,
                     ..Tally::default()
-                });
-                Tally {
-                    live: a.live + b.live,
-                    indexed: a.indexed + b.indexed,
-                    damaged: a.damaged + b.damaged,
-                    damaged_objects: a.damaged_objects + b.damaged_objects,
-                }
-            })
+                }]
+            });
+        parts.into_iter().fold(Tally::default(), |a, b| Tally {
+            live: a.live + b.live,
+            indexed: a.indexed + b.indexed,
+            damaged: a.damaged + b.damaged,
+            damaged_objects: a.damaged_objects + b.damaged_objects,
         })
     }
 
-    fn verify_segments(&self, segs: std::ops::Range<usize>) -> Tally {
-        let mut t = Tally::default();
-        for s in segs {
+    fn verify_segment(&self, s: usize, t: &mut Tally) {
+        {
             let e = self.seg(s);
             let (mut live_bytes, mut min_expiry) = (0u64, 0u64);
             let w = self.walk_segment(s, |loc, h| {
@@ -298,7 +362,6 @@ impl Inner {
             e.live.store(live_bytes, Ordering::Relaxed);
             e.min_expiry_ms.store(min_expiry, Ordering::Relaxed);
         }
-        t
     }
 
     /// Index entries in use.
@@ -337,7 +400,7 @@ impl Inner {
     /// With an untrusted meta segment: clear heads and lease, and re-derive
     /// every segment's state and used bytes from the log (see the module
     /// essay). Returns the segments whose entry changed.
-    fn rederive_segments(&self) -> u64 {
+    fn rederive_segments(&self) -> Result<u64> {
         for h in 0..MAX_HEADS {
             let hd = self.head(h);
             hd.lock.store(0, Ordering::Relaxed);
@@ -347,31 +410,38 @@ impl Inner {
         let lease = &self.meta().lease;
         lease.owner.store(0, Ordering::Relaxed);
         lease.dest.store(0, Ordering::Relaxed);
-        let mut changed = 0;
-        for s in 0..self.geo.log_segments as usize {
-            let mut live = false;
-            let w = self.walk_intact(s, self.geo.seg_bytes, true, |h, _, intact| {
-                let os = self.obj_state(h.loc()).load(Ordering::Acquire);
-                live |= intact && os & OBJ_COMMITTED != 0 && os & OBJ_DEAD == 0;
-                true
-            });
-            let (state, used) = if live {
-                (SEG_CLOSED, w.end)
-            } else {
-                (SEG_FREE, 0)
-            };
-            let e = self.seg(s);
-            if e.state.load(Ordering::Relaxed) != state || e.used.load(Ordering::Relaxed) != used {
-                changed += 1;
-            }
-            e.state.store(state, Ordering::Relaxed);
-            e.used.store(used, Ordering::Relaxed);
-            e.live.store(0, Ordering::Relaxed);
-            e.stamp.store(0, Ordering::Relaxed);
-            e.min_expiry_ms.store(0, Ordering::Relaxed);
-        }
+        // Each segment is re-derived on its own, so the segments are
+        // shared among the recovery threads.
+        let changed = self
+            .par_segments(|s, changed: &mut u64| {
+                let mut live = false;
+                let w = self.walk_intact(s, self.geo.seg_bytes, true, |h, _, intact| {
+                    let os = self.obj_state(h.loc()).load(Ordering::Acquire);
+                    live |= intact && os & OBJ_COMMITTED != 0 && os & OBJ_DEAD == 0;
+                    true
+                });
+                let (state, used) = if live {
+                    (SEG_CLOSED, w.end)
+                } else {
+                    (SEG_FREE, 0)
+                };
+                let e = self.seg(s);
+                if e.state.load(Ordering::Relaxed) != state
+                    || e.used.load(Ordering::Relaxed) != used
+                {
+                    *changed += 1;
+                }
+                e.state.store(state, Ordering::Relaxed);
+                e.used.store(used, Ordering::Relaxed);
+                e.live.store(0, Ordering::Relaxed);
+                e.stamp.store(0, Ordering::Relaxed);
+                e.min_expiry_ms.store(0, Ordering::Relaxed);
+            })
+            .ok_or_else(|| {
+                Error::Corrupt("recovery: a segment re-derive thread panicked".into())
+            })?;
         self.hdr().alloc_hint.store(0, Ordering::Relaxed);
-        changed
+        Ok(changed.iter().sum())
     }
 
     /// Walk every segment in use (see [`walk_segment`](Self::walk_segment));
@@ -404,14 +474,85 @@ impl Inner {
             let w = bk.word.load(Ordering::Relaxed);
             bk.word.store(unlock_word(w & !0xFF), Ordering::Release);
         }
-        r.damaged_segments += self.walk_log(|loc, h| {
-            let mut rr = RecoveryReport::default();
-            self.rebuild_insert(loc, h, &mut rr)?;
-            r.objects_indexed += rr.objects_indexed;
-            r.duplicates += rr.duplicates;
-            Ok(())
-        })?;
+        if self.recovery_threads() == 1 {
+            r.damaged_segments += self.walk_log(|loc, h| {
+                let mut rr = RecoveryReport::default();
+                self.rebuild_insert(loc, h, &mut rr)?;
+                r.objects_indexed += rr.objects_indexed;
+                r.duplicates += rr.duplicates;
+                Ok(())
+            })?;
+            return Ok(());
+        }
+        let stripes: Vec<Mutex<()>> = (0..REBUILD_LOCK_STRIPES).map(|_| Mutex::new(())).collect();
+        let parts = self
+            .par_segments(|s, acc: &mut RebuildTally| {
+                if acc.err.is_some() {
+                    return;
+                }
+                let w = self.walk_segment(s, |loc, h| {
+                    if acc.err.is_none() {
+                        if let Err(e) = self.rebuild_insert_striped(loc, h, &stripes, acc) {
+                            acc.err = Some(e);
+                        }
+                    }
+                });
+                acc.damaged_segments += u64::from(w.damaged > 0);
+            })
+            .ok_or_else(|| Error::Corrupt("recovery: an index rebuild thread panicked".into()))?;
+        for p in parts {
+            if let Some(e) = p.err {
+                return Err(e);
+            }
+            r.objects_indexed += p.indexed;
+            r.duplicates += p.duplicates;
+            r.damaged_segments += p.damaged_segments;
+        }
         Ok(())
+    }
+
+    /// [`rebuild_insert`](Self::rebuild_insert) for the parallel rebuild:
+    /// under the lock stripes of the key's two buckets (taken in stripe
+    /// order). The outcome does not depend on the order the threads meet
+    /// the copies of a key in: the newest version wins and, of equal
+    /// versions, the lowest log location, which is the copy the serial
+    /// walk in log order keeps (it replaces only on a strictly newer
+    /// version); every other copy is marked DEAD, as in the serial walk.
+    fn rebuild_insert_striped(
+        &self,
+        loc: u64,
+        h: &Obj,
+        stripes: &[Mutex<()>],
+        acc: &mut RebuildTally,
+    ) -> Result<()> {
+        let key = self.obj_key(h);
+        let (b0, b1, tag) = self.buckets_of(nibble::hash_key(key));
+        let (s0, s1) = (b0 % stripes.len(), b1 % stripes.len());
+        let (lo, hi) = (s0.min(s1), s0.max(s1));
+        let _g0 = stripes[lo].lock().unwrap_or_else(PoisonError::into_inner);
+        let _g1 = (hi != lo).then(|| stripes[hi].lock().unwrap_or_else(PoisonError::into_inner));
+        let entry = (tag << LOC_BITS) | loc;
+        if let Some((b, i, other)) = self.find(key, b0, b1, tag) {
+            acc.duplicates += 1;
+            let ov = self.obj_header(other).map(|oh| oh.version).unwrap_or(0);
+            if (h.version, Reverse(loc)) > (ov, Reverse(other)) {
+                self.bucket(b).entries[i].store(entry, Ordering::Release);
+                self.mark(other, OBJ_DEAD);
+            } else {
+                self.mark(loc, OBJ_DEAD);
+            }
+            return Ok(());
+        }
+        match self.empty_entry(b0, b1) {
+            Some((b, i)) => {
+                self.bucket(b).entries[i].store(entry, Ordering::Release);
+                acc.indexed += 1;
+                Ok(())
+            }
+            None => Err(Error::Corrupt(format!(
+                "index rebuild: both buckets of a key are full at object {loc:#x}"
+            ))),
+        }
     }
 
     fn rebuild_insert(&self, loc: u64, h: &Obj, r: &mut RecoveryReport) -> Result<()> {
