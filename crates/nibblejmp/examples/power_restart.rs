@@ -8,6 +8,7 @@
 //! is re-marked unclean between runs by the same child-exit trick on a
 //! copy-free path: a child attaches and exits without closing).
 //! `cargo run --release -p nibblejmp --example power_restart -- [DIR] [CAPACITY_MIB] [KEYS] [VALUE_BYTES] [RUNS]`
+//! (`KEEP=1` keeps DIR; KEYS = 0 then recovers it again without filling).
 
 use std::time::Instant;
 
@@ -53,9 +54,15 @@ fn main() {
         compaction_thread: false,
         ..Options::default()
     };
-    let _ = std::fs::remove_dir_all(&dir);
+    // KEYS = 0: recover the store left in DIR by an earlier run with
+    // KEEP=1 (to profile the recovery alone).
+    let fill = keys > 0;
     let (d2, o2) = (dir.clone(), opts.clone());
     in_child(move || {
+        if !fill {
+            return;
+        }
+        let _ = std::fs::remove_dir_all(&d2);
         let s = SharedStore::create(&d2, cap, &o2).expect("create");
         let value = vec![b'v'; vlen];
         for i in 0..keys {
@@ -98,5 +105,7 @@ fn main() {
         times[0],
         times[times.len() - 1]
     );
-    let _ = std::fs::remove_dir_all(&dir);
+    if std::env::var_os("KEEP").is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -70,13 +70,36 @@ const SEGMENTS_PER_GRAB: usize = 4;
 /// buckets run in parallel and two copies of one key are compared under
 /// the same stripes.
 const REBUILD_LOCK_STRIPES: usize = 4096;
+/// Index buckets a thread takes at a time when the live bytes are summed
+/// from the index after a rebuild.
+const BUCKETS_PER_GRAB: usize = 1 << 12;
+
+/// Objects the parallel rebuild keeps in flight: their keys' buckets are
+/// prefetched when an object is walked and the object is inserted this
+/// many objects later, so the index's cache misses (the rebuild's main
+/// cost: two random buckets per object) overlap instead of following one
+/// another.
+const REBUILD_PREFETCH_DEPTH: usize = 12;
+
+/// An object walked by the rebuild, its buckets being prefetched.
+struct Pending {
+    loc: u64,
+    obj: Obj,
+    b0: usize,
+    b1: usize,
+    tag: u64,
+}
 
 /// What one thread of the rebuild counted.
 #[derive(Default)]
 struct RebuildTally {
+    /// The objects in flight (reused across segments: no allocation per
+    /// object).
+    queue: std::collections::VecDeque<Pending>,
     indexed: u64,
     duplicates: u64,
     damaged_segments: u64,
+    damaged_objects: u64,
     err: Option<Error>,
 }
 
@@ -225,7 +248,7 @@ impl Inner {
         // 3. Rebuild if needed (the walk's per-segment figures are redone).
         let items = if r.bad_entries > 0 || r.unindexed_objects > 0 || force_rebuild {
             r.damaged_segments = 0;
-            self.rebuild_index(&mut r)?;
+            let damaged_objects = self.rebuild_index(&mut r)?;
             self.hdr().rebuilds.fetch_add(1, Ordering::Relaxed);
             // No entry names a damaged region now: quarantined segments
             // may be compacted again.
@@ -235,11 +258,13 @@ impl Inner {
                     e.state.store(SEG_CLOSED, Ordering::Release);
                 }
             }
-            let t2 = self.verify_walk();
             if !seal.meta_ok {
-                r.damaged_objects = t2.damaged_objects;
+                r.damaged_objects = damaged_objects;
             }
-            self.count_entries()
+            // Every entry now names an intact object the rebuild chose:
+            // the segments' live bytes and earliest expiries come from the
+            // entries (one header read each), not from another log walk.
+            self.account_from_index()
         } else {
             entries
         };
@@ -364,6 +389,63 @@ impl Inner {
         }
     }
 
+    /// After a rebuild: set every segment's live bytes and earliest expiry
+    /// from the objects the index names (in parallel over runs of
+    /// buckets); returns the entries in use.
+    fn account_from_index(&self) -> u64 {
+        for s in 0..self.geo.log_segments as usize {
+            let e = self.seg(s);
+            e.live.store(0, Ordering::Relaxed);
+            e.min_expiry_ms.store(0, Ordering::Relaxed);
+        }
+        let n = self.geo.index_buckets as usize;
+        let next = AtomicUsize::new(0);
+        let work = || {
+            let mut entries = 0u64;
+            loop {
+                let first = next.fetch_add(BUCKETS_PER_GRAB, Ordering::Relaxed);
+                if first >= n {
+                    return entries;
+                }
+                for b in first..(first + BUCKETS_PER_GRAB).min(n) {
+                    for x in &self.bucket(b).entries {
+                        let loc = x.load(Ordering::Relaxed) & LOC_MASK;
+                        if loc == 0 {
+                            continue;
+                        }
+                        entries += 1;
+                        let Some(h) = self.obj_header(loc) else {
+                            continue;
+                        };
+                        let e = self.seg(self.seg_of(loc));
+                        e.live.fetch_add(
+                            object_bytes(h.key_len as usize, h.value_cap as usize),
+                            Ordering::Relaxed,
+                        );
+                        if h.expiry_ms != 0 {
+                            let _ = e.min_expiry_ms.fetch_update(
+                                Ordering::Relaxed,
+                                Ordering::Relaxed,
+                                |m| (m == 0 || h.expiry_ms < m).then_some(h.expiry_ms),
+                            );
+                        }
+                    }
+                }
+            }
+        };
+        let threads = self.recovery_threads();
+        if threads == 1 {
+            return work();
+        }
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..threads).map(|_| sc.spawn(work)).collect();
+            // A thread that panicked (a bug) counted nothing: fall back to
+            // counting the entries alone.
+            let counts: Option<Vec<u64>> = hs.into_iter().map(|h| h.join().ok()).collect();
+            counts.map_or_else(|| self.count_entries(), |c| c.iter().sum())
+        })
+    }
+
     /// Index entries in use.
     fn count_entries(&self) -> u64 {
         (0..self.geo.index_buckets as usize)
@@ -446,9 +528,9 @@ impl Inner {
 
     /// Walk every segment in use (see [`walk_segment`](Self::walk_segment));
     /// stops at the first error of `f`. Returns the number of segments
-    /// in which the walk found damage.
-    fn walk_log(&self, mut f: impl FnMut(u64, &Obj) -> Result<()>) -> Result<u64> {
-        let mut damaged = 0;
+    /// in which the walk found damage and the damaged objects.
+    fn walk_log(&self, mut f: impl FnMut(u64, &Obj) -> Result<()>) -> Result<(u64, u64)> {
+        let (mut damaged, mut objects) = (0, 0);
         let mut res = Ok(());
         for s in 0..self.geo.log_segments as usize {
             let w = self.walk_segment(s, |loc, h| {
@@ -457,14 +539,17 @@ impl Inner {
                 }
             });
             damaged += u64::from(w.damaged > 0);
+            objects += w.damaged;
             if res.is_err() {
                 break;
             }
         }
-        res.map(|()| damaged)
+        res.map(|()| (damaged, objects))
     }
 
-    fn rebuild_index(&self, r: &mut RecoveryReport) -> Result<()> {
+    /// Rebuild the index from the log; returns the damaged objects the
+    /// walk skipped.
+    fn rebuild_index(&self, r: &mut RecoveryReport) -> Result<u64> {
         r.rebuilt = true;
         for b in 0..self.geo.index_buckets as usize {
             let bk = self.bucket(b);
@@ -475,14 +560,15 @@ impl Inner {
             bk.word.store(unlock_word(w & !0xFF), Ordering::Release);
         }
         if self.recovery_threads() == 1 {
-            r.damaged_segments += self.walk_log(|loc, h| {
+            let (segs, objects) = self.walk_log(|loc, h| {
                 let mut rr = RecoveryReport::default();
                 self.rebuild_insert(loc, h, &mut rr)?;
                 r.objects_indexed += rr.objects_indexed;
                 r.duplicates += rr.duplicates;
                 Ok(())
             })?;
-            return Ok(());
+            r.damaged_segments += segs;
+            return Ok(objects);
         }
         let stripes: Vec<Mutex<()>> = (0..REBUILD_LOCK_STRIPES).map(|_| Mutex::new(())).collect();
         let parts = self
@@ -490,16 +576,36 @@ impl Inner {
                 if acc.err.is_some() {
                     return;
                 }
+                let mut queue = std::mem::take(&mut acc.queue);
                 let w = self.walk_segment(s, |loc, h| {
-                    if acc.err.is_none() {
-                        if let Err(e) = self.rebuild_insert_striped(loc, h, &stripes, acc) {
-                            acc.err = Some(e);
+                    let (b0, b1, tag) = self.buckets_of(nibble::hash_key(self.obj_key(h)));
+                    for b in [b0, b1] {
+                        let p = self.bucket(b) as *const Bucket as *const u8;
+                        nibble::prefetch::line(p);
+                        nibble::prefetch::line(p.wrapping_add(64));
+                    }
+                    queue.push_back(Pending {
+                        loc,
+                        obj: *h,
+                        b0,
+                        b1,
+                        tag,
+                    });
+                    if queue.len() > REBUILD_PREFETCH_DEPTH {
+                        if let Some(p) = queue.pop_front() {
+                            self.rebuild_insert_striped(&p, &stripes, acc);
                         }
                     }
                 });
+                while let Some(p) = queue.pop_front() {
+                    self.rebuild_insert_striped(&p, &stripes, acc);
+                }
+                acc.queue = queue;
                 acc.damaged_segments += u64::from(w.damaged > 0);
+                acc.damaged_objects += w.damaged;
             })
             .ok_or_else(|| Error::Corrupt("recovery: an index rebuild thread panicked".into()))?;
+        let mut objects = 0;
         for p in parts {
             if let Some(e) = p.err {
                 return Err(e);
@@ -507,8 +613,9 @@ impl Inner {
             r.objects_indexed += p.indexed;
             r.duplicates += p.duplicates;
             r.damaged_segments += p.damaged_segments;
+            objects += p.damaged_objects;
         }
-        Ok(())
+        Ok(objects)
     }
 
     /// [`rebuild_insert`](Self::rebuild_insert) for the parallel rebuild:
@@ -518,15 +625,14 @@ impl Inner {
     /// versions, the lowest log location, which is the copy the serial
     /// walk in log order keeps (it replaces only on a strictly newer
     /// version); every other copy is marked DEAD, as in the serial walk.
-    fn rebuild_insert_striped(
-        &self,
-        loc: u64,
-        h: &Obj,
-        stripes: &[Mutex<()>],
-        acc: &mut RebuildTally,
-    ) -> Result<()> {
+    /// A failure is kept in `acc.err` (later inserts of the thread are
+    /// skipped).
+    fn rebuild_insert_striped(&self, p: &Pending, stripes: &[Mutex<()>], acc: &mut RebuildTally) {
+        if acc.err.is_some() {
+            return;
+        }
+        let (loc, h, b0, b1, tag) = (p.loc, &p.obj, p.b0, p.b1, p.tag);
         let key = self.obj_key(h);
-        let (b0, b1, tag) = self.buckets_of(nibble::hash_key(key));
         let (s0, s1) = (b0 % stripes.len(), b1 % stripes.len());
         let (lo, hi) = (s0.min(s1), s0.max(s1));
         let _g0 = stripes[lo].lock().unwrap_or_else(PoisonError::into_inner);
@@ -541,17 +647,18 @@ impl Inner {
             } else {
                 self.mark(loc, OBJ_DEAD);
             }
-            return Ok(());
+            return;
         }
         match self.empty_entry(b0, b1) {
             Some((b, i)) => {
                 self.bucket(b).entries[i].store(entry, Ordering::Release);
                 acc.indexed += 1;
-                Ok(())
             }
-            None => Err(Error::Corrupt(format!(
-                "index rebuild: both buckets of a key are full at object {loc:#x}"
-            ))),
+            None => {
+                acc.err = Some(Error::Corrupt(format!(
+                    "index rebuild: both buckets of a key are full at object {loc:#x}"
+                )))
+            }
         }
     }
 
