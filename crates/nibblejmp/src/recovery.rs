@@ -49,7 +49,7 @@
 //! holder's in-flight update is resolved from its intent before the scan.
 
 use std::cmp::Reverse;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use crate::error::{Error, Result};
@@ -73,6 +73,9 @@ const REBUILD_LOCK_STRIPES: usize = 4096;
 /// Index buckets a thread takes at a time when the live bytes are summed
 /// from the index after a rebuild.
 const BUCKETS_PER_GRAB: usize = 1 << 12;
+/// Buckets whose objects' headers are prefetched together when summing
+/// live bytes from the index (divides [`BUCKETS_PER_GRAB`]).
+const ACCOUNT_PREFETCH_BUCKETS: usize = 8;
 
 /// Objects the parallel rebuild keeps in flight: their keys' buckets are
 /// prefetched when an object is walked and the object is inserted this
@@ -174,9 +177,13 @@ impl Inner {
         if unclean || !seal.index_ok || !seal.meta_ok {
             self.hdr().recoveries.fetch_add(1, Ordering::Relaxed);
         }
-        if !seal.meta_ok {
-            r.segments_repaired += self.rederive_segments()?;
-        }
+        let verified = if seal.meta_ok {
+            Vec::new()
+        } else {
+            let (changed, verified) = self.rederive_segments()?;
+            r.segments_repaired += changed;
+            verified
+        };
         // 1. Locks and segment states.
         for b in 0..self.geo.index_buckets as usize {
             let w = &self.bucket(b).word;
@@ -248,7 +255,7 @@ impl Inner {
         // 3. Rebuild if needed (the walk's per-segment figures are redone).
         let items = if r.bad_entries > 0 || r.unindexed_objects > 0 || force_rebuild {
             r.damaged_segments = 0;
-            let damaged_objects = self.rebuild_index(&mut r)?;
+            let damaged_objects = self.rebuild_index(&mut r, &verified)?;
             self.hdr().rebuilds.fetch_add(1, Ordering::Relaxed);
             // No entry names a damaged region now: quarantined segments
             // may be compacted again.
@@ -407,7 +414,22 @@ impl Inner {
                 if first >= n {
                     return entries;
                 }
-                for b in first..(first + BUCKETS_PER_GRAB).min(n) {
+                let end = (first + BUCKETS_PER_GRAB).min(n);
+                for b in first..end {
+                    // Prefetch the headers named by the next buckets, so
+                    // their cache misses overlap.
+                    if b % ACCOUNT_PREFETCH_BUCKETS == 0 {
+                        for pb in b..(b + ACCOUNT_PREFETCH_BUCKETS).min(end) {
+                            for x in &self.bucket(pb).entries {
+                                if let Some(l) =
+                                    self.valid_loc(x.load(Ordering::Relaxed) & LOC_MASK)
+                                {
+                                    let p = self.obj_state(l) as *const AtomicU64 as *const u8;
+                                    nibble::prefetch::line(p);
+                                }
+                            }
+                        }
+                    }
                     for x in &self.bucket(b).entries {
                         let loc = x.load(Ordering::Relaxed) & LOC_MASK;
                         if loc == 0 {
@@ -463,14 +485,20 @@ impl Inner {
     /// calls `f(loc, header)` for each intact, committed, not-dead object
     /// (damaged ones are skipped and counted, see
     /// [`Inner::walk_intact`]).
-    fn walk_segment(&self, s: usize, mut f: impl FnMut(u64, &Obj)) -> SegWalk {
+    fn walk_segment(&self, s: usize, f: impl FnMut(u64, &Obj)) -> SegWalk {
+        self.walk_segment_with(s, true, f)
+    }
+
+    /// [`walk_segment`](Self::walk_segment), checksums left unchecked
+    /// when `check` is false (see [`Inner::walk_intact_with`]).
+    fn walk_segment_with(&self, s: usize, check: bool, mut f: impl FnMut(u64, &Obj)) -> SegWalk {
         let e = self.seg(s);
         let st = e.state.load(Ordering::Acquire) & 0xFF;
         if st != SEG_OPEN && st != SEG_CLOSED {
             return SegWalk::default();
         }
         let used = e.used.load(Ordering::Acquire).min(self.geo.seg_bytes);
-        self.walk_intact(s, used, false, |h, _, intact| {
+        self.walk_intact_with(s, used, false, check, |h, _, intact| {
             let os = self.obj_state(h.loc()).load(Ordering::Acquire);
             if intact && os & OBJ_COMMITTED != 0 && os & OBJ_DEAD == 0 {
                 f(h.loc().get(), h);
@@ -481,8 +509,14 @@ impl Inner {
 
     /// With an untrusted meta segment: clear heads and lease, and re-derive
     /// every segment's state and used bytes from the log (see the module
-    /// essay). Returns the segments whose entry changed.
-    fn rederive_segments(&self) -> Result<u64> {
+    /// essay). Returns the segments whose entry changed, and for each
+    /// segment whether its walk found every object up to its new end
+    /// intact with no resync (the rebuild then need not checksum it
+    /// again).
+    fn rederive_segments(&self) -> Result<(u64, Vec<AtomicBool>)> {
+        let verified: Vec<AtomicBool> = (0..self.geo.log_segments)
+            .map(|_| AtomicBool::new(false))
+            .collect();
         for h in 0..MAX_HEADS {
             let hd = self.head(h);
             hd.lock.store(0, Ordering::Relaxed);
@@ -507,6 +541,7 @@ impl Inner {
                 } else {
                     (SEG_FREE, 0)
                 };
+                verified[s].store(w.resyncs == 0, Ordering::Relaxed);
                 let e = self.seg(s);
                 if e.state.load(Ordering::Relaxed) != state
                     || e.used.load(Ordering::Relaxed) != used
@@ -523,7 +558,7 @@ impl Inner {
                 Error::Corrupt("recovery: a segment re-derive thread panicked".into())
             })?;
         self.hdr().alloc_hint.store(0, Ordering::Relaxed);
-        Ok(changed.iter().sum())
+        Ok((changed.iter().sum(), verified))
     }
 
     /// Walk every segment in use (see [`walk_segment`](Self::walk_segment));
@@ -548,8 +583,10 @@ impl Inner {
     }
 
     /// Rebuild the index from the log; returns the damaged objects the
-    /// walk skipped.
-    fn rebuild_index(&self, r: &mut RecoveryReport) -> Result<u64> {
+    /// walk skipped. The parallel walk leaves unchecked the checksums of
+    /// the segments marked in `verified` (by this recovery's re-derive
+    /// walk); the serial one checks every object.
+    fn rebuild_index(&self, r: &mut RecoveryReport, verified: &[AtomicBool]) -> Result<u64> {
         r.rebuilt = true;
         for b in 0..self.geo.index_buckets as usize {
             let bk = self.bucket(b);
@@ -577,7 +614,8 @@ impl Inner {
                     return;
                 }
                 let mut queue = std::mem::take(&mut acc.queue);
-                let w = self.walk_segment(s, |loc, h| {
+                let check = !verified.get(s).is_some_and(|v| v.load(Ordering::Relaxed));
+                let w = self.walk_segment_with(s, check, |loc, h| {
                     let (b0, b1, tag) = self.buckets_of(nibble::hash_key(self.obj_key(h)));
                     for b in [b0, b1] {
                         let p = self.bucket(b) as *const Bucket as *const u8;
