@@ -3,12 +3,16 @@
 //! order (`Options::recovery_threads = Some(1)`), the reference: stores
 //! with overwrites, deletes and damaged or torn (zeroed) log pages, each
 //! recovered twice from identical copies, must come back with the same
-//! key -> value map and the same report figures. Without damage both must
-//! also equal a model of the writes.
+//! key -> value map and the same report figures. Some stores also have
+//! every replaced or deleted copy revived (its DEAD bit cleared, as when a
+//! power cut loses the kills), so several live versions of a key meet in
+//! the rebuild and the newest must win. Without damage both must also
+//! agree with a model of the writes.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use nibblejmp::layout::{OBJ_COMMITTED, OBJ_DEAD, OBJ_MAGIC, OBJ_MAGIC_MASK};
 use nibblejmp::{Options, SharedStore};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -66,7 +70,22 @@ fn recover(
     (m, r)
 }
 
-fn one_case(seed: u64, damage: bool) {
+/// Clear the DEAD bit of every committed object in the log file (a word
+/// of a value that happens to look like a state word may be changed too:
+/// that object then fails its checksum, the same way in both copies).
+fn revive_dead_copies(dir: &Path) {
+    let log = spacejmp::segment::seg_path(dir, "log");
+    let mut b = std::fs::read(&log).unwrap();
+    for w in b.chunks_exact_mut(8) {
+        let v = u64::from_le_bytes(w.try_into().unwrap());
+        if v & OBJ_MAGIC_MASK == OBJ_MAGIC && v & OBJ_COMMITTED != 0 && v & OBJ_DEAD != 0 {
+            w.copy_from_slice(&(v & !OBJ_DEAD).to_le_bytes());
+        }
+    }
+    std::fs::write(&log, &b).unwrap();
+}
+
+fn one_case(seed: u64, damage: bool, revive: bool) {
     let mut rng = StdRng::seed_from_u64(seed);
     let d = TempDir::new("par-rec");
     let opts = Options {
@@ -89,6 +108,9 @@ fn one_case(seed: u64, damage: bool) {
     }
     s.close().unwrap();
     as_after_power_cut(&d.0);
+    if revive {
+        revive_dead_copies(&d.0);
+    }
     if damage {
         let log = spacejmp::segment::seg_path(&d.0, "log");
         let mut b = std::fs::read(&log).unwrap();
@@ -111,16 +133,26 @@ fn one_case(seed: u64, damage: bool) {
     let (parallel, rp) = recover(&d2.0, 4);
     assert_eq!(serial, parallel, "seed {seed} damage {damage}");
     assert_eq!(rs, rp, "seed {seed} damage {damage}");
-    if !damage {
+    if revive {
+        assert!(rs.duplicates > 0, "seed {seed}: {rs:?}");
+    }
+    if !damage && !revive {
         let want: BTreeMap<_, _> = model.into_iter().map(|(k, v)| (k, Some(v))).collect();
         assert_eq!(serial, want, "seed {seed}");
+    } else if !damage {
+        // Deleted keys may come back (an older copy revived), but every
+        // key written last by a put reads its newest value.
+        for (k, v) in model {
+            assert_eq!(serial.get(&k), Some(&Some(v)), "seed {seed}");
+        }
     }
 }
 
 #[test]
 fn parallel_recovery_equals_the_serial_walk() {
-    for seed in 0..6 {
-        one_case(seed, false);
-        one_case(seed, true);
+    for seed in 0..4 {
+        for (damage, revive) in [(false, false), (true, false), (false, true), (true, true)] {
+            one_case(seed, damage, revive);
+        }
     }
 }
