@@ -51,7 +51,7 @@ pub(crate) mod live;
 pub(crate) mod log;
 pub mod memory;
 pub mod object;
-mod prefetch;
+pub mod prefetch;
 pub mod store;
 
 pub use engine::{EngineStats, KvEngine};

@@ -25,7 +25,23 @@
 //!    winning if a key appears twice (it cannot after the intents are
 //!    resolved; the check is a second line of defence);
 //! 4. sets the live-byte counters and each segment's earliest expiry
-//!    (from the walk, over the indexed objects) and the item counter.
+//!    (from the walk, over the indexed objects; after a rebuild, from the
+//!    index entries) and the item counter.
+//!
+//! Every pass over the log runs in parallel: one thread per CPU (at most
+//! 16, `Options::recovery_threads`) takes segments
+//! from a shared cursor and walks each front to back. The parallel
+//! rebuild inserts under lock stripes covering the key's two buckets; of
+//! two copies of a key the newest version wins, then the lowest log
+//! location, which is exactly what the serial walk in log order keeps (it
+//! replaces only on a strictly newer version), so the result does not
+//! depend on the threads' interleaving. The rebuild is bound by the
+//! index's cache misses (two random buckets per object), so it keeps a
+//! few objects in flight with their buckets prefetched; and after a power
+//! cut it does not checksum again a segment the re-derive walk found
+//! intact with no resync (nothing changed its bytes since). With one
+//! thread the rebuild is the serial walk, the reference the parallel one
+//! is tested against (`tests/recovery_parallel.rs`).
 //!
 //! Damage (see `store/integrity.rs`): every walk verifies each object's
 //! checksum and skips a damaged one (resynchronizing on the next intact
@@ -48,7 +64,9 @@
 //! DEAD), ordered with the index update under the bucket lock, and a dead
 //! holder's in-flight update is resolved from its intent before the scan.
 
-use std::sync::atomic::Ordering;
+use std::cmp::Reverse;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use crate::error::{Error, Result};
 use crate::layout::*;
@@ -59,6 +77,50 @@ use crate::store::{Inner, Obj, SealCheck, SegWalk};
 const MAX_RECOVERY_THREADS: usize = 16;
 /// A recovery thread gets at least this many segments.
 const MIN_SEGMENTS_PER_RECOVERY_THREAD: usize = 16;
+/// Segments a recovery thread takes from the shared cursor at a time
+/// (segments fill unevenly: handing them out in small batches keeps the
+/// threads busy to the end).
+const SEGMENTS_PER_GRAB: usize = 4;
+/// Lock stripes of the parallel rebuild (a power of two): an insert holds
+/// the stripes of its key's two buckets, so inserts into different
+/// buckets run in parallel and two copies of one key are compared under
+/// the same stripes.
+const REBUILD_LOCK_STRIPES: usize = 4096;
+/// Index buckets a thread takes at a time when the live bytes are summed
+/// from the index after a rebuild.
+const BUCKETS_PER_GRAB: usize = 1 << 12;
+/// Buckets whose objects' headers are prefetched together when summing
+/// live bytes from the index (divides [`BUCKETS_PER_GRAB`]).
+const ACCOUNT_PREFETCH_BUCKETS: usize = 8;
+
+/// Objects the parallel rebuild keeps in flight: their keys' buckets are
+/// prefetched when an object is walked and the object is inserted this
+/// many objects later, so the index's cache misses (the rebuild's main
+/// cost: two random buckets per object) overlap instead of following one
+/// another.
+const REBUILD_PREFETCH_DEPTH: usize = 12;
+
+/// An object walked by the rebuild, its buckets being prefetched.
+struct Pending {
+    loc: u64,
+    obj: Obj,
+    b0: usize,
+    b1: usize,
+    tag: u64,
+}
+
+/// What one thread of the rebuild counted.
+#[derive(Default)]
+struct RebuildTally {
+    /// The objects in flight (reused across segments: no allocation per
+    /// object).
+    queue: std::collections::VecDeque<Pending>,
+    indexed: u64,
+    duplicates: u64,
+    damaged_segments: u64,
+    damaged_objects: u64,
+    err: Option<Error>,
+}
 
 /// What a verification walk counted.
 #[derive(Clone, Copy, Debug, Default)]
@@ -131,9 +193,13 @@ impl Inner {
         if unclean || !seal.index_ok || !seal.meta_ok {
             self.hdr().recoveries.fetch_add(1, Ordering::Relaxed);
         }
-        if !seal.meta_ok {
-            r.segments_repaired += self.rederive_segments();
-        }
+        let verified = if seal.meta_ok {
+            Vec::new()
+        } else {
+            let (changed, verified) = self.rederive_segments()?;
+            r.segments_repaired += changed;
+            verified
+        };
         // 1. Locks and segment states.
         for b in 0..self.geo.index_buckets as usize {
             let w = &self.bucket(b).word;
@@ -185,8 +251,19 @@ impl Inner {
         // 2. Verify: one walk of the log (in parallel over segments)
         //    checks that the index names every committed, live object, and
         //    a scan of the index that it names nothing else.
-        let t = self.verify_walk();
-        let entries = self.count_entries();
+        //    With a distrusted meta segment (a power cut, a bad seal) the
+        //    index is rebuilt whatever the walk finds, so the walk is left
+        //    out: its damage figures come from the walk after the rebuild.
+        let t = if seal.meta_ok {
+            self.verify_walk()
+        } else {
+            Tally::default()
+        };
+        let entries = if seal.meta_ok {
+            self.count_entries()
+        } else {
+            0
+        };
         r.damaged_segments = t.damaged;
         r.damaged_objects = t.damaged_objects;
         r.unindexed_objects = t.live - t.indexed;
@@ -194,7 +271,7 @@ impl Inner {
         // 3. Rebuild if needed (the walk's per-segment figures are redone).
         let items = if r.bad_entries > 0 || r.unindexed_objects > 0 || force_rebuild {
             r.damaged_segments = 0;
-            self.rebuild_index(&mut r)?;
+            let damaged_objects = self.rebuild_index(&mut r, &verified)?;
             self.hdr().rebuilds.fetch_add(1, Ordering::Relaxed);
             // No entry names a damaged region now: quarantined segments
             // may be compacted again.
@@ -204,8 +281,13 @@ impl Inner {
                     e.state.store(SEG_CLOSED, Ordering::Release);
                 }
             }
-            self.verify_walk();
-            self.count_entries()
+            if !seal.meta_ok {
+                r.damaged_objects = damaged_objects;
+            }
+            // Every entry now names an intact object the rebuild chose:
+            // the segments' live bytes and earliest expiries come from the
+            // entries (one header read each), not from another log walk.
+            self.account_from_index()
         } else {
             entries
         };
@@ -217,7 +299,7 @@ impl Inner {
                 "nibblejmp store {}: recovery skipped {} damaged objects or regions in {} segments (checksum mismatch); their keys are not indexed",
                 self.dir.display(),
                 r.damaged_objects,
-                t.damaged
+                r.damaged_segments
             );
         }
         // 4. The item counter (live bytes and earliest expiries were set by
@@ -229,49 +311,79 @@ impl Inner {
         Ok(r)
     }
 
-    /// Walk every segment in use, split over up to
-    /// [`MAX_RECOVERY_THREADS`] threads (each owns a contiguous run of
-    /// segments, so each walk is sequential): count committed, live
+    /// Threads a pass over the log uses: `opts.recovery_threads` or one
+    /// per available CPU, at most [`MAX_RECOVERY_THREADS`], each with at
+    /// least [`MIN_SEGMENTS_PER_RECOVERY_THREAD`] segments.
+    fn recovery_threads(&self) -> usize {
+        let n = self.geo.log_segments as usize;
+        self.opts
+            .recovery_threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |p| p.get()))
+            .clamp(1, MAX_RECOVERY_THREADS)
+            .min(n.div_ceil(MIN_SEGMENTS_PER_RECOVERY_THREAD))
+            .max(1)
+    }
+
+    /// Run `f(segment, acc)` for every segment of the log over
+    /// [`recovery_threads`](Self::recovery_threads) threads, which take
+    /// [`SEGMENTS_PER_GRAB`] segments at a time from a shared cursor (one
+    /// thread walks them in log order), each folding into its own
+    /// accumulator; returns the accumulators, `None` if a thread panicked
+    /// (a bug).
+    fn par_segments<T: Default + Send>(&self, f: impl Fn(usize, &mut T) + Sync) -> Option<Vec<T>> {
+        let n = self.geo.log_segments as usize;
+        let threads = self.recovery_threads();
+        let next = AtomicUsize::new(0);
+        let work = || {
+            let mut acc = T::default();
+            loop {
+                let first = next.fetch_add(SEGMENTS_PER_GRAB, Ordering::Relaxed);
+                if first >= n {
+                    return acc;
+                }
+                for s in first..(first + SEGMENTS_PER_GRAB).min(n) {
+                    f(s, &mut acc);
+                }
+            }
+        };
+        if threads == 1 {
+            return Some(vec![work()]);
+        }
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..threads).map(|_| sc.spawn(work)).collect();
+            hs.into_iter().map(|h| h.join().ok()).collect()
+        })
+    }
+
+    /// Walk every segment in use over
+    /// [`recovery_threads`](Self::recovery_threads) threads (each segment
+    /// is walked front to back by one thread): count committed, live
     /// objects and those the index names, and set each segment's live
     /// bytes and earliest expiry from the indexed ones. Objects are walked
     /// in log order and looked up in the (smaller) index, rather than the
     /// other way round: the random accesses go to the index, the log is
     /// read front to back.
     fn verify_walk(&self) -> Tally {
-        let n = self.geo.log_segments as usize;
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |p| p.get())
-            .clamp(1, MAX_RECOVERY_THREADS)
-            .min(n.div_ceil(MIN_SEGMENTS_PER_RECOVERY_THREAD))
-            .max(1);
-        let chunk = n.div_ceil(threads);
-        std::thread::scope(|sc| {
-            let hs: Vec<_> = (0..threads)
-                .map(|t| {
-                    sc.spawn(move || self.verify_segments(t * chunk..((t + 1) * chunk).min(n)))
-                })
-                .collect();
-            hs.into_iter().fold(Tally::default(), |a, h| {
-                // A walker that panicked (a bug) leaves its segments
-                // unverified: count one unindexed object so the index is
-                // rebuilt rather than trusted.
-                let b = h.join().unwrap_or(Tally {
+        // A walker that panicked (a bug) leaves segments unverified: count
+        // one unindexed object so the index is rebuilt rather than trusted.
+        let parts = self
+            .par_segments(|s, t: &mut Tally| self.verify_segment(s, t))
+            .unwrap_or_else(|| {
+                vec![Tally {
                     live: 1,
                     ..Tally::default()
-                });
-                Tally {
-                    live: a.live + b.live,
-                    indexed: a.indexed + b.indexed,
-                    damaged: a.damaged + b.damaged,
-                    damaged_objects: a.damaged_objects + b.damaged_objects,
-                }
-            })
+                }]
+            });
+        parts.into_iter().fold(Tally::default(), |a, b| Tally {
+            live: a.live + b.live,
+            indexed: a.indexed + b.indexed,
+            damaged: a.damaged + b.damaged,
+            damaged_objects: a.damaged_objects + b.damaged_objects,
         })
     }
 
-    fn verify_segments(&self, segs: std::ops::Range<usize>) -> Tally {
-        let mut t = Tally::default();
-        for s in segs {
+    fn verify_segment(&self, s: usize, t: &mut Tally) {
+        {
             let e = self.seg(s);
             let (mut live_bytes, mut min_expiry) = (0u64, 0u64);
             let w = self.walk_segment(s, |loc, h| {
@@ -298,7 +410,78 @@ impl Inner {
             e.live.store(live_bytes, Ordering::Relaxed);
             e.min_expiry_ms.store(min_expiry, Ordering::Relaxed);
         }
-        t
+    }
+
+    /// After a rebuild: set every segment's live bytes and earliest expiry
+    /// from the objects the index names (in parallel over runs of
+    /// buckets); returns the entries in use.
+    fn account_from_index(&self) -> u64 {
+        for s in 0..self.geo.log_segments as usize {
+            let e = self.seg(s);
+            e.live.store(0, Ordering::Relaxed);
+            e.min_expiry_ms.store(0, Ordering::Relaxed);
+        }
+        let n = self.geo.index_buckets as usize;
+        let next = AtomicUsize::new(0);
+        let work = || {
+            let mut entries = 0u64;
+            loop {
+                let first = next.fetch_add(BUCKETS_PER_GRAB, Ordering::Relaxed);
+                if first >= n {
+                    return entries;
+                }
+                let end = (first + BUCKETS_PER_GRAB).min(n);
+                for b in first..end {
+                    // Prefetch the headers named by the next buckets, so
+                    // their cache misses overlap.
+                    if b % ACCOUNT_PREFETCH_BUCKETS == 0 {
+                        for pb in b..(b + ACCOUNT_PREFETCH_BUCKETS).min(end) {
+                            for x in &self.bucket(pb).entries {
+                                if let Some(l) =
+                                    self.valid_loc(x.load(Ordering::Relaxed) & LOC_MASK)
+                                {
+                                    let p = self.obj_state(l) as *const AtomicU64 as *const u8;
+                                    nibble::prefetch::line(p);
+                                }
+                            }
+                        }
+                    }
+                    for x in &self.bucket(b).entries {
+                        let loc = x.load(Ordering::Relaxed) & LOC_MASK;
+                        if loc == 0 {
+                            continue;
+                        }
+                        entries += 1;
+                        let Some(h) = self.obj_header(loc) else {
+                            continue;
+                        };
+                        let e = self.seg(self.seg_of(loc));
+                        e.live.fetch_add(
+                            object_bytes(h.key_len as usize, h.value_cap as usize),
+                            Ordering::Relaxed,
+                        );
+                        if h.expiry_ms != 0 {
+                            let _ = e.min_expiry_ms.fetch_update(
+                                Ordering::Relaxed,
+                                Ordering::Relaxed,
+                                |m| (m == 0 || h.expiry_ms < m).then_some(h.expiry_ms),
+                            );
+                        }
+                    }
+                }
+            }
+        };
+        let threads = self.recovery_threads();
+        if threads == 1 {
+            return work();
+        }
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..threads).map(|_| sc.spawn(work)).collect();
+            // A thread that panicked (a bug) counted nothing: fall back to
+            // counting the entries alone.
+            let counts: Option<Vec<u64>> = hs.into_iter().map(|h| h.join().ok()).collect();
+            counts.map_or_else(|| self.count_entries(), |c| c.iter().sum())
+        })
     }
 
     /// Index entries in use.
@@ -318,14 +501,20 @@ impl Inner {
     /// calls `f(loc, header)` for each intact, committed, not-dead object
     /// (damaged ones are skipped and counted, see
     /// [`Inner::walk_intact`]).
-    fn walk_segment(&self, s: usize, mut f: impl FnMut(u64, &Obj)) -> SegWalk {
+    fn walk_segment(&self, s: usize, f: impl FnMut(u64, &Obj)) -> SegWalk {
+        self.walk_segment_with(s, true, f)
+    }
+
+    /// [`walk_segment`](Self::walk_segment), checksums left unchecked
+    /// when `check` is false (see [`Inner::walk_intact_with`]).
+    fn walk_segment_with(&self, s: usize, check: bool, mut f: impl FnMut(u64, &Obj)) -> SegWalk {
         let e = self.seg(s);
         let st = e.state.load(Ordering::Acquire) & 0xFF;
         if st != SEG_OPEN && st != SEG_CLOSED {
             return SegWalk::default();
         }
         let used = e.used.load(Ordering::Acquire).min(self.geo.seg_bytes);
-        self.walk_intact(s, used, false, |h, _, intact| {
+        self.walk_intact_with(s, used, false, check, |h, _, intact| {
             let os = self.obj_state(h.loc()).load(Ordering::Acquire);
             if intact && os & OBJ_COMMITTED != 0 && os & OBJ_DEAD == 0 {
                 f(h.loc().get(), h);
@@ -336,8 +525,14 @@ impl Inner {
 
     /// With an untrusted meta segment: clear heads and lease, and re-derive
     /// every segment's state and used bytes from the log (see the module
-    /// essay). Returns the segments whose entry changed.
-    fn rederive_segments(&self) -> u64 {
+    /// essay). Returns the segments whose entry changed, and for each
+    /// segment whether its walk found every object up to its new end
+    /// intact with no resync (the rebuild then need not checksum it
+    /// again).
+    fn rederive_segments(&self) -> Result<(u64, Vec<AtomicBool>)> {
+        let verified: Vec<AtomicBool> = (0..self.geo.log_segments)
+            .map(|_| AtomicBool::new(false))
+            .collect();
         for h in 0..MAX_HEADS {
             let hd = self.head(h);
             hd.lock.store(0, Ordering::Relaxed);
@@ -347,38 +542,46 @@ impl Inner {
         let lease = &self.meta().lease;
         lease.owner.store(0, Ordering::Relaxed);
         lease.dest.store(0, Ordering::Relaxed);
-        let mut changed = 0;
-        for s in 0..self.geo.log_segments as usize {
-            let mut live = false;
-            let w = self.walk_intact(s, self.geo.seg_bytes, true, |h, _, intact| {
-                let os = self.obj_state(h.loc()).load(Ordering::Acquire);
-                live |= intact && os & OBJ_COMMITTED != 0 && os & OBJ_DEAD == 0;
-                true
-            });
-            let (state, used) = if live {
-                (SEG_CLOSED, w.end)
-            } else {
-                (SEG_FREE, 0)
-            };
-            let e = self.seg(s);
-            if e.state.load(Ordering::Relaxed) != state || e.used.load(Ordering::Relaxed) != used {
-                changed += 1;
-            }
-            e.state.store(state, Ordering::Relaxed);
-            e.used.store(used, Ordering::Relaxed);
-            e.live.store(0, Ordering::Relaxed);
-            e.stamp.store(0, Ordering::Relaxed);
-            e.min_expiry_ms.store(0, Ordering::Relaxed);
-        }
+        // Each segment is re-derived on its own, so the segments are
+        // shared among the recovery threads.
+        let changed = self
+            .par_segments(|s, changed: &mut u64| {
+                let mut live = false;
+                let w = self.walk_intact(s, self.geo.seg_bytes, true, |h, _, intact| {
+                    let os = self.obj_state(h.loc()).load(Ordering::Acquire);
+                    live |= intact && os & OBJ_COMMITTED != 0 && os & OBJ_DEAD == 0;
+                    true
+                });
+                let (state, used) = if live {
+                    (SEG_CLOSED, w.end)
+                } else {
+                    (SEG_FREE, 0)
+                };
+                verified[s].store(w.resyncs == 0, Ordering::Relaxed);
+                let e = self.seg(s);
+                if e.state.load(Ordering::Relaxed) != state
+                    || e.used.load(Ordering::Relaxed) != used
+                {
+                    *changed += 1;
+                }
+                e.state.store(state, Ordering::Relaxed);
+                e.used.store(used, Ordering::Relaxed);
+                e.live.store(0, Ordering::Relaxed);
+                e.stamp.store(0, Ordering::Relaxed);
+                e.min_expiry_ms.store(0, Ordering::Relaxed);
+            })
+            .ok_or_else(|| {
+                Error::Corrupt("recovery: a segment re-derive thread panicked".into())
+            })?;
         self.hdr().alloc_hint.store(0, Ordering::Relaxed);
-        changed
+        Ok((changed.iter().sum(), verified))
     }
 
     /// Walk every segment in use (see [`walk_segment`](Self::walk_segment));
     /// stops at the first error of `f`. Returns the number of segments
-    /// in which the walk found damage.
-    fn walk_log(&self, mut f: impl FnMut(u64, &Obj) -> Result<()>) -> Result<u64> {
-        let mut damaged = 0;
+    /// in which the walk found damage and the damaged objects.
+    fn walk_log(&self, mut f: impl FnMut(u64, &Obj) -> Result<()>) -> Result<(u64, u64)> {
+        let (mut damaged, mut objects) = (0, 0);
         let mut res = Ok(());
         for s in 0..self.geo.log_segments as usize {
             let w = self.walk_segment(s, |loc, h| {
@@ -387,14 +590,19 @@ impl Inner {
                 }
             });
             damaged += u64::from(w.damaged > 0);
+            objects += w.damaged;
             if res.is_err() {
                 break;
             }
         }
-        res.map(|()| damaged)
+        res.map(|()| (damaged, objects))
     }
 
-    fn rebuild_index(&self, r: &mut RecoveryReport) -> Result<()> {
+    /// Rebuild the index from the log; returns the damaged objects the
+    /// walk skipped. The parallel walk leaves unchecked the checksums of
+    /// the segments marked in `verified` (by this recovery's re-derive
+    /// walk); the serial one checks every object.
+    fn rebuild_index(&self, r: &mut RecoveryReport, verified: &[AtomicBool]) -> Result<u64> {
         r.rebuilt = true;
         for b in 0..self.geo.index_buckets as usize {
             let bk = self.bucket(b);
@@ -404,14 +612,108 @@ impl Inner {
             let w = bk.word.load(Ordering::Relaxed);
             bk.word.store(unlock_word(w & !0xFF), Ordering::Release);
         }
-        r.damaged_segments += self.walk_log(|loc, h| {
-            let mut rr = RecoveryReport::default();
-            self.rebuild_insert(loc, h, &mut rr)?;
-            r.objects_indexed += rr.objects_indexed;
-            r.duplicates += rr.duplicates;
-            Ok(())
-        })?;
-        Ok(())
+        if self.recovery_threads() == 1 {
+            let (segs, objects) = self.walk_log(|loc, h| {
+                let mut rr = RecoveryReport::default();
+                self.rebuild_insert(loc, h, &mut rr)?;
+                r.objects_indexed += rr.objects_indexed;
+                r.duplicates += rr.duplicates;
+                Ok(())
+            })?;
+            r.damaged_segments += segs;
+            return Ok(objects);
+        }
+        let stripes: Vec<Mutex<()>> = (0..REBUILD_LOCK_STRIPES).map(|_| Mutex::new(())).collect();
+        let parts = self
+            .par_segments(|s, acc: &mut RebuildTally| {
+                if acc.err.is_some() {
+                    return;
+                }
+                let mut queue = std::mem::take(&mut acc.queue);
+                let check = !verified.get(s).is_some_and(|v| v.load(Ordering::Relaxed));
+                let w = self.walk_segment_with(s, check, |loc, h| {
+                    let (b0, b1, tag) = self.buckets_of(nibble::hash_key(self.obj_key(h)));
+                    for b in [b0, b1] {
+                        let p = self.bucket(b) as *const Bucket as *const u8;
+                        nibble::prefetch::line(p);
+                        nibble::prefetch::line(p.wrapping_add(64));
+                    }
+                    queue.push_back(Pending {
+                        loc,
+                        obj: *h,
+                        b0,
+                        b1,
+                        tag,
+                    });
+                    if queue.len() > REBUILD_PREFETCH_DEPTH {
+                        if let Some(p) = queue.pop_front() {
+                            self.rebuild_insert_striped(&p, &stripes, acc);
+                        }
+                    }
+                });
+                while let Some(p) = queue.pop_front() {
+                    self.rebuild_insert_striped(&p, &stripes, acc);
+                }
+                acc.queue = queue;
+                acc.damaged_segments += u64::from(w.damaged > 0);
+                acc.damaged_objects += w.damaged;
+            })
+            .ok_or_else(|| Error::Corrupt("recovery: an index rebuild thread panicked".into()))?;
+        let mut objects = 0;
+        for p in parts {
+            if let Some(e) = p.err {
+                return Err(e);
+            }
+            r.objects_indexed += p.indexed;
+            r.duplicates += p.duplicates;
+            r.damaged_segments += p.damaged_segments;
+            objects += p.damaged_objects;
+        }
+        Ok(objects)
+    }
+
+    /// [`rebuild_insert`](Self::rebuild_insert) for the parallel rebuild:
+    /// under the lock stripes of the key's two buckets (taken in stripe
+    /// order). The outcome does not depend on the order the threads meet
+    /// the copies of a key in: the newest version wins and, of equal
+    /// versions, the lowest log location, which is the copy the serial
+    /// walk in log order keeps (it replaces only on a strictly newer
+    /// version); every other copy is marked DEAD, as in the serial walk.
+    /// A failure is kept in `acc.err` (later inserts of the thread are
+    /// skipped).
+    fn rebuild_insert_striped(&self, p: &Pending, stripes: &[Mutex<()>], acc: &mut RebuildTally) {
+        if acc.err.is_some() {
+            return;
+        }
+        let (loc, h, b0, b1, tag) = (p.loc, &p.obj, p.b0, p.b1, p.tag);
+        let key = self.obj_key(h);
+        let (s0, s1) = (b0 % stripes.len(), b1 % stripes.len());
+        let (lo, hi) = (s0.min(s1), s0.max(s1));
+        let _g0 = stripes[lo].lock().unwrap_or_else(PoisonError::into_inner);
+        let _g1 = (hi != lo).then(|| stripes[hi].lock().unwrap_or_else(PoisonError::into_inner));
+        let entry = (tag << LOC_BITS) | loc;
+        if let Some((b, i, other)) = self.find(key, b0, b1, tag) {
+            acc.duplicates += 1;
+            let ov = self.obj_header(other).map(|oh| oh.version).unwrap_or(0);
+            if (h.version, Reverse(loc)) > (ov, Reverse(other)) {
+                self.bucket(b).entries[i].store(entry, Ordering::Release);
+                self.mark(other, OBJ_DEAD);
+            } else {
+                self.mark(loc, OBJ_DEAD);
+            }
+            return;
+        }
+        match self.empty_entry(b0, b1) {
+            Some((b, i)) => {
+                self.bucket(b).entries[i].store(entry, Ordering::Release);
+                acc.indexed += 1;
+            }
+            None => {
+                acc.err = Some(Error::Corrupt(format!(
+                    "index rebuild: both buckets of a key are full at object {loc:#x}"
+                )))
+            }
+        }
     }
 
     fn rebuild_insert(&self, loc: u64, h: &Obj, r: &mut RecoveryReport) -> Result<()> {

@@ -140,6 +140,11 @@ pub struct Options {
     /// [`MAX_LOCAL_SLOTS`]. A server with one worker per CPU asks for one
     /// per worker plus one, up to [`MAX_PROCESS_SLOTS`].
     pub epoch_slots: Option<usize>,
+    /// Threads recovery's log walks use (re-derive, rebuild, verify);
+    /// default: one per available CPU, at most 16. `Some(1)` runs the
+    /// serial walks in log order (the reference the parallel ones are
+    /// tested against).
+    pub recovery_threads: Option<usize>,
 }
 
 impl Default for Options {
@@ -154,6 +159,7 @@ impl Default for Options {
             lock_wait: Duration::from_secs(5),
             rebuild: false,
             epoch_slots: None,
+            recovery_threads: None,
         }
     }
 }

@@ -80,6 +80,10 @@ pub(crate) struct SegWalk {
     pub(crate) regions: u64,
     /// End of the last intact object.
     pub(crate) end: u64,
+    /// Times the walk resynchronized (after a damaged object or where no
+    /// object parsed). With none, every object up to `end` parsed and
+    /// passed its checksum, one after the other.
+    pub(crate) resyncs: u64,
 }
 
 /// The outcome of checking the clean-shutdown seal.
@@ -228,6 +232,23 @@ impl Inner {
         s: usize,
         limit: u64,
         zero_ends: bool,
+        f: impl FnMut(&Obj, u64, bool) -> bool,
+    ) -> SegWalk {
+        self.walk_intact_with(s, limit, zero_ends, true, f)
+    }
+
+    /// [`walk_intact`](Self::walk_intact), with the checksums left
+    /// unchecked (every object taken as intact) when `check` is false:
+    /// only for a segment that an earlier walk in the same exclusive
+    /// recovery found with no resync up to `limit` (its bytes have not
+    /// changed since, and the checksum covers none of the state bits
+    /// recovery changes).
+    pub(crate) fn walk_intact_with(
+        &self,
+        s: usize,
+        limit: u64,
+        zero_ends: bool,
+        check: bool,
         mut f: impl FnMut(&Obj, u64, bool) -> bool,
     ) -> SegWalk {
         let base = s as u64 * self.geo.seg_bytes;
@@ -239,7 +260,7 @@ impl Inner {
                 let size = object_bytes(h.key_len as usize, h.value_cap as usize);
                 let next = off + size;
                 if next <= limit {
-                    let intact = self.obj_intact(&h);
+                    let intact = !check || self.obj_intact(&h);
                     if intact {
                         off = next;
                         w.end = off;
@@ -258,6 +279,7 @@ impl Inner {
                     if !f(&h, size, false) {
                         return w;
                     }
+                    w.resyncs += 1;
                     off = self.resync(base, off + 8, limit);
                     continue;
                 }
@@ -272,6 +294,7 @@ impl Inner {
                 w.damaged += 1;
                 w.regions += 1;
             }
+            w.resyncs += 1;
             off = self.resync(base, off + 8, limit);
         }
         w
