@@ -532,24 +532,7 @@ mod tests {
     use super::*;
 
     fn info() -> Arc<ClientInfo> {
-        Arc::new(ClientInfo {
-            id: 1,
-            addr: String::new(),
-            laddr: String::new(),
-            created: Instant::now(),
-            last_ms: Default::default(),
-            resp: Default::default(),
-            text: Default::default(),
-            qbuf: Default::default(),
-            qbuf_free: Default::default(),
-            multi: (-1).into(),
-            watch: Default::default(),
-            sub: Default::default(),
-            psub: Default::default(),
-            ssub: Default::default(),
-            omem: Default::default(),
-            blocked: Default::default(),
-        })
+        Arc::new(ClientInfo::new(1, String::new(), String::new(), 0))
     }
 
     #[test]

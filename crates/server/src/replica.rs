@@ -1239,24 +1239,12 @@ fn stream(l: &mut Link, host: &str, port: u16) -> End {
 
 /// The primary's client entry (not listed in CLIENT LIST).
 fn primary_client(sh: &Shared, host: &str, port: u16) -> ClientInfo {
-    ClientInfo {
-        id: sh.next_id.fetch_add(1, Ordering::Relaxed),
-        addr: format!("{host}:{port}"),
-        laddr: String::new(),
-        created: Instant::now(),
-        last_ms: AtomicU64::new(0),
-        resp: AtomicU8::new(2),
-        text: Mutex::new(Default::default()),
-        qbuf: AtomicU64::new(0),
-        qbuf_free: AtomicU64::new(0),
-        multi: std::sync::atomic::AtomicI64::new(-1),
-        watch: std::sync::atomic::AtomicU32::new(0),
-        sub: std::sync::atomic::AtomicU32::new(0),
-        psub: std::sync::atomic::AtomicU32::new(0),
-        ssub: std::sync::atomic::AtomicU32::new(0),
-        omem: AtomicU64::new(0),
-        blocked: parking_lot::Mutex::new(None),
-    }
+    ClientInfo::new(
+        sh.next_id.fetch_add(1, Ordering::Relaxed),
+        format!("{host}:{port}"),
+        String::new(),
+        2,
+    )
 }
 
 #[cfg(test)]

@@ -133,6 +133,29 @@ pub struct ClientText {
 }
 
 impl ClientInfo {
+    /// A client just accepted (or the replication link's session): RESP
+    /// version `resp`, nothing named, queued, watched or subscribed.
+    pub fn new(id: u64, addr: String, laddr: String, resp: u8) -> ClientInfo {
+        ClientInfo {
+            id,
+            addr,
+            laddr,
+            created: Instant::now(),
+            last_ms: Default::default(),
+            resp: AtomicU8::new(resp),
+            text: Default::default(),
+            qbuf: Default::default(),
+            qbuf_free: Default::default(),
+            multi: AtomicI64::new(-1),
+            watch: Default::default(),
+            sub: Default::default(),
+            psub: Default::default(),
+            ssub: Default::default(),
+            omem: Default::default(),
+            blocked: Default::default(),
+        }
+    }
+
     /// One CLIENT LIST line.
     pub fn line(&self) -> String {
         let t = self.text.lock().unwrap_or_else(|e| e.into_inner()).clone();

@@ -71,14 +71,13 @@
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 
 use crate::conn::{serve, Protocol};
-use crate::state::{ClientInfo, ClientText, Shared, WorkerStats};
+use crate::state::{ClientInfo, Shared, WorkerStats};
 
 /// The listening sockets one worker owns.
 #[derive(Default)]
@@ -155,24 +154,7 @@ fn admit(
     }
     WorkerStats::bump(&shared.stats[worker].connections, 1);
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-    let info = Arc::new(ClientInfo {
-        id,
-        addr,
-        laddr,
-        created: Instant::now(),
-        last_ms: Default::default(),
-        resp: Default::default(),
-        text: std::sync::Mutex::new(ClientText::default()),
-        qbuf: Default::default(),
-        qbuf_free: Default::default(),
-        multi: (-1).into(),
-        watch: Default::default(),
-        sub: Default::default(),
-        psub: Default::default(),
-        ssub: Default::default(),
-        omem: Default::default(),
-        blocked: Default::default(),
-    });
+    let info = Arc::new(ClientInfo::new(id, addr, laddr, 0));
     shared.clients[worker]
         .map
         .lock()
