@@ -59,7 +59,7 @@ use std::time::Duration;
 
 use epoch::{EpochScheme, RetireList};
 
-use crate::memory::{loc_of, Memory, SegId, SegState, BLOCK_BYTES};
+use crate::memory::{loc_of, Memory, SegId, SegMeta, SegState, BLOCK_BYTES};
 use crate::object::{now_ms, Header};
 use crate::store::Inner;
 
@@ -448,6 +448,41 @@ fn prefetch_seg(mem: &Memory, blocks: &[u32], from: usize, to: usize, write: boo
     at.max(from)
 }
 
+/// What `f` makes of each of `cands` that is closed and whose closing
+/// stamp the epoch has passed (no append into it may still be
+/// publishing), in order; `f` sees the segment's metadata under its
+/// lock and returns `None` to skip it. With them, the pass's outcome if
+/// nothing comes of it: `Waiting` if some closed segment still waits for
+/// the epoch, else `Nothing`.
+fn closed_and_settled<T>(
+    inner: &Inner,
+    cands: &[SegId],
+    mut f: impl FnMut(SegId, &SegMeta) -> Option<T>,
+) -> (Vec<T>, Pass) {
+    let mem = &inner.mem;
+    let mut out = Vec::new();
+    let mut waiting = false;
+    for &seg in cands {
+        let m = mem.seg(seg).meta.lock();
+        if m.state != SegState::Closed {
+            continue;
+        }
+        if !inner.epochs.safe_to_reclaim(m.closed_at) {
+            waiting = true;
+            continue;
+        }
+        out.extend(f(seg, &m));
+    }
+    (
+        out,
+        if waiting {
+            Pass::Waiting
+        } else {
+            Pass::Nothing
+        },
+    )
+}
+
 /// One compaction pass over `cands`.
 fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> Pass {
     let WorkerState {
@@ -459,24 +494,14 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
     let mem = &inner.mem;
     let now_tsc = topology::rdtsc();
     let now = now_ms();
-    let mut scored: Vec<Candidate> = Vec::new();
-    let mut waiting = false;
-    for &seg in cands.iter() {
-        let m = mem.seg(seg).meta.lock();
-        if m.state != SegState::Closed {
-            continue;
-        }
-        if !inner.epochs.safe_to_reclaim(m.closed_at) {
-            waiting = true;
-            continue;
-        }
+    let (mut scored, idle) = closed_and_settled(inner, cands, |seg, m| {
         let used = m.used as u64;
         let live = mem.live().get(seg);
         let cap = (m.blocks.len() * BLOCK_BYTES) as u64;
         let expiring = mem.seg(seg).min_expiry_ms.load(Ordering::Acquire) <= now;
         // The unused tail of a segment is reclaimable too.
         if !expiring && live * 1000 > cap * max_util_permille {
-            continue;
+            return None;
         }
         // An expiring segment's live bytes overstate it: score it as empty.
         let u = if cap == 0 || expiring {
@@ -485,21 +510,17 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
             live as f64 / cap as f64
         };
         let age = now_tsc.saturating_sub(m.created_tsc) as f64;
-        scored.push(Candidate {
+        Some(Candidate {
             seg,
             expiring,
             cap_blocks: m.blocks.len(),
             used,
             live,
             score: (1.0 - u) * age / (1.0 + u),
-        });
-    }
+        })
+    });
     if scored.is_empty() {
-        return if waiting {
-            Pass::Waiting
-        } else {
-            Pass::Nothing
-        };
+        return idle;
     }
     scored.sort_by(|a, b| b.score.total_cmp(&a.score));
     // Live bytes one pass moves: a segment's worth, and at least
@@ -524,11 +545,7 @@ fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> 
         .sum();
     let expiring = picked.iter().any(|c| c.expiring);
     if !expiring && cap_bytes <= sum_live {
-        return if waiting {
-            Pass::Waiting
-        } else {
-            Pass::Nothing
-        };
+        return idle;
     }
     let mut progress = false;
     for c in &picked {

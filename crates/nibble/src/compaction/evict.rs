@@ -84,36 +84,21 @@ pub(super) fn evict_once(inner: &Inner, st: &mut WorkerState, e: Eviction) -> Pa
         ..
     } = st;
     let mem = &inner.mem;
-    let mut ready = Vec::new();
-    let mut waiting = false;
-    for &seg in cands.iter() {
-        let m = mem.seg(seg).meta.lock();
-        if m.state != SegState::Closed {
-            continue;
-        }
-        if !inner.epochs.safe_to_reclaim(m.closed_at) {
-            waiting = true;
-            continue;
-        }
-        let live = mem.live().get(seg);
-        ready.push((
+    let (mut ready, idle) = closed_and_settled(inner, cands, |seg, m| {
+        Some((
             m.created_tsc,
             Candidate {
                 seg,
                 expiring: false,
                 cap_blocks: m.blocks.len(),
                 used: m.used as u64,
-                live,
+                live: mem.live().get(seg),
                 score: 0.0,
             },
-        ));
-    }
+        ))
+    });
     if ready.is_empty() {
-        return if waiting {
-            Pass::Waiting
-        } else {
-            Pass::Nothing
-        };
+        return idle;
     }
     let n = match e.policy {
         EvictionPolicy::NoEviction => return Pass::Nothing,
