@@ -553,6 +553,9 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     let mut mc_bin: Option<bool> = None;
     // Writes whose replies are not out yet (see `durable`).
     let mut dirty = false;
+    // The memcached request just run may have written (reads wait for no
+    // flush under `appendfsync always`).
+    let mut mc_wrote = false;
     loop {
         let authed = match protocol {
             Protocol::Resp => sess.authed,
@@ -688,6 +691,8 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                                 authed: &mut mc_authed,
                                 auth_failed: false,
                             };
+                            // Binary requests are not told apart: a flush covers each.
+                            mc_wrote = true;
                             close = mc_binary::execute(
                                 &shared,
                                 stats,
@@ -741,6 +746,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                             if let memcache::McCommand::TooLarge { skip: n } = cmd {
                                 skip = n;
                             }
+                            mc_wrote |= cmd.may_write();
                             close = crate::mc_exec::execute(
                                 &shared,
                                 stats,
@@ -799,8 +805,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                     if skip > 0 && discard(&mut inb, &mut skip) {
                         break;
                     }
-                    // A memcached request may have written.
-                    dirty |= std::mem::take(&mut sess.dirty) || protocol == Protocol::Memcached;
+                    dirty |= std::mem::take(&mut sess.dirty) | std::mem::take(&mut mc_wrote);
                     if out.len() >= OUT_SOFT {
                         durable(&shared, &mut dirty).await;
                     }

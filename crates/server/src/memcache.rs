@@ -148,6 +148,25 @@ pub enum McCommand<'a> {
     Error(&'static str),
 }
 
+impl McCommand<'_> {
+    /// Whether running it may change the store (under `appendfsync
+    /// always` its reply then waits for a flush): false for plain
+    /// get/gets and the informational commands; meta commands count as
+    /// writes (their flags may set a TTL or a value).
+    pub fn may_write(&self) -> bool {
+        !matches!(
+            self,
+            McCommand::Get { touch: None, .. }
+                | McCommand::Version
+                | McCommand::Stats
+                | McCommand::Reply(_)
+                | McCommand::Verbosity { .. }
+                | McCommand::Quit
+                | McCommand::TooLarge { .. }
+        )
+    }
+}
+
 /// An error after which the connection closes (after sending the text).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct McFatal(pub &'static str);
@@ -443,6 +462,35 @@ mod tests {
             panic!()
         };
         assert_eq!(keys, vec![&b"a"[..], &b"b"[..]]);
+    }
+
+    /// Reads wait for no flush under `appendfsync always`; anything
+    /// that may change the store does.
+    #[test]
+    fn which_commands_may_write() {
+        let may_write = |line: &[u8]| match parse(line, 1 << 20).unwrap() {
+            McParsed::Command(c, _) => c.may_write(),
+            McParsed::Incomplete(_) => panic!("incomplete: {line:?}"),
+        };
+        for r in [
+            &b"get a b\r\n"[..],
+            b"gets a\r\n",
+            b"version\r\n",
+            b"stats\r\n",
+        ] {
+            assert!(!may_write(r), "{r:?}");
+        }
+        for w in [
+            &b"set k 0 0 1\r\nx\r\n"[..],
+            b"gat 10 a\r\n",
+            b"touch a 10\r\n",
+            b"delete a\r\n",
+            b"incr a 1\r\n",
+            b"flush_all\r\n",
+            b"mg a v\r\n",
+        ] {
+            assert!(may_write(w), "{w:?}");
+        }
     }
 
     #[test]
