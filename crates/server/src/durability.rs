@@ -22,8 +22,8 @@
 //! ## Group commit (`always`)
 //!
 //! One flusher thread does every flush; connections never flush. A
-//! connection that ran a write command (`Session::dirty`, or any
-//! memcached request) takes a ticket before it writes its replies: it
+//! connection that ran a write command (`Session::dirty`, a memcached
+//! text request that `McCommand::may_write`, or any binary one) takes a ticket before it writes its replies: it
 //! bumps the write sequence number `seq` (after its writes, so they are in
 //! the page cache before any flush that reads a `seq` at least as large)
 //! and wakes the flusher, then awaits `durable >= ticket` on a watch
