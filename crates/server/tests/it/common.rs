@@ -57,6 +57,37 @@ pub fn err(con: &mut redis::Connection, args: &[&str]) -> String {
     }
 }
 
+/// A raw connection subscribed to `channel` that will never read again:
+/// the slow subscriber of the output-buffer-limit tests.
+pub fn stalled_subscriber(port: u16, channel: &str) -> TcpStream {
+    let mut s = raw(port);
+    s.write_all(
+        format!(
+            "*2\r\n$9\r\nSUBSCRIBE\r\n${}\r\n{channel}\r\n",
+            channel.len()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let mut buf = [0u8; 64];
+    let _ = s.read(&mut buf).unwrap();
+    s
+}
+
+/// Reads `s` until the server closes it (or 10 s pass without a byte);
+/// returns the bytes received.
+pub fn drain_until_closed(s: &mut TcpStream) -> usize {
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut sink = vec![0u8; 1 << 20];
+    let mut got = 0usize;
+    loop {
+        match s.read(&mut sink) {
+            Ok(0) | Err(_) => return got,
+            Ok(n) => got += n,
+        }
+    }
+}
+
 pub fn raw(port: u16) -> TcpStream {
     let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();

@@ -3,10 +3,11 @@
 //! writes, EXEC atomic against readers on other workers, a slow
 //! subscriber disconnected with the server's memory bounded.
 
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use crate::common::{bulk, client, cmd, q, raw, start, Mc, Resp, V};
+use crate::common::{
+    bulk, client, cmd, drain_until_closed, q, stalled_subscriber, start, Mc, Resp, V,
+};
 
 /// Two clients (on the two workers) increment one key by GET, then
 /// WATCH/MULTI/SET/EXEC, retrying on a null EXEC: every increment lands.
@@ -187,11 +188,7 @@ fn publish_reaches_subscribers_on_every_worker() {
 fn slow_subscriber_is_disconnected_and_memory_bounded() {
     let s = start();
     let port = s.resp_port().unwrap();
-    let mut slow = raw(port);
-    slow.write_all(b"*2\r\n$9\r\nSUBSCRIBE\r\n$4\r\nfeed\r\n")
-        .unwrap();
-    let mut buf = [0u8; 64];
-    let _ = slow.read(&mut buf).unwrap();
+    let mut slow = stalled_subscriber(port, "feed");
     let rss0 = server::state::rss_bytes();
     let payload = "x".repeat(16 << 10);
     let mut p = Resp::new(port);
@@ -230,13 +227,5 @@ fn slow_subscriber_is_disconnected_and_memory_bounded() {
         (max_rss - rss0) >> 20
     );
     // The subscriber's socket reaches its end after what was sent.
-    slow.set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let mut sink = vec![0u8; 1 << 20];
-    loop {
-        match slow.read(&mut sink) {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
-        }
-    }
+    drain_until_closed(&mut slow);
 }

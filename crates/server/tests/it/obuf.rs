@@ -3,10 +3,9 @@
 //! is closed at the configured limit, `omem` shows its backlog, memory
 //! stays bounded), and the normal class's hard limit.
 
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use crate::common::{client, q, raw, start, Resp, V};
+use crate::common::{client, drain_until_closed, q, stalled_subscriber, start, Resp, V};
 use crate::differential::harness::{Cmp, Pair, Step};
 
 fn config_set(v: &str) -> Step {
@@ -71,11 +70,7 @@ fn a_configured_pubsub_limit_closes_a_slow_subscriber() {
             "pubsub 2mb 1mb 60",
         ],
     );
-    let mut slow = raw(port);
-    slow.write_all(b"*2\r\n$9\r\nSUBSCRIBE\r\n$4\r\nfeed\r\n")
-        .unwrap();
-    let mut buf = [0u8; 64];
-    let _ = slow.read(&mut buf).unwrap();
+    let mut slow = stalled_subscriber(port, "feed");
     let rss0 = server::state::rss_bytes();
     let payload = "x".repeat(16 << 10);
     let mut p = Resp::new(port);
@@ -118,16 +113,7 @@ fn a_configured_pubsub_limit_closes_a_slow_subscriber() {
         "RSS grew by {} MB",
         (max_rss.saturating_sub(rss0)) >> 20
     );
-    slow.set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let mut sink = vec![0u8; 1 << 20];
-    let mut got = 0usize;
-    loop {
-        match slow.read(&mut sink) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => got += n,
-        }
-    }
+    let got = drain_until_closed(&mut slow);
     assert!(got < 32 << 20, "the subscriber received {got} bytes");
 }
 
