@@ -394,6 +394,17 @@ impl Inner {
         unsafe { &*self.index.add(i) }
     }
 
+    /// Address of the mapped log's first byte (for advice to the kernel
+    /// about whole ranges of it).
+    pub(crate) fn log_addr(&self) -> usize {
+        self.log as usize
+    }
+
+    /// Address of the mapped index's first bucket.
+    pub(crate) fn index_addr(&self) -> usize {
+        self.index as usize
+    }
+
     pub(crate) fn log_bytes(&self) -> u64 {
         self.geo.log_segments * self.geo.seg_bytes
     }
