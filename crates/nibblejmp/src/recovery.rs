@@ -46,22 +46,18 @@
 //! After a power cut the page cache is empty, so the first pass reads the
 //! whole log from disk, and on the 2-vCPU VM's virtio disk that read is
 //! most of the time (4 GiB store, 2.4 GB of objects: see
-//! docs/BENCHMARKS.md). Two things shape that pass:
-//!
-//! * the reads run ahead of the walkers with several chunks in flight:
-//!   eight read-ahead threads take 8 MiB chunks in log order, at most
-//!   256 MiB past the walkers' cursor (bounded page-cache growth, reads in
-//!   the order they are needed), and read each in (`MADV_WILLNEED`, then
-//!   `MADV_POPULATE_READ`); a walker alone faults one readahead window at
-//!   a time, and this disk reads about twice as fast with 8-16 requests in
-//!   flight as with one stream;
-//! * with more than one thread the re-derive walk and the rebuild are one
-//!   pass: each segment is indexed by the thread that re-derived it, right
-//!   after (its bytes are in the page cache then), so the index inserts
-//!   overlap the reads of later segments instead of following all of
-//!   them. The index is emptied first by punching its pages out of the
-//!   file (`MADV_REMOVE`), so a cold index is not read in only to be
-//!   zeroed.
+//! docs/BENCHMARKS.md). With more than one thread the re-derive walk and
+//! the rebuild are then one pass: each segment is indexed by the thread
+//! that re-derived it, right after (its bytes are in the page cache
+//! then), so the index inserts overlap the reads of later segments
+//! instead of following all of them, and the log is walked from memory
+//! once, not twice. An index not in the page cache is emptied by punching
+//! its pages out of the file (`MADV_REMOVE`), not read in only to be
+//! zeroed. The walkers fault the log in (two walkers, two streams with the
+//! kernel's readahead); reading it ahead of them from eight threads
+//! (`MADV_WILLNEED` + `MADV_POPULATE_READ` in 8 MiB chunks) measured no
+//! clear gain on this disk, whose rate swung 2x from minute to minute
+//! with the other jobs on it, so it is not in the tree.
 //!
 //! Reading less after a power cut (not built): the pass must read every
 //! byte it trusts, since each object's checksum covers all of it. A fuzzy
@@ -131,20 +127,6 @@ const BUCKETS_PER_GRAB: usize = 1 << 12;
 /// live bytes from the index (divides [`BUCKETS_PER_GRAB`]).
 const ACCOUNT_PREFETCH_BUCKETS: usize = 8;
 
-/// Bytes of the log the power-cut walk's read-ahead thread asks the
-/// kernel for at a time (`MADV_WILLNEED`), rounded to whole segments.
-const READAHEAD_CHUNK_BYTES: u64 = 8 << 20;
-/// How far past the walkers' shared cursor the read-ahead may run: it
-/// bounds the pages read but not yet walked (and keeps the reads in the
-/// order the walkers need them).
-const READAHEAD_LEAD_BYTES: u64 = 256 << 20;
-/// Threads that read the log ahead of the power-cut walk: each waits on
-/// its own chunk, so this many chunks are in flight at once (the VM's
-/// virtio disk reads about twice as fast with 8-16 requests in flight as
-/// with one stream).
-const READAHEAD_THREADS: usize = 8;
-/// How long a read-ahead thread sleeps when it is that far ahead.
-const READAHEAD_POLL_US: u64 = 500;
 /// Bytes of a page, the unit `MADV_REMOVE` punches out.
 const PAGE_BYTES: u64 = 4096;
 
@@ -411,64 +393,9 @@ impl Inner {
     /// accumulator; returns the accumulators, `None` if a thread panicked
     /// (a bug).
     fn par_segments<T: Default + Send>(&self, f: impl Fn(usize, &mut T) + Sync) -> Option<Vec<T>> {
-        self.par_segments_ahead(false, f)
-    }
-
-    /// [`par_segments`](Self::par_segments); with `readahead`,
-    /// [`READAHEAD_THREADS`] more threads read the log into the page cache
-    /// ahead of the walkers: each takes the next [`READAHEAD_CHUNK_BYTES`]
-    /// chunk, at most [`READAHEAD_LEAD_BYTES`] past the walkers' cursor,
-    /// and asks for it (`MADV_WILLNEED`) then waits for it
-    /// (`MADV_POPULATE_READ`). A log not in the page cache (after a power
-    /// cut) is so read with several chunks in flight instead of one
-    /// fault-driven stream per walker, and the reads overlap the walkers'
-    /// work; both advices are advisory (a kernel without them leaves the
-    /// walkers to fault the pages in).
-    fn par_segments_ahead<T: Default + Send>(
-        &self,
-        readahead: bool,
-        f: impl Fn(usize, &mut T) + Sync,
-    ) -> Option<Vec<T>> {
         let n = self.geo.log_segments as usize;
         let threads = self.recovery_threads();
         let next = AtomicUsize::new(0);
-        let done = AtomicBool::new(false);
-        let read_next = AtomicUsize::new(0);
-        let ahead = || {
-            let seg = self.geo.seg_bytes;
-            let chunk_segs = (READAHEAD_CHUNK_BYTES / seg).max(1) as usize;
-            let lead_segs = (READAHEAD_LEAD_BYTES / seg).max(1) as usize;
-            loop {
-                let s = read_next.fetch_add(chunk_segs, Ordering::Relaxed);
-                if s >= n {
-                    return;
-                }
-                // Wait while this chunk is too far ahead of the walkers.
-                loop {
-                    if done.load(Ordering::Relaxed) {
-                        return;
-                    }
-                    let cursor = next.load(Ordering::Relaxed);
-                    if s < cursor + lead_segs {
-                        break;
-                    }
-                    std::thread::sleep(std::time::Duration::from_micros(READAHEAD_POLL_US));
-                }
-                if s + chunk_segs <= next.load(Ordering::Relaxed) {
-                    // The walkers took it already: they fault it in.
-                    continue;
-                }
-                let end = (s + chunk_segs).min(n);
-                let addr = self.log_addr() + s * seg as usize;
-                let len = (end - s) * seg as usize;
-                for advice in [libc::MADV_WILLNEED, libc::MADV_POPULATE_READ] {
-                    // SAFETY: `[addr, addr + len)` lies inside the mapped
-                    // log (segments `s..end` of `n`); both advices only
-                    // read it into the page cache and change no byte.
-                    unsafe { libc::madvise(addr as *mut libc::c_void, len, advice) };
-                }
-            }
-        };
         let work = || {
             let mut acc = T::default();
             loop {
@@ -481,23 +408,12 @@ impl Inner {
                 }
             }
         };
-        if threads == 1 && !readahead {
+        if threads == 1 {
             return Some(vec![work()]);
         }
         std::thread::scope(|sc| {
-            let readers: Vec<_> = if readahead {
-                (0..READAHEAD_THREADS).map(|_| sc.spawn(ahead)).collect()
-            } else {
-                Vec::new()
-            };
             let hs: Vec<_> = (0..threads).map(|_| sc.spawn(work)).collect();
-            let parts = hs.into_iter().map(|h| h.join().ok()).collect();
-            done.store(true, Ordering::Relaxed);
-            // Advisory: a reader that failed changed nothing.
-            for r in readers {
-                let _ = r.join();
-            }
-            parts
+            hs.into_iter().map(|h| h.join().ok()).collect()
         })
     }
 
@@ -702,10 +618,9 @@ impl Inner {
             Vec::new()
         };
         // Each segment is re-derived on its own, so the segments are
-        // shared among the recovery threads; the log is read ahead of
-        // them (after a power cut it is not in the page cache).
+        // shared among the recovery threads.
         let parts = self
-            .par_segments_ahead(true, |s, acc: &mut RederiveTally| {
+            .par_segments(|s, acc: &mut RederiveTally| {
                 let mut live = false;
                 let w = self.walk_intact(s, self.geo.seg_bytes, true, |h, _, intact| {
                     let os = self.obj_state(h.loc()).load(Ordering::Acquire);
@@ -743,25 +658,29 @@ impl Inner {
     }
 
     /// Empty every bucket of the index (entries and lock holders; no
-    /// process is attached). The whole pages of the bucket array are
-    /// punched out of the index file (`MADV_REMOVE`: they read back as
-    /// zeros, so a cold index is not read from disk only to be
-    /// overwritten; a bucket word's sequence restarts at 0, which no
-    /// reader can notice as none is attached); where that fails, and in
-    /// the partial pages at either end, the words are stored one by one.
+    /// process is attached). When most of the bucket array is not in the
+    /// page cache (after a power cut), its whole pages are punched out of
+    /// the index file instead (`MADV_REMOVE`: they read back as zeros), so
+    /// a cold index is not read from disk only to be overwritten; a
+    /// bucket word's sequence then restarts at 0, which no reader can
+    /// notice as none is attached. A resident index is cleared by stores
+    /// (punching it would free its pages only for the rebuild to fault in
+    /// fresh ones), as are the partial pages at either end and every page
+    /// where `MADV_REMOVE` fails.
     fn clear_index(&self) {
         let n = self.geo.index_buckets as usize;
+        let bucket_bytes = core::mem::size_of::<Bucket>();
         let start = self.index_addr();
-        let end = start + n * core::mem::size_of::<Bucket>();
+        let end = start + n * bucket_bytes;
         let page = PAGE_BYTES as usize;
         let (lo, hi) = (start.next_multiple_of(page), end / page * page);
-        // SAFETY: `[lo, hi)` is whole pages inside the mapped bucket array
-        // (`index_buckets` buckets from `self.index`); no process is
-        // attached and this thread holds no reference into it across
-        // the call, and zero bytes are a valid, empty bucket.
-        let punched = hi > lo
-            && unsafe { libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_REMOVE) } == 0;
-        let bucket_bytes = core::mem::size_of::<Bucket>();
+        let punched = hi > lo && !self.mostly_resident(lo, hi - lo) && {
+            // SAFETY: `[lo, hi)` is whole pages inside the mapped bucket
+            // array (`index_buckets` buckets from the index's base); no
+            // process is attached and no reference into it is held across
+            // the call; zero bytes are a valid, empty bucket.
+            unsafe { libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_REMOVE) == 0 }
+        };
         for b in 0..n {
             let at = start + b * bucket_bytes;
             if punched && at >= lo && at + bucket_bytes <= hi {
@@ -774,6 +693,18 @@ impl Inner {
             let w = bk.word.load(Ordering::Relaxed);
             bk.word.store(unlock_word(w & !0xFF), Ordering::Release);
         }
+    }
+
+    /// Whether at least half the pages of the mapped range `[addr, addr +
+    /// len)` (page-aligned) are in the page cache (`mincore`); `true` when
+    /// that cannot be told.
+    fn mostly_resident(&self, addr: usize, len: usize) -> bool {
+        let pages = len.div_ceil(PAGE_BYTES as usize);
+        let mut vec = vec![0u8; pages];
+        // SAFETY: `[addr, addr + len)` is mapped (the caller's range inside
+        // one of the store's segments) and `vec` has one byte per page.
+        let rc = unsafe { libc::mincore(addr as *mut libc::c_void, len, vec.as_mut_ptr()) };
+        rc != 0 || vec.iter().filter(|&&v| v & 1 != 0).count() * 2 >= pages
     }
 
     /// Walk every segment in use (see [`walk_segment`](Self::walk_segment));

@@ -394,12 +394,6 @@ impl Inner {
         unsafe { &*self.index.add(i) }
     }
 
-    /// Address of the mapped log's first byte (for advice to the kernel
-    /// about whole ranges of it).
-    pub(crate) fn log_addr(&self) -> usize {
-        self.log as usize
-    }
-
     /// Address of the mapped index's first bucket.
     pub(crate) fn index_addr(&self) -> usize {
         self.index as usize
