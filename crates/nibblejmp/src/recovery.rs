@@ -43,6 +43,40 @@
 //! thread the rebuild is the serial walk, the reference the parallel one
 //! is tested against (`tests/recovery_parallel.rs`).
 //!
+//! After a power cut the page cache is empty, so the first pass reads the
+//! whole log from disk, and on the 2-vCPU VM's virtio disk that read is
+//! most of the time (4 GiB store, 2.4 GB of objects: see
+//! docs/BENCHMARKS.md). With more than one thread the re-derive walk and
+//! the rebuild are then one pass: each segment is indexed by the thread
+//! that re-derived it, right after (its bytes are in the page cache
+//! then), so the index inserts overlap the reads of later segments
+//! instead of following all of them, and the log is walked from memory
+//! once, not twice. An index not in the page cache is emptied by punching
+//! its pages out of the file (`MADV_REMOVE`), not read in only to be
+//! zeroed. The walkers fault the log in (two walkers, two streams with the
+//! kernel's readahead); reading it ahead of them from eight threads
+//! (`MADV_WILLNEED` + `MADV_POPULATE_READ` in 8 MiB chunks) measured no
+//! clear gain on this disk, whose rate swung 2x from minute to minute
+//! with the other jobs on it, so it is not in the tree.
+//!
+//! Reading less after a power cut (not built): the pass must read every
+//! byte it trusts, since each object's checksum covers all of it. A fuzzy
+//! checkpoint in the manner of Garnet's or Redis's would bound that: the
+//! flusher would write, every so many seconds, the index and the segment
+//! table with a checkpoint epoch, and stamp each segment with the epoch it
+//! was last opened in (in the segment's header, flushed with its bytes);
+//! recovery would load the checkpoint, walk with checksums only the
+//! segments opened since it (and those open at it), drop every entry that
+//! names a segment reused since, and insert what those walks find, newest
+//! version winning. What makes it more than that: a delete or an
+//! overwrite after the checkpoint marks the old copy DEAD in place in an
+//! older segment, which the checkpoint's entry still names, so either
+//! every entry's object state is read back (one random read per key,
+//! worse than the sequential pass on this disk) or deletes leave a
+//! tombstone in the log; and the objects of segments not walked are
+//! trusted unverified, so GET would have to verify them (it does not
+//! today). Until then a power-cut restart costs one read of the log.
+//!
 //! Damage (see `store/integrity.rs`): every walk verifies each object's
 //! checksum and skips a damaged one (resynchronizing on the next intact
 //! object when its length cannot be trusted), so a damaged object is never
@@ -93,6 +127,9 @@ const BUCKETS_PER_GRAB: usize = 1 << 12;
 /// live bytes from the index (divides [`BUCKETS_PER_GRAB`]).
 const ACCOUNT_PREFETCH_BUCKETS: usize = 8;
 
+/// Bytes of a page, the unit `MADV_REMOVE` punches out.
+const PAGE_BYTES: u64 = 4096;
+
 /// Objects the parallel rebuild keeps in flight: their keys' buckets are
 /// prefetched when an object is walked and the object is inserted this
 /// many objects later, so the index's cache misses (the rebuild's main
@@ -121,6 +158,20 @@ struct RebuildTally {
     damaged_objects: u64,
     err: Option<Error>,
 }
+
+/// What one thread of the re-derive walk counted (and, fused with it,
+/// of the rebuild).
+#[derive(Default)]
+struct RederiveTally {
+    /// Segments whose table entry changed.
+    changed: u64,
+    rebuild: RebuildTally,
+}
+
+/// What [`Inner::rederive_segments`] returns: the segments whose entry
+/// changed, which segments walked intact with no resync, and the rebuild
+/// threads' tallies when it rebuilt the index in the same pass.
+type Rederived = (u64, Vec<AtomicBool>, Option<Vec<RebuildTally>>);
 
 /// What a verification walk counted.
 #[derive(Clone, Copy, Debug, Default)]
@@ -193,12 +244,17 @@ impl Inner {
         if unclean || !seal.index_ok || !seal.meta_ok {
             self.hdr().recoveries.fetch_add(1, Ordering::Relaxed);
         }
-        let verified = if seal.meta_ok {
-            Vec::new()
+        // After a power cut (segment table distrusted, index rebuilt) on
+        // more than one thread, each segment is indexed right after it is
+        // re-derived, in the same pass over the log: the reads of the log
+        // overlap the index inserts.
+        let fuse = !seal.meta_ok && force_rebuild && self.recovery_threads() > 1;
+        let (verified, fused) = if seal.meta_ok {
+            (Vec::new(), None)
         } else {
-            let (changed, verified) = self.rederive_segments()?;
+            let (changed, verified, fused) = self.rederive_segments(fuse)?;
             r.segments_repaired += changed;
-            verified
+            (verified, fused)
         };
         // 1. Locks and segment states.
         for b in 0..self.geo.index_buckets as usize {
@@ -271,7 +327,13 @@ impl Inner {
         // 3. Rebuild if needed (the walk's per-segment figures are redone).
         let items = if r.bad_entries > 0 || r.unindexed_objects > 0 || force_rebuild {
             r.damaged_segments = 0;
-            let damaged_objects = self.rebuild_index(&mut r, &verified)?;
+            let damaged_objects = match fused {
+                Some(parts) => {
+                    r.rebuilt = true;
+                    Self::fold_rebuild(&mut r, parts)?
+                }
+                None => self.rebuild_index(&mut r, &verified)?,
+            };
             self.hdr().rebuilds.fetch_add(1, Ordering::Relaxed);
             // No entry names a damaged region now: quarantined segments
             // may be compacted again.
@@ -528,8 +590,15 @@ impl Inner {
     /// essay). Returns the segments whose entry changed, and for each
     /// segment whether its walk found every object up to its new end
     /// intact with no resync (the rebuild then need not checksum it
-    /// again).
-    fn rederive_segments(&self) -> Result<(u64, Vec<AtomicBool>)> {
+    /// again). With `fuse` the index is cleared first and each segment is
+    /// indexed right after it is re-derived, by the same thread (its
+    /// bytes are then in the page cache): the rebuild's tallies come back
+    /// too. A segment's rebuild needs only its own re-derived entry, and
+    /// the rebuild marks DEAD only copies it walked itself or that an
+    /// index entry names (so whose segment was re-derived already), so
+    /// the result is that of re-deriving every segment and then
+    /// rebuilding.
+    fn rederive_segments(&self, fuse: bool) -> Result<Rederived> {
         let verified: Vec<AtomicBool> = (0..self.geo.log_segments)
             .map(|_| AtomicBool::new(false))
             .collect();
@@ -542,10 +611,16 @@ impl Inner {
         let lease = &self.meta().lease;
         lease.owner.store(0, Ordering::Relaxed);
         lease.dest.store(0, Ordering::Relaxed);
+        let stripes: Vec<Mutex<()>> = if fuse {
+            self.clear_index();
+            (0..REBUILD_LOCK_STRIPES).map(|_| Mutex::new(())).collect()
+        } else {
+            Vec::new()
+        };
         // Each segment is re-derived on its own, so the segments are
         // shared among the recovery threads.
-        let changed = self
-            .par_segments(|s, changed: &mut u64| {
+        let parts = self
+            .par_segments(|s, acc: &mut RederiveTally| {
                 let mut live = false;
                 let w = self.walk_intact(s, self.geo.seg_bytes, true, |h, _, intact| {
                     let os = self.obj_state(h.loc()).load(Ordering::Acquire);
@@ -562,19 +637,74 @@ impl Inner {
                 if e.state.load(Ordering::Relaxed) != state
                     || e.used.load(Ordering::Relaxed) != used
                 {
-                    *changed += 1;
+                    acc.changed += 1;
                 }
                 e.state.store(state, Ordering::Relaxed);
                 e.used.store(used, Ordering::Relaxed);
                 e.live.store(0, Ordering::Relaxed);
                 e.stamp.store(0, Ordering::Relaxed);
                 e.min_expiry_ms.store(0, Ordering::Relaxed);
+                if fuse {
+                    self.rebuild_segment(s, w.resyncs != 0, &stripes, &mut acc.rebuild);
+                }
             })
             .ok_or_else(|| {
                 Error::Corrupt("recovery: a segment re-derive thread panicked".into())
             })?;
         self.hdr().alloc_hint.store(0, Ordering::Relaxed);
-        Ok((changed.iter().sum(), verified))
+        let changed = parts.iter().map(|p| p.changed).sum();
+        let rebuilt = fuse.then(|| parts.into_iter().map(|p| p.rebuild).collect());
+        Ok((changed, verified, rebuilt))
+    }
+
+    /// Empty every bucket of the index (entries and lock holders; no
+    /// process is attached). When most of the bucket array is not in the
+    /// page cache (after a power cut), its whole pages are punched out of
+    /// the index file instead (`MADV_REMOVE`: they read back as zeros), so
+    /// a cold index is not read from disk only to be overwritten; a
+    /// bucket word's sequence then restarts at 0, which no reader can
+    /// notice as none is attached. A resident index is cleared by stores
+    /// (punching it would free its pages only for the rebuild to fault in
+    /// fresh ones), as are the partial pages at either end and every page
+    /// where `MADV_REMOVE` fails.
+    fn clear_index(&self) {
+        let n = self.geo.index_buckets as usize;
+        let bucket_bytes = core::mem::size_of::<Bucket>();
+        let start = self.index_addr();
+        let end = start + n * bucket_bytes;
+        let page = PAGE_BYTES as usize;
+        let (lo, hi) = (start.next_multiple_of(page), end / page * page);
+        let punched = hi > lo && !self.mostly_resident(lo, hi - lo) && {
+            // SAFETY: `[lo, hi)` is whole pages inside the mapped bucket
+            // array (`index_buckets` buckets from the index's base); no
+            // process is attached and no reference into it is held across
+            // the call; zero bytes are a valid, empty bucket.
+            unsafe { libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_REMOVE) == 0 }
+        };
+        for b in 0..n {
+            let at = start + b * bucket_bytes;
+            if punched && at >= lo && at + bucket_bytes <= hi {
+                continue;
+            }
+            let bk = self.bucket(b);
+            for e in &bk.entries {
+                e.store(0, Ordering::Relaxed);
+            }
+            let w = bk.word.load(Ordering::Relaxed);
+            bk.word.store(unlock_word(w & !0xFF), Ordering::Release);
+        }
+    }
+
+    /// Whether at least half the pages of the mapped range `[addr, addr +
+    /// len)` (page-aligned) are in the page cache (`mincore`); `true` when
+    /// that cannot be told.
+    fn mostly_resident(&self, addr: usize, len: usize) -> bool {
+        let pages = len.div_ceil(PAGE_BYTES as usize);
+        let mut vec = vec![0u8; pages];
+        // SAFETY: `[addr, addr + len)` is mapped (the caller's range inside
+        // one of the store's segments) and `vec` has one byte per page.
+        let rc = unsafe { libc::mincore(addr as *mut libc::c_void, len, vec.as_mut_ptr()) };
+        rc != 0 || vec.iter().filter(|&&v| v & 1 != 0).count() * 2 >= pages
     }
 
     /// Walk every segment in use (see [`walk_segment`](Self::walk_segment));
@@ -604,14 +734,7 @@ impl Inner {
     /// walk); the serial one checks every object.
     fn rebuild_index(&self, r: &mut RecoveryReport, verified: &[AtomicBool]) -> Result<u64> {
         r.rebuilt = true;
-        for b in 0..self.geo.index_buckets as usize {
-            let bk = self.bucket(b);
-            for e in &bk.entries {
-                e.store(0, Ordering::Relaxed);
-            }
-            let w = bk.word.load(Ordering::Relaxed);
-            bk.word.store(unlock_word(w & !0xFF), Ordering::Release);
-        }
+        self.clear_index();
         if self.recovery_threads() == 1 {
             let (segs, objects) = self.walk_log(|loc, h| {
                 let mut rr = RecoveryReport::default();
@@ -626,39 +749,16 @@ impl Inner {
         let stripes: Vec<Mutex<()>> = (0..REBUILD_LOCK_STRIPES).map(|_| Mutex::new(())).collect();
         let parts = self
             .par_segments(|s, acc: &mut RebuildTally| {
-                if acc.err.is_some() {
-                    return;
-                }
-                let mut queue = std::mem::take(&mut acc.queue);
                 let check = !verified.get(s).is_some_and(|v| v.load(Ordering::Relaxed));
-                let w = self.walk_segment_with(s, check, |loc, h| {
-                    let (b0, b1, tag) = self.buckets_of(nibble::hash_key(self.obj_key(h)));
-                    for b in [b0, b1] {
-                        let p = self.bucket(b) as *const Bucket as *const u8;
-                        nibble::prefetch::line(p);
-                        nibble::prefetch::line(p.wrapping_add(64));
-                    }
-                    queue.push_back(Pending {
-                        loc,
-                        obj: *h,
-                        b0,
-                        b1,
-                        tag,
-                    });
-                    if queue.len() > REBUILD_PREFETCH_DEPTH {
-                        if let Some(p) = queue.pop_front() {
-                            self.rebuild_insert_striped(&p, &stripes, acc);
-                        }
-                    }
-                });
-                while let Some(p) = queue.pop_front() {
-                    self.rebuild_insert_striped(&p, &stripes, acc);
-                }
-                acc.queue = queue;
-                acc.damaged_segments += u64::from(w.damaged > 0);
-                acc.damaged_objects += w.damaged;
+                self.rebuild_segment(s, check, &stripes, acc);
             })
             .ok_or_else(|| Error::Corrupt("recovery: an index rebuild thread panicked".into()))?;
+        Self::fold_rebuild(r, parts)
+    }
+
+    /// Add the rebuild threads' tallies to `r`; returns the damaged
+    /// objects they skipped, or the first thread's error.
+    fn fold_rebuild(r: &mut RecoveryReport, parts: Vec<RebuildTally>) -> Result<u64> {
         let mut objects = 0;
         for p in parts {
             if let Some(e) = p.err {
@@ -670,6 +770,48 @@ impl Inner {
             objects += p.damaged_objects;
         }
         Ok(objects)
+    }
+
+    /// Index every intact, committed, not-dead object of segment `s`
+    /// (parallel rebuild; the index was cleared), checksums unchecked
+    /// unless `check` (see [`Inner::walk_intact_with`]).
+    fn rebuild_segment(
+        &self,
+        s: usize,
+        check: bool,
+        stripes: &[Mutex<()>],
+        acc: &mut RebuildTally,
+    ) {
+        if acc.err.is_some() {
+            return;
+        }
+        let mut queue = std::mem::take(&mut acc.queue);
+        let w = self.walk_segment_with(s, check, |loc, h| {
+            let (b0, b1, tag) = self.buckets_of(nibble::hash_key(self.obj_key(h)));
+            for b in [b0, b1] {
+                let p = self.bucket(b) as *const Bucket as *const u8;
+                nibble::prefetch::line(p);
+                nibble::prefetch::line(p.wrapping_add(64));
+            }
+            queue.push_back(Pending {
+                loc,
+                obj: *h,
+                b0,
+                b1,
+                tag,
+            });
+            if queue.len() > REBUILD_PREFETCH_DEPTH {
+                if let Some(p) = queue.pop_front() {
+                    self.rebuild_insert_striped(&p, stripes, acc);
+                }
+            }
+        });
+        while let Some(p) = queue.pop_front() {
+            self.rebuild_insert_striped(&p, stripes, acc);
+        }
+        acc.queue = queue;
+        acc.damaged_segments += u64::from(w.damaged > 0);
+        acc.damaged_objects += w.damaged;
     }
 
     /// [`rebuild_insert`](Self::rebuild_insert) for the parallel rebuild:

@@ -394,6 +394,11 @@ impl Inner {
         unsafe { &*self.index.add(i) }
     }
 
+    /// Address of the mapped index's first bucket.
+    pub(crate) fn index_addr(&self) -> usize {
+        self.index as usize
+    }
+
     pub(crate) fn log_bytes(&self) -> u64 {
         self.geo.log_segments * self.geo.seg_bytes
     }
