@@ -701,8 +701,9 @@ impl Inner {
     fn mostly_resident(&self, addr: usize, len: usize) -> bool {
         let pages = len.div_ceil(PAGE_BYTES as usize);
         let mut vec = vec![0u8; pages];
-        // SAFETY: `[addr, addr + len)` is mapped (the caller's range inside
-        // one of the store's segments) and `vec` has one byte per page.
+        // SAFETY: `[addr, addr + len)` is mapped (the caller passes whole
+        // pages of the store's index mapping) and `vec` has one byte per
+        // page.
         let rc = unsafe { libc::mincore(addr as *mut libc::c_void, len, vec.as_mut_ptr()) };
         rc != 0 || vec.iter().filter(|&&v| v & 1 != 0).count() * 2 >= pages
     }
