@@ -21,22 +21,39 @@
 //!
 //! *Arena.* The designs' address range ([`ARENA_BYTES`]) is reserved
 //! `PROT_NONE` (private, `MAP_NORESERVE`) in the parent before the fork,
-//! so it lies at the same address in every worker and each worker's copy
-//! is its own. User accesses are the one-instruction probes of
-//! [`crate::mmu::probe`]; an access to a page not installed in this
-//! worker's table faults (SIGSEGV on the `PROT_NONE` reservation), the
-//! probe's fixup reports [`Miss::Fault`], and the design's `pagefault`
-//! runs on the faulting worker, as a kernel handles a fault on the
-//! faulting CPU.
+//! at [`ARENA_HINT_ADDR`], so it lies at the same address in every worker
+//! and each worker's copy is its own. User accesses are the
+//! one-instruction probes of [`crate::mmu::probe`]; an access to a page
+//! not installed in this worker's table faults (SIGSEGV on the
+//! reservation or on a hole in it), the probe's fixup reports
+//! [`Miss::Fault`], and the design's `pagefault` runs on the faulting
+//! worker, as a kernel handles a fault on the faulting CPU.
 //!
 //! * install (the owner's table only): `mmap(va, 4096, prot,
-//!   MAP_SHARED | MAP_FIXED, memfd, frame * 4096)`; the kernel fills the
-//!   entry at the retried access (a minor fault on a page-cache page);
-//!   a fault-around run of consecutive frames is one `mmap` of the run;
-//! * clear: `mmap(va, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS |
-//!   MAP_FIXED | MAP_NORESERVE)` over the range: the kernel removes the
-//!   entries and flushes the TLB of the one CPU that runs this mm;
+//!   MAP_SHARED | MAP_FIXED | MAP_POPULATE, memfd, frame * 4096)`; a
+//!   fault-around run of consecutive frames (below) is one `mmap` of the
+//!   run;
+//! * clear: `munmap(va, len)`: the kernel removes the entries and
+//!   flushes the TLB of the one CPU that runs this mm, leaving a hole in
+//!   the reservation that the next install fills without splitting it.
+//!   The arena lies far below where the kernel places mappings itself
+//!   (top-down into the highest gap that fits), so no other mapping
+//!   lands in a hole;
 //! * protection change of a present page: `mprotect`.
+//!
+//! *Cost of a fault* (docs/BENCHMARKS.md has the figures): the fault
+//! exception and the signal delivery and return (~3.5 µs on this
+//! machine), the install `mmap` (~5-6 µs: a VMA, its merge, and the
+//! populate), against ~1 µs for a native anonymous fault. RadixVM's
+//! fault-around variant ([`crate::designs::radixvm::RadixVm::set_fault_around_pages`],
+//! off by default) cuts the number of faults: the design gives an aligned
+//! block of untouched pages of one mapping consecutive frames (one buddy
+//! block), and [`Mmu::install_run`] maps the block with one `mmap`. It
+//! changes what the design does (frames for pages not yet touched, all in
+//! the faulting core's set, as Linux's anonymous multi-size THP does), not
+//! the mechanism: the frames are the design's, the translations are in the
+//! faulting core's real table only, and munmap shoots down exactly the
+//! cores in each page's set.
 //!
 //! A shadow table per worker (the software MMU's table type, in shared
 //! memory) records what the design installed, so the designs' per-CPU
