@@ -195,18 +195,22 @@ impl RadixVm {
     /// is still untouched in the same mapping, and installs all of it in
     /// the faulting CPU's table at once, as Linux's anonymous multi-size
     /// THP does (one fault, one folio, many entries). The pages join the
-    /// faulting CPU's set only. `pages` is rounded down to a power of
-    /// two and capped at [`MAX_FAULT_AROUND_PAGES`].
+    /// faulting CPU's set only. A fault on a page another CPU touched
+    /// first installs, with one call, the aligned block around it whose
+    /// frames the design already chose consecutively (Linux's
+    /// fault-around of file pages already in the page cache). `pages` is
+    /// rounded down to a power of two and capped at
+    /// [`MAX_FAULT_AROUND_PAGES`].
     pub fn set_fault_around_pages(&mut self, pages: u64) {
         let pages = pages.clamp(1, MAX_FAULT_AROUND_PAGES);
         self.fault_around_pages = 1 << pages.ilog2();
     }
 
     /// Fault-around for `vpn` (see [`RadixVm::set_fault_around_pages`]).
-    /// `None`: not applicable (the page is touched, not anonymous, or no
-    /// block of two or more untouched pages of its mapping surrounds it,
-    /// or no such block of frames is free); the caller takes the
-    /// one-page path.
+    /// `None`: not applicable (not anonymous, or no block of two or more
+    /// untouched pages of its mapping, or of touched pages with
+    /// consecutive frames, surrounds it, or no such block of frames is
+    /// free); the caller takes the one-page path.
     fn fault_around(
         &self,
         handle: &radix::Handle<'_>,
@@ -230,8 +234,17 @@ impl RadixVm {
             block.clone().map(|p| handle.lock(p..p + 1)).collect();
         let at = |p: u64| (p - block.start) as usize;
         let value = guards[at(vpn)].get(vpn)?;
-        let Value::Desc(d) = decode(value) else {
-            return None;
+        let d = match decode(value) {
+            Value::Desc(d) => d,
+            Value::Page(m) => {
+                return self.fault_around_touched(
+                    &guards,
+                    block.start,
+                    (cpu, addr, access),
+                    m,
+                    pages,
+                )
+            }
         };
         // SAFETY: the slot refers to `d` and we hold its lock.
         let desc = unsafe { &*d };
@@ -273,6 +286,70 @@ impl RadixVm {
             }));
             guards[at(p)].set(encode_page(meta));
             ptes.push(Pte::new(frame, desc.prot));
+        }
+        self.mmu
+            .install_run(self.mmu.table_of(cpu), run.start, &ptes);
+        Some(Ok(()))
+    }
+
+    /// Fault-around on a page another CPU touched already (`m`): the
+    /// largest aligned block of up to `pages` pages around it whose pages
+    /// all have frames, consecutive in page order, from the same mapping
+    /// with the same rights, and are not in this CPU's set, joins this
+    /// CPU's set and goes into its table with one install. `None`: no
+    /// such block of two or more pages.
+    fn fault_around_touched(
+        &self,
+        guards: &[RangeGuard<'_, '_>],
+        first_locked: u64,
+        (cpu, addr, access): (usize, u64, Access),
+        m: *const PageMeta,
+        mut pages: u64,
+    ) -> Option<Result<(), VmError>> {
+        let vpn = addr / PAGE_SIZE_BYTES;
+        // SAFETY: the slot refers to `m` and we hold its lock.
+        let meta = unsafe { &*m };
+        let prot = Prot::from_bits(meta.prot.load(Ordering::Relaxed));
+        if !prot.allows(access) {
+            return Some(Err(VmError::Protection(addr)));
+        }
+        let frame = meta.frame.load(Ordering::Relaxed);
+        if frame == NO_FRAME {
+            return None;
+        }
+        // The metadata of page `p`, if it continues `m`'s run.
+        let fits = |p: u64| -> Option<&PageMeta> {
+            let v = guards[(p - first_locked) as usize].get(p)?;
+            let Value::Page(mp) = decode(v) else {
+                return None;
+            };
+            // SAFETY: the slot refers to `mp` and we hold its lock.
+            let other = unsafe { &*mp };
+            let same = other.desc == meta.desc
+                && other.prot.load(Ordering::Relaxed) == meta.prot.load(Ordering::Relaxed)
+                && other.frame.load(Ordering::Relaxed) == frame.wrapping_add(p).wrapping_sub(vpn)
+                && other.cpus.load(Ordering::Relaxed) & (1 << cpu) == 0;
+            same.then_some(other)
+        };
+        let run = loop {
+            let start = vpn & !(pages - 1);
+            let run = start..start + pages;
+            if run.clone().all(|p| fits(p).is_some()) {
+                break run;
+            }
+            pages /= 2;
+            if pages < 2 {
+                return None;
+            }
+        };
+        // SAFETY: metadata holds a reference to its descriptor.
+        let shared = matches!(unsafe { &*meta.desc }.backing, Backing::Segment { .. });
+        let mut ptes = Vec::with_capacity(pages as usize);
+        for p in run.clone() {
+            let other = fits(p).expect("checked above under the same locks");
+            other.cpus.fetch_or(1 << cpu, Ordering::Relaxed);
+            let pte = Pte::new(other.frame.load(Ordering::Relaxed), prot);
+            ptes.push(if shared { pte.shared() } else { pte });
         }
         self.mmu
             .install_run(self.mmu.table_of(cpu), run.start, &ptes);
