@@ -48,7 +48,9 @@
 //! fault-around variant ([`crate::designs::radixvm::RadixVm::set_fault_around_pages`],
 //! off by default) cuts the number of faults: the design gives an aligned
 //! block of untouched pages of one mapping consecutive frames (one buddy
-//! block), and [`Mmu::install_run`] maps the block with one `mmap`. It
+//! block), and [`Mmu::install_run`] maps the block with one `mmap`; a
+//! fault on a page another core touched first maps the block of
+//! consecutive frames the design already chose around it the same way. It
 //! changes what the design does (frames for pages not yet touched, all in
 //! the faulting core's set, as Linux's anonymous multi-size THP does), not
 //! the mechanism: the frames are the design's, the translations are in the
