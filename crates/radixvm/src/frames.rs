@@ -115,6 +115,29 @@ impl Frames {
         Ok(block.frame)
     }
 
+    /// `2^order` consecutive zeroed frames (one buddy block), allocated on
+    /// behalf of `cpu`; returns the first. Each frame is live on its own:
+    /// free them one by one with [`Frames::free`] (the buddy coalesces
+    /// the pieces again).
+    pub fn alloc_zeroed_block(&self, cpu: usize, order: u32) -> Result<FrameNo, VmError> {
+        let block = self
+            .alloc
+            .alloc_block(order)
+            .map_err(|_| VmError::OutOfMemory)?;
+        let frames = 1u64 << order;
+        // SAFETY: the block is ours alone (just allocated) and spans
+        // `frames` frames of the pool's mapping.
+        unsafe {
+            std::ptr::write_bytes(block.ptr.as_ptr(), 0, (frames * PAGE_SIZE_BYTES) as usize)
+        };
+        for f in block.frame..block.frame + frames {
+            let was = self.state[f as usize].swap(FRAME_LIVE, Ordering::Release);
+            assert_eq!(was, FRAME_FREE, "frame {f} handed out twice");
+        }
+        self.live_per_cpu[cpu % MAX_CPUS].fetch_add(frames as i64, Ordering::Relaxed);
+        Ok(block.frame)
+    }
+
     /// Frees `frame` on behalf of `cpu`. The caller guarantees that no TLB
     /// or page table maps it any more.
     pub fn free(&self, cpu: usize, frame: FrameNo) {

@@ -259,7 +259,12 @@ pub fn new_space_on(
 ) -> Result<Arc<dyn AddressSpace>, mmu::uffd::UffdError> {
     let mmu = backend.new_mmu(frames, design == Design::RadixVm)?;
     Ok(match design {
-        Design::RadixVm => Arc::new(designs::radixvm::RadixVm::with_mmu(mmu)),
+        Design::RadixVm => {
+            let mut space = designs::radixvm::RadixVm::with_mmu(mmu);
+            // The binaries check the variable and refuse a bad value.
+            space.set_fault_around_pages(designs::radixvm::fault_around_from_env().unwrap_or(1));
+            Arc::new(space)
+        }
         Design::Bonsai => Arc::new(designs::bonsai::BonsaiVm::with_mmu(mmu)),
         Design::Linux => Arc::new(designs::linux::LinuxVm::with_mmu(mmu)),
     })

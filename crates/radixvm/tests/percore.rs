@@ -48,8 +48,10 @@ fn passes(args: &[&str]) -> String {
 #[test]
 fn store_after_munmap_faults_on_the_other_core() {
     for design in ["radixvm", "bonsai", "linux"] {
-        let t = passes(&["stale", "--design", design]);
-        assert!(t.contains("0 reached"), "{design}: {t}");
+        for pages in ["1", "3"] {
+            let t = passes(&["stale", "--design", design, "--pages", pages]);
+            assert!(t.contains("0 reached"), "{design}: {t}");
+        }
     }
 }
 
@@ -191,4 +193,38 @@ fn faultbench_rows_for_the_per_core_designs() {
         assert_eq!(r.system.backend(), Some(Backend::Percore), "{r:?}");
         assert!(r.fault_ns >= 0.05, "{r:?}");
     }
+}
+
+/// Fault-around (`RADIXVM_FAULT_AROUND_PAGES`): a fault installs a block
+/// of pages in one mapping; the stale-translation, broken-shootdown and
+/// stress checks must hold for those pages as for single ones.
+#[test]
+fn fault_around_keeps_stale_translations_out() {
+    let around = [("RADIXVM_FAULT_AROUND_PAGES", "4")];
+    let (out, _) = selftest(&["stale", "--design", "radixvm", "--pages", "4"], &around);
+    let t = text(&out);
+    assert!(out.status.success() || unavailable(&out), "{t}");
+    assert!(unavailable(&out) || t.contains("0 reached"), "{t}");
+    let (out, _) = selftest(&["stale", "--broken", "--pages", "4"], &around);
+    if !unavailable(&out) {
+        let t = text(&out);
+        assert!(!out.status.success() && t.contains("STALE"), "{t}");
+    }
+    let (out, _) = selftest(
+        &["stress", "--workers", "2", "--design", "radixvm"],
+        &[
+            ("RADIXVM_FAULT_AROUND_PAGES", "8"),
+            ("RADIXVM_STRESS_ROUNDS", "20"),
+        ],
+    );
+    let t = text(&out);
+    assert!(out.status.success() || unavailable(&out), "{t}");
+}
+
+#[test]
+fn a_bad_fault_around_value_is_refused_with_a_reason() {
+    let (out, _) = selftest(&["stale"], &[("RADIXVM_FAULT_AROUND_PAGES", "3")]);
+    let t = text(&out);
+    assert!(!out.status.success(), "{t}");
+    assert!(t.contains("power of two"), "{t}");
 }

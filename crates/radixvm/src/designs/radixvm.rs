@@ -120,11 +120,36 @@ struct Taken {
     descs: Vec<(*const Desc, u64)>,
 }
 
+/// Environment variable that turns on fault-around
+/// ([`RadixVm::set_fault_around_pages`]) for spaces built by
+/// [`crate::new_space_on`]: a power of two, at most
+/// [`MAX_FAULT_AROUND_PAGES`]; 1 (the default) is one page per fault.
+pub const FAULT_AROUND_ENV: &str = "RADIXVM_FAULT_AROUND_PAGES";
+/// Largest fault-around block, in pages.
+pub const MAX_FAULT_AROUND_PAGES: u64 = 64;
+
+/// The fault-around block size [`FAULT_AROUND_ENV`] asks for (1 when
+/// unset); `Err` says what is wrong with the value.
+pub fn fault_around_from_env() -> Result<u64, String> {
+    let Ok(v) = std::env::var(FAULT_AROUND_ENV) else {
+        return Ok(1);
+    };
+    match v.trim().parse::<u64>() {
+        Ok(n) if n.is_power_of_two() && n <= MAX_FAULT_AROUND_PAGES => Ok(n),
+        _ => Err(format!(
+            "{FAULT_AROUND_ENV}={v:?}: expected a power of two from 1 to {MAX_FAULT_AROUND_PAGES}"
+        )),
+    }
+}
+
 /// The RadixVM address space.
 pub struct RadixVm {
     mmu: Box<dyn Mmu>,
     map: RadixMap,
     addrs: AddrAlloc,
+    /// Pages a fault on an untouched anonymous page may fill at once (a
+    /// power of two; 1: none around).
+    fault_around_pages: u64,
 }
 
 // SAFETY: the raw pointers in the map are owned by the map's entries and
@@ -160,7 +185,175 @@ impl RadixVm {
                 ..Config::default()
             }),
             addrs: AddrAlloc::default(),
+            fault_around_pages: 1,
         }
+    }
+
+    /// Fault-around (a variant; off by default): a fault on an untouched
+    /// anonymous page allocates one buddy block of consecutive frames for
+    /// the largest aligned block of up to `pages` pages around it that
+    /// is still untouched in the same mapping, and installs all of it in
+    /// the faulting CPU's table at once, as Linux's anonymous multi-size
+    /// THP does (one fault, one folio, many entries). The pages join the
+    /// faulting CPU's set only. A fault on a page another CPU touched
+    /// first installs, with one call, the aligned block around it whose
+    /// frames the design already chose consecutively (Linux's
+    /// fault-around of file pages already in the page cache). `pages` is
+    /// rounded down to a power of two and capped at
+    /// [`MAX_FAULT_AROUND_PAGES`].
+    pub fn set_fault_around_pages(&mut self, pages: u64) {
+        let pages = pages.clamp(1, MAX_FAULT_AROUND_PAGES);
+        self.fault_around_pages = 1 << pages.ilog2();
+    }
+
+    /// Fault-around for `vpn` (see [`RadixVm::set_fault_around_pages`]).
+    /// `None`: not applicable (not anonymous, or no block of two or more
+    /// untouched pages of its mapping, or of touched pages with
+    /// consecutive frames, surrounds it, or no such block of frames is
+    /// free); the caller takes the one-page path.
+    fn fault_around(
+        &self,
+        handle: &radix::Handle<'_>,
+        cpu: usize,
+        addr: u64,
+        access: Access,
+    ) -> Option<Result<(), VmError>> {
+        let vpn = addr / PAGE_SIZE_BYTES;
+        let mut pages = self.fault_around_pages;
+        let mut block = vpn & !(pages - 1)..(vpn & !(pages - 1)) + pages;
+        while block.end > self.map.key_limit() && pages > 1 {
+            pages /= 2;
+            block = vpn & !(pages - 1)..(vpn & !(pages - 1)) + pages;
+        }
+        if pages < 2 {
+            return None;
+        }
+        // One guard per page, left to right (the order every range lock
+        // takes), so each page can take its own value.
+        let guards: Vec<RangeGuard<'_, '_>> =
+            block.clone().map(|p| handle.lock(p..p + 1)).collect();
+        let at = |p: u64| (p - block.start) as usize;
+        let value = guards[at(vpn)].get(vpn)?;
+        let d = match decode(value) {
+            Value::Desc(d) => d,
+            Value::Page(m) => {
+                return self.fault_around_touched(
+                    &guards,
+                    block.start,
+                    (cpu, addr, access),
+                    m,
+                    pages,
+                )
+            }
+        };
+        // SAFETY: the slot refers to `d` and we hold its lock.
+        let desc = unsafe { &*d };
+        if !desc.prot.allows(access) {
+            return Some(Err(VmError::Protection(addr)));
+        }
+        if !matches!(desc.backing, Backing::Anonymous) {
+            return None;
+        }
+        // The largest aligned sub-block around `vpn` whose every page
+        // still holds this mapping's descriptor.
+        let run = loop {
+            let start = vpn & !(pages - 1);
+            let run = start..start + pages;
+            if run.clone().all(|p| guards[at(p)].get(p) == Some(value)) {
+                break run;
+            }
+            pages /= 2;
+            if pages < 2 {
+                return None;
+            }
+        };
+        let frames = self.mmu.frames();
+        let order = pages.ilog2();
+        let first = match frames.alloc_zeroed_block(cpu, order) {
+            Err(VmError::OutOfMemory) => {
+                frameref::reclaim(|| frames.alloc_zeroed_block(cpu, order)).ok()?
+            }
+            other => other.ok()?,
+        };
+        let mut ptes = Vec::with_capacity(pages as usize);
+        for (frame, p) in (first..).zip(run.clone()) {
+            let meta = Box::into_raw(Box::new(PageMeta {
+                desc: d,
+                prot: AtomicU8::new(desc.prot.bits()),
+                frame: AtomicU64::new(frame),
+                frame_ref: Mutex::new(Some(FrameRef::new(frames, cpu, frame))),
+                cpus: AtomicU64::new(1 << cpu),
+            }));
+            guards[at(p)].set(encode_page(meta));
+            ptes.push(Pte::new(frame, desc.prot));
+        }
+        self.mmu
+            .install_run(self.mmu.table_of(cpu), run.start, &ptes);
+        Some(Ok(()))
+    }
+
+    /// Fault-around on a page another CPU touched already (`m`): the
+    /// largest aligned block of up to `pages` pages around it whose pages
+    /// all have frames, consecutive in page order, from the same mapping
+    /// with the same rights, and are not in this CPU's set, joins this
+    /// CPU's set and goes into its table with one install. `None`: no
+    /// such block of two or more pages.
+    fn fault_around_touched(
+        &self,
+        guards: &[RangeGuard<'_, '_>],
+        first_locked: u64,
+        (cpu, addr, access): (usize, u64, Access),
+        m: *const PageMeta,
+        mut pages: u64,
+    ) -> Option<Result<(), VmError>> {
+        let vpn = addr / PAGE_SIZE_BYTES;
+        // SAFETY: the slot refers to `m` and we hold its lock.
+        let meta = unsafe { &*m };
+        let prot = Prot::from_bits(meta.prot.load(Ordering::Relaxed));
+        if !prot.allows(access) {
+            return Some(Err(VmError::Protection(addr)));
+        }
+        let frame = meta.frame.load(Ordering::Relaxed);
+        if frame == NO_FRAME {
+            return None;
+        }
+        // The metadata of page `p`, if it continues `m`'s run.
+        let fits = |p: u64| -> Option<&PageMeta> {
+            let v = guards[(p - first_locked) as usize].get(p)?;
+            let Value::Page(mp) = decode(v) else {
+                return None;
+            };
+            // SAFETY: the slot refers to `mp` and we hold its lock.
+            let other = unsafe { &*mp };
+            let same = other.desc == meta.desc
+                && other.prot.load(Ordering::Relaxed) == meta.prot.load(Ordering::Relaxed)
+                && other.frame.load(Ordering::Relaxed) == frame.wrapping_add(p).wrapping_sub(vpn)
+                && other.cpus.load(Ordering::Relaxed) & (1 << cpu) == 0;
+            same.then_some(other)
+        };
+        let run = loop {
+            let start = vpn & !(pages - 1);
+            let run = start..start + pages;
+            if run.clone().all(|p| fits(p).is_some()) {
+                break run;
+            }
+            pages /= 2;
+            if pages < 2 {
+                return None;
+            }
+        };
+        // SAFETY: metadata holds a reference to its descriptor.
+        let shared = matches!(unsafe { &*meta.desc }.backing, Backing::Segment { .. });
+        let mut ptes = Vec::with_capacity(pages as usize);
+        for p in run.clone() {
+            let other = fits(p).expect("checked above under the same locks");
+            other.cpus.fetch_or(1 << cpu, Ordering::Relaxed);
+            let pte = Pte::new(other.frame.load(Ordering::Relaxed), prot);
+            ptes.push(if shared { pte.shared() } else { pte });
+        }
+        self.mmu
+            .install_run(self.mmu.table_of(cpu), run.start, &ptes);
+        Some(Ok(()))
     }
 
     /// Radix-map node bytes (the metadata structure's size).
@@ -425,6 +618,11 @@ impl AddressSpace for RadixVm {
             return Err(VmError::Unmapped(addr));
         }
         let handle = self.map.handle();
+        if self.fault_around_pages > 1 {
+            if let Some(done) = self.fault_around(&handle, cpu, addr, access) {
+                return done;
+            }
+        }
         let guard = handle.lock(vpn..vpn + 1);
         let value = guard.get(vpn).ok_or(VmError::Unmapped(addr))?;
         match decode(value) {

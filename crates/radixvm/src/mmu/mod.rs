@@ -381,6 +381,17 @@ pub trait Mmu: Send + Sync {
     /// storing what it returns. Returns the entry as left.
     fn update_pte(&self, table: usize, vpn: u64, update: &mut dyn FnMut(Pte) -> Pte) -> Pte;
 
+    /// Sets the empty entries for `first_vpn + i` in `table` to `ptes[i]`,
+    /// a run the design filled in one fault (its fault-around; the caller
+    /// holds the design's locks of the whole run). The per-core MMU makes
+    /// a run of consecutive frames real with one system call; the default
+    /// is one [`Mmu::update_pte`] per page.
+    fn install_run(&self, table: usize, first_vpn: u64, ptes: &[Pte]) {
+        for (vpn, &pte) in (first_vpn..).zip(ptes) {
+            self.update_pte(table, vpn, &mut |_| pte);
+        }
+    }
+
     /// Clears every present entry for `vpns` in `table` (under the page
     /// table locks), appending `(vpn, old entry)` to `out`.
     fn clear(&self, table: usize, vpns: Range<u64>, out: &mut Vec<(u64, Pte)>);

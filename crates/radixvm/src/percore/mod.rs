@@ -21,20 +21,41 @@
 //!
 //! *Arena.* The designs' address range ([`ARENA_BYTES`]) is reserved
 //! `PROT_NONE` (private, `MAP_NORESERVE`) in the parent before the fork,
-//! so it lies at the same address in every worker and each worker's copy
-//! is its own. User accesses are the one-instruction probes of
-//! [`crate::mmu::probe`]; an access to a page not installed in this
-//! worker's table faults (SIGSEGV on the `PROT_NONE` reservation), the
-//! probe's fixup reports [`Miss::Fault`], and the design's `pagefault`
-//! runs on the faulting worker, as a kernel handles a fault on the
-//! faulting CPU.
+//! at [`ARENA_HINT_ADDR`], so it lies at the same address in every worker
+//! and each worker's copy is its own. User accesses are the
+//! one-instruction probes of [`crate::mmu::probe`]; an access to a page
+//! not installed in this worker's table faults (SIGSEGV on the
+//! reservation or on a hole in it), the probe's fixup reports
+//! [`Miss::Fault`], and the design's `pagefault` runs on the faulting
+//! worker, as a kernel handles a fault on the faulting CPU.
 //!
 //! * install (the owner's table only): `mmap(va, 4096, prot,
-//!   MAP_SHARED | MAP_FIXED | MAP_POPULATE, memfd, frame * 4096)`;
-//! * clear: `mmap(va, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS |
-//!   MAP_FIXED | MAP_NORESERVE)` over the range: the kernel removes the
-//!   entries and flushes the TLB of the one CPU that runs this mm;
+//!   MAP_SHARED | MAP_FIXED | MAP_POPULATE, memfd, frame * 4096)`; a
+//!   fault-around run of consecutive frames (below) is one `mmap` of the
+//!   run;
+//! * clear: `munmap(va, len)`: the kernel removes the entries and
+//!   flushes the TLB of the one CPU that runs this mm, leaving a hole in
+//!   the reservation that the next install fills without splitting it.
+//!   The arena lies far below where the kernel places mappings itself
+//!   (top-down into the highest gap that fits), so no other mapping
+//!   lands in a hole;
 //! * protection change of a present page: `mprotect`.
+//!
+//! *Cost of a fault* (docs/BENCHMARKS.md has the figures): the fault
+//! exception and the signal delivery and return (~3.5 µs on this
+//! machine), the install `mmap` (~5-6 µs: a VMA, its merge, and the
+//! populate), against ~1 µs for a native anonymous fault. RadixVM's
+//! fault-around variant ([`crate::designs::radixvm::RadixVm::set_fault_around_pages`],
+//! off by default) cuts the number of faults: the design gives an aligned
+//! block of untouched pages of one mapping consecutive frames (one buddy
+//! block), and [`Mmu::install_run`] maps the block with one `mmap`; a
+//! fault on a page another core touched first maps the block of
+//! consecutive frames the design already chose around it the same way. It
+//! changes what the design does (frames for pages not yet touched, all in
+//! the faulting core's set, as Linux's anonymous multi-size THP does), not
+//! the mechanism: the frames are the design's, the translations are in the
+//! faulting core's real table only, and munmap shoots down exactly the
+//! cores in each page's set.
 //!
 //! A shadow table per worker (the software MMU's table type, in shared
 //! memory) records what the design installed, so the designs' per-CPU
@@ -76,8 +97,8 @@
 //! every worker has). A target that is spinning where it cannot poll (on
 //! a radix range lock the initiator holds) gets the user-level IPI:
 //! `SIGUSR1`, whose handler drains the ring unless the worker is inside a
-//! page-table section or a drain already (then the initiator signals
-//! again later). Pages only the local core mapped need no message at
+//! page-table section, a drain already, or the probes' SIGSEGV handler on
+//! the alternate signal stack (then the initiator signals again later). Pages only the local core mapped need no message at
 //! all. A target that does not acknowledge within [`ACK_TIMEOUT_MS`] ends
 //! the initiator with an error naming it; [`run`] reports a worker that
 //! dies (by index, pid and signal) or hangs, and kills the others.
@@ -120,6 +141,12 @@ use crate::{Access, Frames, ADDRESS_LIMIT_BYTES, MAX_CPUS, PAGE_SIZE_BYTES};
 
 /// Bytes of each worker's arena: every address a design can hand out.
 pub const ARENA_BYTES: u64 = ADDRESS_LIMIT_BYTES;
+/// Where the arena is asked to lie: far below where the kernel places
+/// mappings itself (top-down from just under the stack, into the highest
+/// gap that fits), so the holes that unmapped pages leave in the arena
+/// are never chosen for another mapping while the space above it is
+/// free. The shared heap is at [`heap::HEAP_BASE_ADDR`], above it.
+pub const ARENA_HINT_ADDR: usize = 0x1000_0000_0000;
 /// Description used in every output line.
 pub const DESCRIPTION: &str =
     "percore-mmu (real per-core page tables and TLBs; shootdown messages user-level)";
@@ -326,11 +353,11 @@ impl PercoreMmu {
         })?;
         crate::mmu::probe::install_handlers()?;
         install_ipi_handler()?;
-        // SAFETY: a fresh private PROT_NONE reservation; nothing else
-        // refers to it.
+        // SAFETY: a fresh private PROT_NONE reservation (at the hint, or
+        // wherever the kernel puts it); nothing else refers to it.
         let arena = unsafe {
             libc::mmap(
-                std::ptr::null_mut(),
+                ARENA_HINT_ADDR as *mut libc::c_void,
                 ARENA_BYTES as usize,
                 libc::PROT_NONE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
@@ -383,45 +410,57 @@ impl PercoreMmu {
 
     /// Installs `pte` at `vpn` in this process's real table.
     fn install(&self, vpn: u64, pte: Pte) {
-        // SAFETY: a page of our arena (checked by the caller against
-        // ARENA_BYTES) replaced by a shared mapping of a live frame of the
-        // memfd; nothing in this process holds a reference into the arena
-        // (user accesses go through the probes).
+        self.install_frames(vpn, 1, pte);
+    }
+
+    /// Installs `pages` pages from `vpn` in this process's real table,
+    /// mapping consecutive frames from `first.frame()` with `first`'s
+    /// rights: one `mmap` of the memfd range, into a hole that
+    /// [`PercoreMmu::zap`] left or over the arena's reservation,
+    /// populated at once (`MAP_POPULATE` measured cheaper than a minor
+    /// fault at the retried access).
+    fn install_frames(&self, vpn: u64, pages: u64, first: Pte) {
+        let at = self.page_addr(vpn) as *mut libc::c_void;
+        // SAFETY: pages of our arena (checked by the callers against
+        // ARENA_BYTES; no other mapping lies in its holes, see
+        // ARENA_HINT_ADDR) replaced by a shared mapping of live frames of
+        // the memfd; nothing in this process holds a reference into the
+        // arena (user accesses go through the probes).
         let p = unsafe {
             libc::mmap(
-                self.page_addr(vpn) as *mut libc::c_void,
-                PAGE_SIZE_BYTES as usize,
-                prot_of(pte),
+                at,
+                (pages * PAGE_SIZE_BYTES) as usize,
+                prot_of(first),
                 libc::MAP_SHARED | libc::MAP_FIXED | libc::MAP_POPULATE,
                 self.memfd,
-                (pte.frame() * PAGE_SIZE_BYTES) as libc::off_t,
+                (first.frame() * PAGE_SIZE_BYTES) as libc::off_t,
             )
         };
-        if p == libc::MAP_FAILED {
+        if p != at {
+            let e = io::Error::last_os_error();
             self.fail(&format!(
-                "mmap of frame {} at page {vpn:#x}: {}",
-                pte.frame(),
-                io::Error::last_os_error()
+                "mmap of frames {}+{pages} at page {vpn:#x}: {e}",
+                first.frame()
             ));
         }
     }
 
-    /// Removes `vpns` from this process's real table (a local flush).
+    /// Removes `vpns` from this process's real table (a local flush),
+    /// leaving a hole in the arena's reservation: one `munmap`, cheaper
+    /// than putting the reservation back (`mmap(PROT_NONE)` over the
+    /// range: a new mapping and a merge), and the next install there
+    /// needs no split. The arena lies where the kernel places nothing
+    /// itself ([`ARENA_HINT_ADDR`]), so no other mapping fills the hole,
+    /// and an access there faults as the reservation does.
     fn zap(&self, vpns: Range<u64>) -> bool {
-        // SAFETY: a range of our arena, replaced by the PROT_NONE
-        // reservation it was before any install; nothing in this process
-        // holds a reference into it.
-        let p = unsafe {
-            libc::mmap(
+        // SAFETY: a range of our arena; nothing in this process holds a
+        // reference into it (user accesses go through the probes).
+        unsafe {
+            libc::munmap(
                 self.page_addr(vpns.start) as *mut libc::c_void,
                 ((vpns.end - vpns.start) * PAGE_SIZE_BYTES) as usize,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        p != libc::MAP_FAILED
+            ) == 0
+        }
     }
 
     fn mprotect(&self, vpn: u64, prot: libc::c_int) -> bool {
@@ -480,7 +519,7 @@ impl PercoreMmu {
                 // handler): a fixed message, then die; the parent names
                 // the worker.
                 self.error
-                    .set("a worker could not clear its page table (mmap failed)");
+                    .set("a worker could not clear its page table (munmap failed)");
                 // SAFETY: _exit is async-signal-safe.
                 unsafe { libc::_exit(4) };
             }
@@ -526,7 +565,7 @@ impl PercoreMmu {
                     (false, true) => self.install(vpn, new),
                     (true, false) => {
                         if !self.zap(vpn..vpn + 1) {
-                            self.fail("mmap(PROT_NONE) over an installed page failed");
+                            self.fail("munmap of an installed page failed");
                         }
                     }
                     (true, true) if old.frame() != new.frame() => self.install(vpn, new),
@@ -565,7 +604,7 @@ impl PercoreMmu {
             // Still under the leaf's lock: no fault reinstalls a page of
             // it before the kernel has removed it.
             if local && any && !self.zap(pages) {
-                self.fail("mmap(PROT_NONE) over installed pages failed");
+                self.fail("munmap of installed pages failed");
             }
         });
     }
@@ -682,6 +721,34 @@ impl Mmu for PercoreMmu {
             });
         }
         self.set_entry(table, vpn, update)
+    }
+
+    fn install_run(&self, table: usize, first_vpn: u64, ptes: &[Pte]) {
+        let pages = ptes.len() as u64;
+        let one_mapping = self.shared.is_none()
+            && me() == Some(table)
+            && first_vpn + pages <= ARENA_BYTES / PAGE_SIZE_BYTES
+            && ptes.iter().all(|p| p.present())
+            && ptes
+                .windows(2)
+                .all(|w| w[1].frame() == w[0].frame() + 1 && prot_of(w[1]) == prot_of(w[0]));
+        if !one_mapping {
+            for (vpn, &pte) in (first_vpn..).zip(ptes) {
+                self.update_pte(table, vpn, &mut |_| pte);
+            }
+            return;
+        }
+        let _section = PtSection::enter();
+        for (vpn, &pte) in (first_vpn..).zip(ptes) {
+            self.tables[table].with_entry(vpn, |entry| {
+                let old = Pte::from_bits(entry.load(Ordering::Relaxed));
+                assert!(!old.present(), "fault-around over a present page {vpn:#x}");
+                entry.store(pte.bits(), Ordering::Release);
+            });
+        }
+        // The design holds its locks of the whole run: no other core
+        // changes these entries before the mapping is real.
+        self.install_frames(first_vpn, pages, ptes[0]);
     }
 
     fn clear(&self, table: usize, vpns: Range<u64>, out: &mut Vec<(u64, Pte)>) {
@@ -816,7 +883,7 @@ extern "C" fn on_ipi(_sig: libc::c_int) {
     let errno = unsafe { *libc::__errno_location() };
     let mmu = CURRENT.load(Ordering::Acquire);
     if let Some(me) = me() {
-        if !mmu.is_null() && !IN_PT.load(Ordering::Relaxed) {
+        if !mmu.is_null() && !IN_PT.load(Ordering::Relaxed) && !on_alternate_stack() {
             // SAFETY: CURRENT is set by the worker before it attaches and
             // points at the MMU of the space the worker runs, which
             // outlives the worker (workers end with _exit).
@@ -825,6 +892,20 @@ extern "C" fn on_ipi(_sig: libc::c_int) {
     }
     // SAFETY: as above.
     unsafe { *libc::__errno_location() = errno };
+}
+
+/// Whether this signal handler runs on the alternate signal stack, i.e.
+/// it interrupted the probes' SIGSEGV handler (which runs there with
+/// SIGSEGV blocked). A drain there could overflow that small stack, and
+/// its fault would find SIGSEGV blocked and kill the worker; the
+/// initiator signals again later instead.
+fn on_alternate_stack() -> bool {
+    // SAFETY: sigaltstack with a null new stack only reads the current
+    // one into a fully initialized struct; async-signal-safe.
+    unsafe {
+        let mut now: libc::stack_t = std::mem::zeroed();
+        libc::sigaltstack(std::ptr::null(), &mut now) == 0 && now.ss_flags & libc::SS_ONSTACK != 0
+    }
 }
 
 fn install_ipi_handler() -> io::Result<()> {

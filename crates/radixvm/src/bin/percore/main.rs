@@ -6,8 +6,12 @@
 //! ```text
 //! radixvm-percore mapbench [bench flags] [--json]   rows, one JSON object per line with --json
 //! radixvm-percore faultbench [bench flags] [--json]
-//! radixvm-percore selftest NAME [--broken]          stale | targets | stress | death
+//! radixvm-percore selftest NAME [--broken] [--pages N] stale | targets | stress | death | heap
 //! ```
+//!
+//! `RADIXVM_FAULT_AROUND_PAGES=N` (a power of two up to 64) runs the
+//! RadixVM rows with fault-around of N pages (see
+//! `RadixVm::set_fault_around_pages`); unset, one page per fault.
 //!
 //! `memlab mapbench` runs the per-core cells through this binary; the
 //! `native-linux` rows of the same invocation are the yardstick.
@@ -113,6 +117,19 @@ fn main() -> ExitCode {
             "usage: radixvm-percore mapbench [flags] | faultbench [flags] | selftest NAME [--broken]"
         );
         return ExitCode::from(2);
+    }
+    let fault_around = match radixvm::designs::radixvm::fault_around_from_env() {
+        Ok(pages) => pages,
+        Err(e) => {
+            eprintln!("radixvm-percore: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if fault_around > 1 {
+        eprintln!(
+            "radixvm-percore: radixvm rows with fault-around of {fault_around} pages ({})",
+            radixvm::designs::radixvm::FAULT_AROUND_ENV
+        );
     }
     let command = args.remove(0);
     let result = match command.as_str() {

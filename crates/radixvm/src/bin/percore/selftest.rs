@@ -44,61 +44,94 @@ pub fn run(args: Vec<String>) -> Result<(), String> {
         .position(|a| a == "--workers")
         .and_then(|i| args.get(i + 1))
         .map_or(Ok(2), |w| w.parse().map_err(|e| format!("{e}")))?;
+    let pages: u64 = args
+        .iter()
+        .position(|a| a == "--pages")
+        .and_then(|i| args.get(i + 1))
+        .map_or(Ok(1), |w| w.parse().map_err(|e| format!("--pages: {e}")))?;
+    if !(1..=64).contains(&pages) {
+        return Err(format!("--pages {pages}: expected 1 to 64"));
+    }
     let frames = Frames::new_memfd(POOL_BYTES).map_err(|e| e.to_string())?;
     let space = new_space_on(design, Backend::Percore, &frames).map_err(|e| e.to_string())?;
     let mmu = space.mmu().percore().ok_or("not a per-core space")?;
-    match name.as_str() {
-        "stale" => stale(&*space, mmu, flag("--broken")),
+    let result = match name.as_str() {
+        "stale" => stale(&*space, mmu, flag("--broken"), pages),
         "targets" => targets(&*space, workers),
         "stress" => stress(&*space, mmu, workers),
         "death" => death(&*space, flag("--hang")),
         "heap" => heap(&*space, workers),
         other => Err(format!("unknown selftest {other}")),
+    };
+    if result.is_err() {
+        // A failed run may have left a dead worker's locks held
+        // (`percore::run`): exit without dropping the space.
+        std::mem::forget(space);
     }
+    result
 }
 
 fn vpn_of(addr: u64) -> u64 {
     addr / PAGE_SIZE_BYTES
 }
 
-/// Worker 0 maps a page, both write it, worker 0 unmaps it; worker 1's
-/// store afterwards must fault. Repeated over many pages.
-fn stale(space: &dyn AddressSpace, mmu: &PercoreMmu, broken: bool) -> Result<(), String> {
+/// Worker 0 maps a region of `pages` pages; in even rounds worker 0
+/// writes its first page first, in odd rounds worker 1 does (with
+/// fault-around, that worker's table then holds every page of the region,
+/// touched or not); then the other writes its last page; worker 0 unmaps
+/// it. Afterwards every store to every page of the region must fault on
+/// both workers. Repeated over many regions.
+fn stale(
+    space: &dyn AddressSpace,
+    mmu: &PercoreMmu,
+    broken: bool,
+    pages: u64,
+) -> Result<(), String> {
     const ROUNDS: u64 = 200;
     mmu.break_shootdowns(broken);
+    let len = pages * PAGE_SIZE_BYTES;
     let run = percore::run(space, 2, None, &|cpu: &Cpu<'_>, w: &Worker<'_>| {
         let mut reached = 0;
         let mut faulted = 0;
         for round in 0..ROUNDS {
-            let addr = BASE_BYTES + round * PAGE_SIZE_BYTES;
+            let addr = BASE_BYTES + round * len;
+            let last = addr + len - PAGE_SIZE_BYTES;
+            let first_writer = (round % 2) as usize;
             if w.id == 0 {
                 cpu.mmap(
                     MapAt::Fixed(addr),
-                    PAGE_SIZE_BYTES,
+                    len,
                     Prot::READ_WRITE,
                     Backing::Anonymous,
                 )
                 .expect("mmap");
-                cpu.write(addr, 0x11).expect("write 0");
             }
             w.barrier();
-            if w.id == 1 {
-                cpu.write(addr, 0x22).expect("write 1");
+            if w.id == first_writer {
+                cpu.write(addr, 0x11).expect("first write");
+            }
+            w.barrier();
+            if w.id != first_writer {
+                cpu.write(last, 0x22).expect("second write");
             }
             w.barrier();
             if w.id == 0 {
-                assert_eq!(cpu.read(addr).expect("read 0"), 0x22, "one frame");
-                cpu.munmap(addr, PAGE_SIZE_BYTES).expect("munmap");
+                // One page: the second write went to the first page too.
+                let first = if pages == 1 { 0x22 } else { 0x11 };
+                assert_eq!(cpu.read(addr).expect("read 0"), first, "one frame");
+                assert_eq!(cpu.read(last).expect("read 0"), 0x22, "one frame");
+                cpu.munmap(addr, len).expect("munmap");
             }
             w.barrier();
-            if w.id == 1 {
+            for page in 0..pages {
+                let a = addr + page * PAGE_SIZE_BYTES;
                 // The raw access: a fault must come back, not a hit.
-                match w.mmu().access(1, vpn_of(addr), 0, Op::Store(0x33)) {
+                match w.mmu().access(w.id, vpn_of(a), 0, Op::Store(0x33)) {
                     Ok(_) => reached += 1,
                     Err(Miss::Fault) => faulted += 1,
                 }
                 // And through the design: the page is gone.
-                if cpu.write(addr, 0x44) != Err(VmError::Unmapped(addr)) {
+                if cpu.write(a, 0x44) != Err(VmError::Unmapped(a)) {
                     reached += 1;
                 }
             }
@@ -107,10 +140,11 @@ fn stale(space: &dyn AddressSpace, mmu: &PercoreMmu, broken: bool) -> Result<(),
         [reached, faulted, 0, 0]
     })?;
     let counters = mmu.counters();
-    let (reached, faulted) = (run.results[1][0], run.results[1][1]);
+    let reached: u64 = run.results.iter().map(|r| r[0]).sum();
+    let faulted: u64 = run.results.iter().map(|r| r[1]).sum();
     println!(
-        "stale: {ROUNDS} rounds, worker 1 stores after munmap: {faulted} faulted, {reached} \
-         reached the frame; messages sent {}, acknowledged {}",
+        "stale: {ROUNDS} rounds of {pages} pages, stores after munmap on both workers: \
+         {faulted} faulted, {reached} reached the frame; messages sent {}, acknowledged {}",
         counters.total(Counter::ShootdownTargets),
         counters.total(Counter::AcksSelf) + counters.total(Counter::AcksProxy)
     );
