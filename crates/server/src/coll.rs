@@ -98,7 +98,7 @@ use nibble::{Condition, Expiry, PutOptions};
 
 use crate::commands::{CmdError, WRONGTYPE};
 use crate::engine::{is_internal_key, Engine, INTERNAL_KEY_TAG, KEY_ESCAPE_BYTE};
-use crate::packed::{PairBuf, Upserted};
+use crate::packed::{give_buf, take_buf, PairBuf, Upserted};
 use crate::state::Shared;
 use crate::types::{HASH_FLAGS, HASH_MAGIC, LIST_FLAGS, SET_FLAGS, ZSET_FLAGS};
 
@@ -109,6 +109,9 @@ pub const BUCKET_SPLIT_ELEMS: u64 = 16;
 /// elements and its spare room fit, so neither the read nor an insert
 /// reallocates.
 const BUCKET_READ_BYTES: usize = 2048;
+/// Capacity of a root read buffer (a root is 26 bytes, a zset's 38; a
+/// small collection grows the buffer as it needs).
+pub(crate) const ROOT_READ_BYTES: usize = 64;
 /// First byte of a small set (insertion order).
 pub const SET_MAGIC: u8 = 0xB6;
 /// First byte of a small set of integers (ascending).
@@ -438,8 +441,9 @@ pub fn open<'e>(
     kind: Kind,
     limits: Limits,
 ) -> Result<Option<Coll<'e>>, CmdError> {
-    let mut buf = Vec::new();
+    let mut buf = take_buf(ROOT_READ_BYTES);
     let Some(m) = store.get_into(key, &mut buf)? else {
+        give_buf(buf);
         return Ok(None);
     };
     if m.flags != kind.flags() {
@@ -468,6 +472,7 @@ pub fn open<'e>(
         }
         _ => return Err(corrupt()),
     };
+    give_buf(buf);
     let stored_root = match &repr {
         Repr::Big { root, .. } => Some(*root),
         Repr::Small { .. } => None,
@@ -507,6 +512,18 @@ pub fn open_or_new<'e>(
             dirty: false,
         },
     })
+}
+
+impl Drop for Coll<'_> {
+    /// The buckets' buffers go back to the thread's pool for the next
+    /// command.
+    fn drop(&mut self) {
+        if let Repr::Big { cache, .. } = &mut self.repr {
+            for (_, (items, _)) in cache.drain() {
+                give_buf(items.into_bytes());
+            }
+        }
+    }
 }
 
 impl Coll<'_> {
@@ -552,11 +569,14 @@ impl Coll<'_> {
         match cache.entry(b) {
             Entry::Occupied(o) => Ok(o.into_mut()),
             Entry::Vacant(v) => {
-                let mut data = Vec::with_capacity(BUCKET_READ_BYTES);
+                let mut data = take_buf(BUCKET_READ_BYTES);
                 let items = match self.store.raw_get_into(&node_key(root.id, b), &mut data)? {
                     Some(_) => PairBuf::from_bytes(data, true)
                         .ok_or(CmdError::from("ERR corrupt collection node"))?,
-                    None => PairBuf::new(true),
+                    None => {
+                        give_buf(data);
+                        PairBuf::new(true)
+                    }
                 };
                 Ok(v.insert((items, false)))
             }

@@ -37,10 +37,11 @@ use nibble::{Condition, Expiry, PutOptions};
 
 use crate::coll::{
     decode_root, drop_nodes, encode_root, instance_key, new_id, node_key, put_node, Kind, Root,
+    ROOT_READ_BYTES,
 };
 use crate::commands::{is_race, CmdError, WRONGTYPE};
 use crate::engine::Engine;
-use crate::packed::PairBuf;
+use crate::packed::{give_buf, take_buf, PairBuf};
 use crate::types::LIST_FLAGS;
 
 /// Most elements a push puts in one chunk.
@@ -76,14 +77,16 @@ fn corrupt() -> CmdError {
 
 /// The list at `key`: `Ok(None)` if absent, WRONGTYPE for another type.
 pub fn open<'e>(store: &'e Engine, key: &[u8]) -> Result<Option<List<'e>>, CmdError> {
-    let mut buf = Vec::new();
+    let mut buf = take_buf(ROOT_READ_BYTES);
     let Some(m) = store.get_into(key, &mut buf)? else {
+        give_buf(buf);
         return Ok(None);
     };
     if m.flags != LIST_FLAGS {
         return Err(WRONGTYPE.into());
     }
     let (kind, root) = decode_root(&buf).ok_or_else(corrupt)?;
+    give_buf(buf);
     if kind != Kind::List {
         return Err(corrupt());
     }
@@ -121,6 +124,15 @@ pub fn open_or_new<'e>(store: &'e Engine, key: &[u8]) -> Result<List<'e>, CmdErr
     })
 }
 
+impl Drop for List<'_> {
+    /// The chunks' buffers go back to the thread's pool.
+    fn drop(&mut self) {
+        for (_, (items, _)) in self.cache.drain() {
+            give_buf(items.into_bytes());
+        }
+    }
+}
+
 impl List<'_> {
     /// Number of elements.
     pub fn len(&self) -> u64 {
@@ -142,7 +154,7 @@ impl List<'_> {
         match self.cache.entry(c) {
             Entry::Occupied(o) => Ok(o.into_mut()),
             Entry::Vacant(v) => {
-                let mut data = Vec::with_capacity(CHUNK_READ_BYTES);
+                let mut data = take_buf(CHUNK_READ_BYTES);
                 let items = match self
                     .store
                     .raw_get_into(&node_key(self.root.id, c), &mut data)?

@@ -48,6 +48,10 @@
 //! reason. Readers strip the room, so DUMP, RDB and replication never see
 //! it, and items written without room (older stores, the shared store,
 //! which is append-only and gets none) read the same.
+//!
+//! The buffers that roots, buckets and chunks are read into come from a
+//! small per-thread pool ([`take_buf`], [`give_buf`]): a collection write
+//! then pays no malloc/free pair per item it reads.
 
 use std::cmp::Ordering;
 
@@ -99,6 +103,45 @@ pub const NODE_ROOM_MAX_BYTES: usize = 1024;
 /// A bucket written at a new size gets `len / NODE_ROOM_DIVISOR` spare
 /// bytes (within the bounds above).
 const NODE_ROOM_DIVISOR: usize = 4;
+
+/// Read buffers a thread keeps for reuse (see [`take_buf`]).
+const POOL_BUFFERS: usize = 8;
+/// Larger buffers are freed, not kept.
+const POOL_MAX_BYTES: usize = 64 << 10;
+
+thread_local! {
+    static POOL: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// An empty buffer of at least `capacity` bytes for reading an item (a
+/// root, a bucket, a chunk): one the thread used before if it kept one,
+/// so a collection write does not pay a malloc and a free per item read.
+pub fn take_buf(capacity: usize) -> Vec<u8> {
+    let kept = POOL.with(|p| p.try_borrow_mut().ok().and_then(|mut p| p.pop()));
+    match kept {
+        Some(mut v) => {
+            v.reserve(capacity);
+            v
+        }
+        None => Vec::with_capacity(capacity),
+    }
+}
+
+/// Hand a buffer from [`take_buf`] back for reuse (up to
+/// [`POOL_BUFFERS`] per thread, none over [`POOL_MAX_BYTES`]).
+pub fn give_buf(mut v: Vec<u8>) {
+    if v.capacity() == 0 || v.capacity() > POOL_MAX_BYTES {
+        return;
+    }
+    v.clear();
+    POOL.with(|p| {
+        if let Ok(mut p) = p.try_borrow_mut() {
+            if p.len() < POOL_BUFFERS {
+                p.push(v);
+            }
+        }
+    });
+}
 
 /// What [`PairBuf::upsert`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -161,6 +204,11 @@ impl PairBuf {
     /// The pairs' bytes (without spare room).
     pub fn bytes(&self) -> &[u8] {
         &self.data
+    }
+
+    /// The buffer, for [`give_buf`].
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.data
     }
 
     /// The length to store the pairs with: the stored item's length while
