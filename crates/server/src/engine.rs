@@ -203,6 +203,18 @@ impl Engine {
         dispatch!(self, max_value_bytes())
     }
 
+    /// Whether a put of a value the size of the live one overwrites it in
+    /// place (the local store in Nibble-2 mode; the shared store is
+    /// append-only): then large collections' nodes are stored with spare
+    /// room (`crate::packed`), so most writes keep their size.
+    #[inline]
+    pub fn overwrites_in_place(&self) -> bool {
+        match self {
+            Engine::Local(s) => s.config().mode == nibble::Mode::Nibble2,
+            Engine::Shared(_) => false,
+        }
+    }
+
     /// Store `value` under `key` (no conditions); the new version.
     #[inline]
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<u64, Error> {

@@ -29,6 +29,29 @@
 //! Every constructor from bytes validates the whole buffer once (lengths
 //! in range, counts matching), so the accessors afterwards index only
 //! inside it; a corrupt item is reported as `None`, never a panic.
+//!
+//! # Room to grow: buckets and chunks overwritten in place
+//!
+//! A `PairBuf` item may end in zero bytes after its last pair: spare room
+//! ([`PairBuf::write_with`]). Nibble-2 (dissertation §6.2) overwrites an
+//! item in place when the new value has the size of the old one; without
+//! room, every insert into a bucket (or push onto a list chunk) changes
+//! its size, so the engine appends a whole new copy of the bucket to the
+//! log and leaves the old one for compaction: about a kilobyte of log and
+//! a kilobyte of compaction work per element written. With room, a
+//! bucket written at a new size gets `len / NODE_ROOM_DIVISOR` spare
+//! bytes (at least [`NODE_ROOM_MIN_BYTES`], at most
+//! [`NODE_ROOM_MAX_BYTES`]), and later writes keep the item's size while
+//! the pairs fit in it and fill at least half of it: the put is an
+//! in-place overwrite (no append, no garbage, no index swap). This is
+//! the free space Redis's listpacks and a slotted page keep for the same
+//! reason. Readers strip the room, so DUMP, RDB and replication never see
+//! it, and items written without room (older stores, the shared store,
+//! which is append-only and gets none) read the same.
+//!
+//! The buffers that roots, buckets and chunks are read into come from a
+//! small per-thread pool ([`take_buf`], [`give_buf`]): a collection write
+//! then pays no malloc/free pair per item it reads.
 
 use std::cmp::Ordering;
 
@@ -73,11 +96,72 @@ fn replace_range(v: &mut Vec<u8>, start: usize, end: usize, with: &[u8]) {
     v[start..start + new].copy_from_slice(with);
 }
 
+/// Least spare room a bucket or chunk written at a new size gets.
+pub const NODE_ROOM_MIN_BYTES: usize = 64;
+/// Most spare room a bucket or chunk written at a new size gets.
+pub const NODE_ROOM_MAX_BYTES: usize = 1024;
+/// A bucket written at a new size gets `len / NODE_ROOM_DIVISOR` spare
+/// bytes (within the bounds above).
+const NODE_ROOM_DIVISOR: usize = 4;
+
+/// Read buffers a thread keeps for reuse (see [`take_buf`]).
+const POOL_BUFFERS: usize = 8;
+/// Larger buffers are freed, not kept.
+const POOL_MAX_BYTES: usize = 64 << 10;
+
+thread_local! {
+    static POOL: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// An empty buffer of at least `capacity` bytes for reading an item (a
+/// root, a bucket, a chunk): one the thread used before if it kept one,
+/// so a collection write does not pay a malloc and a free per item read.
+pub fn take_buf(capacity: usize) -> Vec<u8> {
+    let kept = POOL.with(|p| p.try_borrow_mut().ok().and_then(|mut p| p.pop()));
+    match kept {
+        Some(mut v) => {
+            v.reserve(capacity);
+            v
+        }
+        None => Vec::with_capacity(capacity),
+    }
+}
+
+/// Hand a buffer from [`take_buf`] back for reuse (up to
+/// [`POOL_BUFFERS`] per thread, none over [`POOL_MAX_BYTES`]).
+pub fn give_buf(mut v: Vec<u8>) {
+    if v.capacity() == 0 || v.capacity() > POOL_MAX_BYTES {
+        return;
+    }
+    v.clear();
+    POOL.with(|p| {
+        if let Ok(mut p) = p.try_borrow_mut() {
+            if p.len() < POOL_BUFFERS {
+                p.push(v);
+            }
+        }
+    });
+}
+
+/// What [`PairBuf::upsert`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Upserted {
+    /// The element was absent: added.
+    New,
+    /// The element was present with another value: replaced.
+    Changed,
+    /// The element was present with this value: nothing to write.
+    Unchanged,
+}
+
 /// A bucket of (element, value) pairs in its item's encoding.
 #[derive(Clone, Debug)]
 pub struct PairBuf {
+    /// The pairs' bytes, without the item's spare room.
     data: Vec<u8>,
     values: bool,
+    /// Length of the stored item, spare room included (0: not stored).
+    stored_bytes: usize,
 }
 
 impl PairBuf {
@@ -86,11 +170,13 @@ impl PairBuf {
         PairBuf {
             data: vec![0; 4],
             values,
+            stored_bytes: 0,
         }
     }
 
-    /// Take an item's bytes as a bucket; `None` if they are not one.
-    pub fn from_bytes(data: Vec<u8>, values: bool) -> Option<PairBuf> {
+    /// Take an item's bytes as a bucket (spare room, zero bytes after the
+    /// last pair, allowed and stripped); `None` if they are not one.
+    pub fn from_bytes(mut data: Vec<u8>, values: bool) -> Option<PairBuf> {
         let n = data.get(..4).map(|_| u32_at(&data, 0))?;
         let mut at = 4usize;
         for _ in 0..n {
@@ -103,12 +189,66 @@ impl PairBuf {
                     .filter(|&e| e <= data.len() && at + 4 <= data.len())?;
             }
         }
-        (at == data.len()).then_some(PairBuf { data, values })
+        if data[at..].iter().any(|&b| b != 0) {
+            return None;
+        }
+        let stored_bytes = data.len();
+        data.truncate(at);
+        Some(PairBuf {
+            data,
+            values,
+            stored_bytes,
+        })
     }
 
-    /// The item's bytes.
+    /// The pairs' bytes (without spare room).
     pub fn bytes(&self) -> &[u8] {
         &self.data
+    }
+
+    /// The buffer, for [`give_buf`].
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.data
+    }
+
+    /// The length to store the pairs with: the stored item's length while
+    /// they fit it and fill at least half of it, else their length plus
+    /// fresh room; just their length without `room` or when that would
+    /// pass `max_bytes`.
+    fn stored_len(&self, room: bool, max_bytes: usize) -> usize {
+        let len = self.data.len();
+        if !room {
+            return len;
+        }
+        if len <= self.stored_bytes && len >= self.stored_bytes / 2 {
+            return self.stored_bytes;
+        }
+        let with_room =
+            len + (len / NODE_ROOM_DIVISOR).clamp(NODE_ROOM_MIN_BYTES, NODE_ROOM_MAX_BYTES);
+        if with_room > max_bytes {
+            len
+        } else {
+            with_room
+        }
+    }
+
+    /// Call `write` with the bytes to store: the pairs, then (with `room`)
+    /// zero bytes up to [`stored_len`](PairBuf::stored_len), so that a
+    /// write that keeps the item's size is an in-place overwrite. The
+    /// buffer is the pairs alone again afterwards.
+    pub fn write_with<R>(
+        &mut self,
+        room: bool,
+        max_bytes: usize,
+        write: impl FnOnce(&[u8]) -> R,
+    ) -> R {
+        let len = self.data.len();
+        let stored = self.stored_len(room, max_bytes);
+        self.data.resize(stored, 0);
+        let r = write(&self.data);
+        self.data.truncate(len);
+        self.stored_bytes = stored;
+        r
     }
 
     /// Number of pairs.
@@ -134,13 +274,28 @@ impl PairBuf {
         }
     }
 
+    /// The span (start, value start, end) of `e`'s pair. The hot loop of
+    /// every lookup: it walks the length fields and compares only pairs
+    /// of `e`'s length whose last byte matches (elements often share a
+    /// prefix, `element:0000…`), so most pairs cost no `memcmp` call.
     fn find(&self, e: &[u8]) -> Option<(usize, usize, usize)> {
-        let mut it = self.iter();
-        while let Some((start, a, _)) = it.next_span() {
-            if a == e {
-                let vstart = start + 4 + a.len();
-                return Some((start, vstart, it.at));
+        let d = &self.data[..];
+        let mut at = 4usize;
+        for _ in 0..self.len() {
+            let l = u32_at(d, at) as usize;
+            let vstart = at + 4 + l;
+            let end = if self.values {
+                vstart + 4 + u32_at(d, vstart) as usize
+            } else {
+                vstart
+            };
+            if l == e.len()
+                && (l == 0 || d.get(vstart - 1) == e.last())
+                && d.get(at + 4..vstart) == Some(e)
+            {
+                return Some((at, vstart, end));
             }
+            at = end;
         }
         None
     }
@@ -155,26 +310,26 @@ impl PairBuf {
         }
     }
 
-    /// Set `e` to `v` (a value of the same length is patched in place);
-    /// true if `e` is new.
-    pub fn upsert(&mut self, e: &[u8], v: &[u8]) -> bool {
+    /// Set `e` to `v` (a value of the same length is patched in place).
+    pub fn upsert(&mut self, e: &[u8], v: &[u8]) -> Upserted {
         match self.find(e) {
             Some((_, vstart, end)) => {
-                if self.values {
-                    if end - vstart - 4 == v.len() {
-                        self.data[vstart + 4..end].copy_from_slice(v);
-                    } else {
-                        let mut enc = Vec::with_capacity(4 + v.len());
-                        enc.extend_from_slice(&(v.len() as u32).to_le_bytes());
-                        enc.extend_from_slice(v);
-                        replace_range(&mut self.data, vstart, end, &enc);
-                    }
+                if !self.values || &self.data[vstart + 4..end] == v {
+                    return Upserted::Unchanged;
                 }
-                false
+                if end - vstart - 4 == v.len() {
+                    self.data[vstart + 4..end].copy_from_slice(v);
+                } else {
+                    let mut enc = Vec::with_capacity(4 + v.len());
+                    enc.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                    enc.extend_from_slice(v);
+                    replace_range(&mut self.data, vstart, end, &enc);
+                }
+                Upserted::Changed
             }
             None => {
                 self.push(e, v);
-                true
+                Upserted::New
             }
         }
     }
@@ -597,8 +752,13 @@ mod tests {
                 match o {
                     Op::Upsert(e, v) => {
                         let v = if values { member(v) } else { Vec::new() };
-                        let new = b.upsert(&member(e), &v);
-                        prop_assert_eq!(new, model.insert(member(e), v).is_none());
+                        let did = b.upsert(&member(e), &v);
+                        let want = match model.insert(member(e), v.clone()) {
+                            None => Upserted::New,
+                            Some(old) if old == v => Upserted::Unchanged,
+                            Some(_) => Upserted::Changed,
+                        };
+                        prop_assert_eq!(did, want);
                     }
                     Op::Remove(e) => prop_assert_eq!(b.remove(&member(e)), model.remove(&member(e)).is_some()),
                     Op::Split(e) => {
@@ -715,6 +875,50 @@ mod tests {
             let got: Vec<Vec<u8>> = back.iter().map(|(a, _)| a.to_vec()).collect();
             prop_assert_eq!(got, model.into_iter().collect::<Vec<_>>());
         }
+    }
+
+    /// Spare room: inserts keep the stored size until the pairs outgrow
+    /// it, a bucket that shrinks below half of it is stored smaller, the
+    /// padded bytes read back as the same pairs, and without room (or
+    /// past the engine's largest value) the pairs are stored as they are.
+    #[test]
+    fn spare_room_keeps_the_stored_size() {
+        let mut b = PairBuf::new(true);
+        b.push(b"first", b"1");
+        let stored = |b: &mut PairBuf, room: bool, max: usize| {
+            b.write_with(room, max, |bytes: &[u8]| bytes.to_vec())
+        };
+        let first = stored(&mut b, true, usize::MAX);
+        assert_eq!(first.len(), b.bytes().len() + NODE_ROOM_MIN_BYTES);
+        assert!(first[b.bytes().len()..].iter().all(|&x| x == 0));
+        let mut sizes = vec![first.len()];
+        for i in 0..40u32 {
+            b.push(format!("element:{i:012}").as_bytes(), b"xxx");
+            let s = stored(&mut b, true, usize::MAX);
+            assert!(s.len() >= b.bytes().len());
+            let back = PairBuf::from_bytes(s.clone(), true).expect("valid");
+            assert_eq!(back.bytes(), b.bytes());
+            sizes.push(s.len());
+        }
+        // Most inserts kept the stored size (in-place overwrites).
+        let same = sizes.windows(2).filter(|w| w[0] == w[1]).count();
+        assert!(same >= 30, "sizes {sizes:?}");
+        let big = *sizes.last().expect("sizes");
+        for i in 0..35u32 {
+            b.remove(format!("element:{i:012}").as_bytes());
+        }
+        let small = stored(&mut b, true, usize::MAX).len();
+        assert!(small < big / 2 + NODE_ROOM_MAX_BYTES && small < big);
+        assert_eq!(stored(&mut b, false, usize::MAX).len(), b.bytes().len());
+        let exact = b.bytes().len();
+        b.push(b"one more", b"v");
+        assert_eq!(stored(&mut b, true, exact + 20).len(), b.bytes().len());
+        // Room that is not zeros is corruption.
+        let mut fresh = PairBuf::new(true);
+        fresh.push(b"k", b"v");
+        let mut bad = stored(&mut fresh, true, usize::MAX);
+        *bad.last_mut().expect("room") = 1;
+        assert!(PairBuf::from_bytes(bad, true).is_none());
     }
 
     #[test]

@@ -891,7 +891,7 @@ impl ZSet<'_> {
                     if items.is_empty() {
                         store.raw_delete(&k)?;
                     } else {
-                        store.raw_put_with(&k, items.bytes(), PutOptions::default())?;
+                        crate::coll::put_node(store, &k, items)?;
                     }
                     *dirty = false;
                 }

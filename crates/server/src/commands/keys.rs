@@ -22,7 +22,7 @@ use crate::types::{is_collection, type_name};
 pub fn del(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     let mut n = 0;
     for k in &a[1..] {
-        // A large collection's nodes go with its root (O(n / 32) items).
+        // A large collection's nodes go with its root (O(n / 16) items).
         if coll::delete_key(&ctx.shared.store, k)? {
             n += 1;
         }

@@ -20,10 +20,7 @@ pub fn sadd(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     let n = coll::modify(ctx.shared, a[1], Kind::Set, |c| {
         let mut n = 0;
         for m in &a[2..] {
-            if !c.contains(m)? {
-                c.insert(m, b"")?;
-                n += 1;
-            }
+            n += i64::from(c.insert(m, b"")?);
         }
         Ok(n)
     })?;
