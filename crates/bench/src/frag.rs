@@ -30,10 +30,10 @@
 //! out of it, and only what is touched counts in RSS. When an insert fails
 //! with out-of-memory, the store is compacted (`compact_now`) and the
 //! insert retried once; if it fails again the phase stops and the row says
-//! `completed = false` and why. Small objects do not fit: Nibble's object
-//! header is 18 bytes, which for 64-byte objects with 16-byte keys is 23 %
-//! more than the client's data, and the index's budget (6.2 % of the capacity) bounds the
-//! number of objects.
+//! `completed = false` and why. Small objects barely fit: Nibble's object
+//! header is 14 bytes, which for 64-byte objects with 16-byte keys is 22 %
+//! more than the client's data, and the index, sized for the most keys
+//! the store has held, adds 8.5 bytes per slot.
 //!
 //! Before RSS is read every system gets the idle-time cleanup a long-running
 //! service would do (`Kv::trim`): glibc `malloc_trim(0)`, jemalloc
@@ -360,7 +360,7 @@ pub fn run(o: &FragOpts, rep: &mut Reporter) -> std::io::Result<()> {
              (size - 16) B value. Each (system, pair, run) in a fresh process, {} at a time (secs: wall time of a cell, under that load); rss_bytes = VmRSS at the end (the \
              process's own ~few MiB included); bloat = rss / live, median of {} runs [min, max]. Nibble capacity \
              {:.0} MiB (1.5 x target); on out-of-memory: compact_now, retry once, else stop (completed = NO). \
-             nibble_live_bytes: the store's own count (18 B object headers included; 20-24 B with flags or capacity slack).",
+             nibble_live_bytes: the store's own count (14 B object headers included; 16-24 B with flags, capacity slack or long lengths).",
             o.target_bytes as f64 / (1u64 << 20) as f64,
             o.jobs,
             o.repeat,

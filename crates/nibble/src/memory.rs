@@ -51,8 +51,10 @@
 //! Accessed bits (cache mode, Segcache §4.3). Once a store may evict,
 //! [`Memory::track_access`] allocates one bit per [`ACCESS_GRANULE_BYTES`]
 //! of pool (0.8 % of the pool; nothing at all under `noeviction`): no two
-//! objects start in one granule, since an object is at least an 18-byte
-//! header. GET sets the bit of the object it read only if it is not set
+//! objects start in one granule unless one of them has fewer than 2 key
+//! and value bytes (an object is a 14-byte header and its key and value);
+//! then a read of either marks both, which costs eviction only precision.
+//! GET sets the bit of the object it read only if it is not set
 //! already (a plain load first), so a hot object's line is written once
 //! per eviction round, not once per read; merge eviction keeps the objects
 //! whose bit is set. A block's bits are cleared when it is taken into a

@@ -3,24 +3,36 @@
 //! An object is a header followed by the key and the value, written
 //! back-to-back into a segment with no alignment (so a scan can walk a
 //! segment header by header). The paper's header is a 32-bit length plus a
-//! 64-bit key; ours carries what a server needs. It is 18 bytes for the
-//! common object and grows by a slot for each optional field the object
-//! carries, because at 256-byte objects every header byte is 0.4 % of
-//! memory bloat:
+//! 64-bit key; ours carries what a server needs. It is 14 bytes for the
+//! common object (a key below 256 bytes, a value below 1 MiB) and grows by
+//! a slot for each optional field the object carries, because with small
+//! values the header is the largest cost after the data itself (at 16-byte
+//! values and 14-byte keys every header byte is 2 % of a key's memory; the
+//! per-key breakdown is in `docs/BENCHMARKS.md`, "Small objects"):
 //!
 //! ```text
-//!  0         2                 6               12              18
-//!  | key_len | value_len + ext | version (u48) | expiry (u48)  | [flags u32] | [cap_slack u16] | key … | value … (value_cap bytes)
+//!  0             4               8              14
+//!  | shape (u32) | version (u32) | expiry (u48)  | [long u32] | [flags u32] | [cap_slack u16] | key … | value … (value_cap bytes)
 //! ```
 //!
-//! * `key_len` (u16): keys are 0 to 65 535 bytes (Redis allows the empty key).
-//! * `value_len` (low 30 bits of a u32; values are below 1 GiB, see
-//!   [`MAX_VALUE_BYTES`]). The top two bits (`ext`) say which slots follow:
-//!   bit 30 a 4-byte `flags` slot (memcached's opaque client flags), bit 31
-//!   a 2-byte `cap_slack` slot.
-//! * `version` (48 bits) changes on every modification (memcached CAS,
-//!   Redis WATCH): the TSC divided by 1024, or the old version plus one if
-//!   that is not larger (see [`next_version`]).
+//! * `shape` (u32): bits 0-7 the key length's low byte, bits 8-27 the
+//!   value length's low 20 bits, and three bits that say which slots
+//!   follow: bit 28 a 4-byte `flags` slot (memcached's opaque client
+//!   flags), bit 29 a 2-byte `cap_slack` slot, bit 30 a 4-byte `long` slot
+//!   holding the high bits (bits 0-7 the key length's high byte, bits 8-17
+//!   the value length's bits 20-29). An object has the long slot when its
+//!   key is longer than 255 bytes or its value capacity is 1 MiB or more,
+//!   so keys are 0 to 65 535 bytes (Redis allows the empty key) and values
+//!   below 1 GiB ([`MAX_VALUE_BYTES`]); the slot costs big objects 4
+//!   bytes, well under 0.001 % of them.
+//! * `version` (u32) changes on every modification (memcached CAS, Redis
+//!   WATCH): the TSC divided by 1024, cut to 32 bits, or the old version
+//!   plus one if that is not later (see [`next_log_version`]). 32 bits
+//!   wrap every ~25 minutes of a 3 GHz TSC, so versions increase per key
+//!   only between wraps; what CAS and WATCH need is that a modification
+//!   never leaves the version it found, which holds at a wrap too. A stale
+//!   CAS token can match again only if a later object of the same key
+//!   lands on the same 1024-cycle tick modulo 2^42 cycles.
 //! * `expiry` (low 47 bits of a 48-bit field) is a Unix time in
 //!   milliseconds (good until the year 6429), 0 for none. Every object has
 //!   it, so a TTL can always be set in place, even on a full store (Redis
@@ -41,17 +53,20 @@
 //! The layout (`key_len`, `value_cap`, which slots exist) never changes
 //! after the append, so the key and value stay where a scan expects them;
 //! the rest (`value_len` within the capacity, version, expiry, flags) may
-//! change only under the object's bucket lock.
-//!
-//! The shared store (`nibblejmp`) keeps the earlier fixed 24-byte layout
-//! ([`Header::encode_wide`]), in which the expiry is one atomic word at a
-//! fixed offset that another process may update.
+//! change only under the object's bucket lock. The in-memory log has no
+//! per-object checksum: it is not a durable format (the server's AOF and
+//! RDB files carry their own), and the shared store that is one
+//! (`nibblejmp`) keeps the earlier fixed 24-byte layout
+//! ([`Header::encode_wide`], 48-bit versions from [`next_version`]), in
+//! which the expiry is one atomic word at a fixed offset that another
+//! process may update, plus its own CRC per object.
 
-/// Bytes of the header of an object with neither optional slot.
-pub const HEADER_MIN_BYTES: usize = 18;
+/// Bytes of the header of an object with no optional slot.
+pub const HEADER_MIN_BYTES: usize = 14;
 
-/// Bytes of the largest header (both slots).
-pub const HEADER_MAX_BYTES: usize = HEADER_MIN_BYTES + FLAGS_SLOT_BYTES + SLACK_SLOT_BYTES;
+/// Bytes of the largest header (all three slots).
+pub const HEADER_MAX_BYTES: usize =
+    HEADER_MIN_BYTES + LONG_SLOT_BYTES + FLAGS_SLOT_BYTES + SLACK_SLOT_BYTES;
 
 /// Bytes of the fixed layout used by `nibblejmp` ([`Header::encode_wide`]).
 pub const WIDE_HEADER_BYTES: usize = 24;
@@ -59,22 +74,39 @@ pub const WIDE_HEADER_BYTES: usize = 24;
 /// Values are shorter than this: `value_len` has 30 bits in the header.
 pub const MAX_VALUE_BYTES: usize = (1 << 30) - 1;
 
+/// Bytes of the optional long slot (the lengths' high bits).
+const LONG_SLOT_BYTES: usize = 4;
 /// Bytes of the optional flags slot.
 const FLAGS_SLOT_BYTES: usize = 4;
 /// Bytes of the optional capacity-slack slot.
 const SLACK_SLOT_BYTES: usize = 2;
-/// `value_len` word bit: a flags slot follows the base header.
-const EXT_FLAGS: u32 = 1 << 30;
-/// `value_len` word bit: a slack slot follows (after the flags slot).
-const EXT_SLACK: u32 = 1 << 31;
-/// The length bits of the `value_len` word.
+/// Bits of the key length held in the shape word.
+const SHAPE_KEY_BITS: u32 = 8;
+/// Bits of the value length held in the shape word.
+const SHAPE_VALUE_BITS: u32 = 20;
+/// Shape word bit: a flags slot follows the base header.
+const EXT_FLAGS: u32 = 1 << 28;
+/// Shape word bit: a slack slot follows (after the flags slot).
+const EXT_SLACK: u32 = 1 << 29;
+/// Shape word bit: a long slot follows the base header (first).
+const EXT_LONG: u32 = 1 << 30;
+/// Keys longer than this need the long slot.
+const SHORT_KEY_MAX_BYTES: u32 = (1 << SHAPE_KEY_BITS) - 1;
+/// Value capacities above this need the long slot.
+const SHORT_VALUE_MAX_BYTES: u32 = (1 << SHAPE_VALUE_BITS) - 1;
+
+/// The 30 bits of a value length.
 const VALUE_LEN_MASK: u32 = (1 << 30) - 1;
 
 /// Largest `value_cap - value_len` a header can record.
 pub const MAX_CAP_SLACK_BYTES: u32 = u16::MAX as u32;
 
-/// Versions and expiry times are 48-bit fields.
+/// Versions and expiry times of the wide layout are 48-bit fields.
 pub const FIELD48_MASK: u64 = (1 << 48) - 1;
+
+/// The largest version of the log's header (32 bits); see
+/// [`DEAD_VERSION`].
+const LOG_VERSION_MASK: u64 = u32::MAX as u64;
 
 /// The latest expiry a header records (Unix ms, 47 bits: the year 6429);
 /// the expiry field's top bit is the pinned mark ([`PINNED_BIT`]).
@@ -85,34 +117,53 @@ const PINNED_BIT: u64 = 1 << 47;
 
 /// The version field of an object the index no longer points at (see
 /// [`DEAD_MARK`]); no live object has it.
-pub const DEAD_VERSION: u64 = FIELD48_MASK;
+pub const DEAD_VERSION: u64 = LOG_VERSION_MASK;
 
 /// Byte offset of the version field in the store's header (the wide layout
 /// of `nibblejmp` has it at 12 and never carries the dead mark).
-pub const VERSION_OFFSET: usize = 6;
+pub const VERSION_OFFSET: usize = 4;
+
+/// Byte offset of the expiry field in the store's header.
+const EXPIRY_OFFSET: usize = 8;
 
 /// Written over the version of an object once the index stops pointing at
 /// it (overwritten elsewhere or deleted), by the writer that unlinked it
 /// while its epoch guard keeps the segment from reuse. Compaction skips a
 /// marked object without hashing its key or probing the index; a missing
 /// mark (a torn read, or an object unlinked by compaction itself) only
-/// costs it that probe. Six bytes of 0xFF read back as [`DEAD_VERSION`]
+/// costs it that probe. Four bytes of 0xFF read back as [`DEAD_VERSION`]
 /// only if the mark was written: every live version is below it.
-pub const DEAD_MARK: [u8; 6] = [0xFF; 6];
+pub const DEAD_MARK: [u8; 4] = [0xFF; 4];
 
-/// The version after `old`: increasing per key, from the TSC where it can,
-/// and always below [`DEAD_VERSION`].
+/// The version after `old` in the wide layout of `nibblejmp` (48 bits):
+/// increasing per key, from the TSC where it can, and below 2^48 - 1.
 #[inline]
 pub fn next_version(old: u64) -> u64 {
-    live_version((topology::rdtsc() >> 10).max(old + 1))
+    ((topology::rdtsc() >> 10).max(old + 1) & FIELD48_MASK).min(FIELD48_MASK - 1)
 }
 
-/// `v` as a live object's version: 48 bits, below [`DEAD_VERSION`] (a key
-/// modified 2^48 times keeps the last version, a CAS hazard nobody lives
-/// to see).
+/// The version after `old` in the log's header (32 bits): the TSC tick if
+/// it is later than `old` (modulo 2^32), else `old + 1`; never `old`, 0 or
+/// [`DEAD_VERSION`]. `next_log_version(0)` is a new key's version.
 #[inline]
-pub fn live_version(v: u64) -> u64 {
-    (v & FIELD48_MASK).min(DEAD_VERSION - 1)
+pub fn next_log_version(old: u64) -> u64 {
+    log_version_after((topology::rdtsc() >> 10) & LOG_VERSION_MASK, old)
+}
+
+/// `cand` if it is later than `old` modulo 2^32 (serial-number order), else
+/// `old + 1`; skipping 0 and [`DEAD_VERSION`], so never equal to `old`.
+#[inline]
+pub fn log_version_after(cand: u64, old: u64) -> u64 {
+    let (c, o) = (cand as u32, old as u32);
+    let mut v = if (c.wrapping_sub(o) as i32) > 0 {
+        c
+    } else {
+        o.wrapping_add(1)
+    };
+    while v == 0 || v as u64 == DEAD_VERSION || v == o {
+        v = v.wrapping_add(1);
+    }
+    v as u64
 }
 
 /// The decoded header.
@@ -126,7 +177,7 @@ pub struct Header {
     pub value_cap: u32,
     /// Opaque client flags (0 when the object has no flags slot).
     pub flags: u32,
-    /// Modification version (48 bits).
+    /// Modification version (32 bits in the log, 48 in the wide layout).
     pub version: u64,
     /// Unix time in ms at which the object expires; 0 = never (48 bits).
     pub expiry_ms: u64,
@@ -138,7 +189,8 @@ pub struct Header {
     pub pinned: bool,
 }
 
-/// A header encoded for the log: [`EncodedHeader::as_bytes`] is 16 to
+/// A header encoded for the log: [`EncodedHeader::as_bytes`] is
+/// [`HEADER_MIN_BYTES`] to
 /// [`HEADER_MAX_BYTES`] bytes.
 #[derive(Clone, Copy, Debug)]
 pub struct EncodedHeader {
@@ -183,8 +235,17 @@ impl Header {
     #[inline]
     pub fn header_bytes(&self) -> usize {
         HEADER_MIN_BYTES
+            + if self.long_slot() { LONG_SLOT_BYTES } else { 0 }
             + if self.flags_slot { FLAGS_SLOT_BYTES } else { 0 }
             + if self.slack_slot { SLACK_SLOT_BYTES } else { 0 }
+    }
+
+    /// Whether the object has the long slot: its key or its value
+    /// capacity does not fit the shape word (layout; fixed at the append,
+    /// as both are).
+    #[inline]
+    pub fn long_slot(&self) -> bool {
+        self.key_len > SHORT_KEY_MAX_BYTES || self.value_cap > SHORT_VALUE_MAX_BYTES
     }
 
     /// Total bytes the object occupies in the log.
@@ -223,21 +284,31 @@ impl Header {
         debug_assert!(self.value_cap - self.value_len <= MAX_CAP_SLACK_BYTES);
         debug_assert!(self.fits_flags(self.flags));
         let mut b = [0u8; HEADER_MAX_BYTES];
-        let key = self.key_len.min(u16::MAX as u32) as u16;
-        let mut len_word = self.value_len & VALUE_LEN_MASK;
+        let key = self.key_len.min(u16::MAX as u32);
+        let value = self.value_len & VALUE_LEN_MASK;
+        let long = self.long_slot();
+        let mut shape =
+            (key & SHORT_KEY_MAX_BYTES) | (value & SHORT_VALUE_MAX_BYTES) << SHAPE_KEY_BITS;
         if self.flags_slot {
-            len_word |= EXT_FLAGS;
+            shape |= EXT_FLAGS;
         }
         if self.slack_slot {
-            len_word |= EXT_SLACK;
+            shape |= EXT_SLACK;
         }
-        b[0..2].copy_from_slice(&key.to_le_bytes());
-        b[2..6].copy_from_slice(&len_word.to_le_bytes());
-        b[VERSION_OFFSET..VERSION_OFFSET + 6]
-            .copy_from_slice(&(self.version & FIELD48_MASK).to_le_bytes()[..6]);
+        if long {
+            shape |= EXT_LONG;
+        }
+        b[0..4].copy_from_slice(&shape.to_le_bytes());
+        let version = (self.version & LOG_VERSION_MASK) as u32;
+        b[VERSION_OFFSET..VERSION_OFFSET + 4].copy_from_slice(&version.to_le_bytes());
         let expiry = self.expiry_ms.min(MAX_EXPIRY_MS) | if self.pinned { PINNED_BIT } else { 0 };
-        b[12..18].copy_from_slice(&expiry.to_le_bytes()[..6]);
+        b[EXPIRY_OFFSET..EXPIRY_OFFSET + 6].copy_from_slice(&expiry.to_le_bytes()[..6]);
         let mut at = HEADER_MIN_BYTES;
+        if long {
+            let high = key >> SHAPE_KEY_BITS | (value >> SHAPE_VALUE_BITS) << SHAPE_KEY_BITS;
+            b[at..at + LONG_SLOT_BYTES].copy_from_slice(&high.to_le_bytes());
+            at += LONG_SLOT_BYTES;
+        }
         if self.flags_slot {
             b[at..at + FLAGS_SLOT_BYTES].copy_from_slice(&self.flags.to_le_bytes());
             at += FLAGS_SLOT_BYTES;
@@ -254,32 +325,51 @@ impl Header {
     }
 
     /// Decode the first [`HEADER_MIN_BYTES`] of a log header. Returns the
-    /// header and how many slot bytes follow (0 to 6), which the caller
-    /// reads and hands to [`Header::decode_slots`].
+    /// header and how many slot bytes follow (0 to 10), which the caller
+    /// reads and hands to [`Header::decode_slots`]; until then the lengths
+    /// hold only their low bits if the object has the long slot.
     #[inline]
     pub fn decode_base(b: &[u8; HEADER_MIN_BYTES]) -> (Header, usize) {
-        let len_word = u32_at(b, 2);
-        let value_len = len_word & VALUE_LEN_MASK;
-        let expiry = u48_at(b, 12);
+        let shape = u32_at(b, 0);
+        let value_len = (shape >> SHAPE_KEY_BITS) & SHORT_VALUE_MAX_BYTES;
+        let expiry = u48_at(b, EXPIRY_OFFSET);
         let h = Header {
-            key_len: u16_at(b, 0) as u32,
+            key_len: shape & SHORT_KEY_MAX_BYTES,
             value_len,
             value_cap: value_len,
             flags: 0,
-            version: u48_at(b, VERSION_OFFSET),
+            version: u32_at(b, VERSION_OFFSET) as u64,
             expiry_ms: expiry & MAX_EXPIRY_MS,
-            flags_slot: len_word & EXT_FLAGS != 0,
-            slack_slot: len_word & EXT_SLACK != 0,
+            flags_slot: shape & EXT_FLAGS != 0,
+            slack_slot: shape & EXT_SLACK != 0,
             pinned: expiry & PINNED_BIT != 0,
         };
-        let slots = h.header_bytes() - HEADER_MIN_BYTES;
+        let slots = if shape & EXT_LONG != 0 {
+            LONG_SLOT_BYTES
+        } else {
+            0
+        } + if h.flags_slot { FLAGS_SLOT_BYTES } else { 0 }
+            + if h.slack_slot { SLACK_SLOT_BYTES } else { 0 };
         (h, slots)
     }
 
-    /// Fill the slot fields from the bytes after the base header.
+    /// Fill the slot fields from the `slots` bytes after the base header
+    /// ([`Header::decode_base`]'s count, which says whether the long slot
+    /// is there: it is the one slot whose bit the header keeps no field
+    /// for).
     #[inline]
     pub fn decode_slots(&mut self, b: &[u8]) {
         let mut at = 0;
+        let fixed = if self.flags_slot { FLAGS_SLOT_BYTES } else { 0 }
+            + if self.slack_slot { SLACK_SLOT_BYTES } else { 0 };
+        if b.len() >= fixed + LONG_SLOT_BYTES {
+            let high = u32_at(b, 0);
+            self.key_len |= (high & SHORT_KEY_MAX_BYTES) << SHAPE_KEY_BITS;
+            self.value_len |= (high >> SHAPE_KEY_BITS) << SHAPE_VALUE_BITS;
+            self.value_len &= VALUE_LEN_MASK;
+            self.value_cap = self.value_len;
+            at += LONG_SLOT_BYTES;
+        }
         if self.flags_slot {
             self.flags = u32_at(b, at);
             at += FLAGS_SLOT_BYTES;
@@ -414,7 +504,7 @@ mod tests {
             value_len: 10,
             value_cap: 10 + 65535,
             flags: 0xdead_beef,
-            version: FIELD48_MASK - 3,
+            version: u32::MAX as u64 - 3,
             expiry_ms: 1_700_000_000_000,
             flags_slot: true,
             slack_slot: true,
@@ -425,25 +515,44 @@ mod tests {
     #[test]
     fn header_round_trips_in_every_layout() {
         let h = full();
-        for (flags_slot, slack_slot, bytes) in [
-            (false, false, 18),
-            (true, false, 22),
-            (false, true, 20),
-            (true, true, 24),
+        for (key_len, value_len, long) in [
+            (65535, 10, true),
+            (255, SHORT_VALUE_MAX_BYTES, false),
+            (256, 0, true),
+            (0, SHORT_VALUE_MAX_BYTES + 1, true),
+            (3, MAX_VALUE_BYTES as u32 - 65535, true),
         ] {
-            let h = Header {
-                flags: if flags_slot { h.flags } else { 0 },
-                value_cap: if slack_slot { h.value_cap } else { h.value_len },
-                flags_slot,
-                slack_slot,
-                ..h
-            };
-            let e = h.encode();
-            assert_eq!(e.as_bytes().len(), bytes);
-            assert_eq!(h.header_bytes(), bytes);
-            assert_eq!(Header::decode(e.as_bytes()), Some(h));
-            assert_eq!(Header::decode(&e.as_bytes()[..bytes - 1]), None);
-            assert_eq!(h.object_bytes(), bytes + 65535 + h.value_cap as usize);
+            for (flags_slot, slack_slot, slots) in [
+                (false, false, 0),
+                (true, false, 4),
+                (false, true, 2),
+                (true, true, 6),
+            ] {
+                let slack = if slack_slot { 65535 } else { 0 };
+                let h = Header {
+                    key_len,
+                    value_len,
+                    flags: if flags_slot { h.flags } else { 0 },
+                    value_cap: value_len + slack,
+                    flags_slot,
+                    slack_slot,
+                    ..h
+                };
+                let bytes = HEADER_MIN_BYTES + slots + if h.long_slot() { 4 } else { 0 };
+                assert_eq!(
+                    h.long_slot(),
+                    long || value_len + slack > SHORT_VALUE_MAX_BYTES
+                );
+                let e = h.encode();
+                assert_eq!(e.as_bytes().len(), bytes);
+                assert_eq!(h.header_bytes(), bytes);
+                assert_eq!(Header::decode(e.as_bytes()), Some(h));
+                assert_eq!(Header::decode(&e.as_bytes()[..bytes - 1]), None);
+                assert_eq!(
+                    h.object_bytes(),
+                    bytes + key_len as usize + h.value_cap as usize
+                );
+            }
         }
         assert!(h.expired_at(1_700_000_000_000));
         assert!(!Header::default().expired_at(u64::MAX));
@@ -452,10 +561,41 @@ mod tests {
             value_len: MAX_VALUE_BYTES as u32,
             value_cap: MAX_VALUE_BYTES as u32,
             flags_slot: false,
+            slack_slot: false,
             flags: 0,
             ..h
         };
+        assert_eq!(big.header_bytes(), HEADER_MIN_BYTES + 4);
         assert_eq!(Header::decode(big.encode().as_bytes()), Some(big));
+        let small = Header::new(14, 16, 0, 7, 0, false);
+        assert_eq!(small.encode().as_bytes().len(), HEADER_MIN_BYTES);
+    }
+
+    #[test]
+    fn log_versions_change_on_every_modification_and_wrap() {
+        for old in [0u64, 1, 5, u32::MAX as u64 - 2, u32::MAX as u64 - 1] {
+            let v = next_log_version(old);
+            assert!(v != old && v != 0 && v < DEAD_VERSION, "{old} -> {v}");
+        }
+        // Later candidates win, earlier or equal ones give old + 1, and the
+        // step past the top skips the dead mark and 0.
+        assert_eq!(log_version_after(10, 5), 10);
+        assert_eq!(log_version_after(5, 5), 6);
+        assert_eq!(log_version_after(3, 5), 6);
+        assert_eq!(
+            log_version_after(3, u32::MAX as u64 - 10),
+            3,
+            "after a wrap"
+        );
+        assert_eq!(log_version_after(u32::MAX as u64 - 1, 100), 101);
+        assert_eq!(log_version_after(0, u32::MAX as u64 - 1), 1);
+        assert_eq!(log_version_after(u32::MAX as u64, u32::MAX as u64 - 1), 1);
+        let mut v = 0;
+        for _ in 0..1000 {
+            let n = next_log_version(v);
+            assert_ne!(n, v);
+            v = n;
+        }
     }
 
     #[test]
@@ -512,7 +652,7 @@ mod tests {
         };
         let p = Header::decode(pinned.encode().as_bytes()).unwrap();
         assert!(p.pinned && p.expiry_ms == MAX_EXPIRY_MS);
-        assert_eq!(d.version, FIELD48_MASK);
+        assert_eq!(d.version, LOG_VERSION_MASK, "the log keeps 32 bits");
         let w = Header::decode_wide(&far.encode_wide());
         assert_eq!((w.expiry_ms, w.version), (FIELD48_MASK, FIELD48_MASK));
         let v = next_version(0);

@@ -39,7 +39,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::index::{Index, IndexConfig, IndexStats, Loc};
 use crate::log::Log;
 use crate::memory::{loc_of, off_of, Memory, SegState, BLOCK_BYTES};
-use crate::object::{next_version, now_ms, Header};
+use crate::object::{next_log_version, now_ms, Header};
 
 mod admin;
 mod config;

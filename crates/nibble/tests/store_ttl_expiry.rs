@@ -79,7 +79,7 @@ fn expire_mixed_fill(mode: Mode, placement: bool) -> (Store, nibble::Stats, u64)
             s.put(&key(i), &v).unwrap();
         } else {
             s.put_with(&key(i), &v, ttl(start + 1000)).unwrap();
-            ttl_bytes += (key(i).len() + v.len() + 18) as u64;
+            ttl_bytes += (key(i).len() + v.len() + nibble::object::HEADER_MIN_BYTES) as u64;
         }
     }
     assert_eq!(s.stats().expired_segments, 0, "nothing expired yet");

@@ -148,7 +148,7 @@ impl Store {
             key.len(),
             value.len(),
             opts.flags,
-            next_version(0),
+            next_log_version(0),
             // No old item yet: `Keep` means none until `publish` sees one.
             opts.expiry.expiry_ms(None),
             false,
@@ -190,7 +190,7 @@ impl Store {
         let new = Header {
             value_len: value.len() as u32,
             flags: opts.flags,
-            version: next_version(old.version),
+            version: next_log_version(old.version),
             expiry_ms: opts.expiry.expiry_ms(live.then_some(&old)),
             pinned: h.pinned,
             ..old
@@ -280,7 +280,7 @@ impl Store {
                     let old = mem.header(old_off).unwrap_or_default();
                     let live = !old.expired();
                     check_condition(opts.condition, live.then_some(&old))?;
-                    let version = crate::object::live_version(h.version.max(old.version + 1));
+                    let version = crate::object::log_version_after(h.version, old.version);
                     let expiry = opts.expiry.expiry_ms(live.then_some(&old));
                     if version != h.version || expiry != h.expiry_ms {
                         h.version = version;
