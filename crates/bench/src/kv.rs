@@ -85,6 +85,10 @@ pub enum NibbleVariant {
     OneHead,
     /// The global-atomic epoch.
     AtomicEpoch,
+    /// Nibble-2 with its log mapped in at creation (`Config::prefault`),
+    /// as the original prototype does: the load then takes no page fault.
+    /// Opt-in (not in [`ALL_SYSTEMS`]): it costs the whole capacity in RSS.
+    Nibble2Prefault,
 }
 
 /// A system under test.
@@ -109,6 +113,9 @@ pub const ALL_SYSTEMS: [System; 10] = [
     System::DashMap(Alloc::Mimalloc),
 ];
 
+/// Systems a run includes only when named (`--systems`).
+pub const OPT_IN_SYSTEMS: [System; 1] = [System::Nibble(NibbleVariant::Nibble2Prefault)];
+
 impl System {
     /// Name on the command line and in result rows.
     pub fn name(self) -> &'static str {
@@ -117,6 +124,7 @@ impl System {
             System::Nibble(NibbleVariant::Nibble2) => "nibble2",
             System::Nibble(NibbleVariant::OneHead) => "nibble-1head",
             System::Nibble(NibbleVariant::AtomicEpoch) => "nibble-atomic-epoch",
+            System::Nibble(NibbleVariant::Nibble2Prefault) => "nibble2-prefault",
             System::HashMap(Alloc::Glibc) => "hashmap-glibc",
             System::HashMap(Alloc::Jemalloc) => "hashmap-jemalloc",
             System::HashMap(Alloc::Mimalloc) => "hashmap-mimalloc",
@@ -148,6 +156,10 @@ impl System {
             NibbleVariant::Nibble2 => cfg.mode = nibble::Mode::Nibble2,
             NibbleVariant::OneHead => cfg.heads_per_node = Some(1),
             NibbleVariant::AtomicEpoch => cfg.epoch = epoch::EpochKind::GlobalAtomic,
+            NibbleVariant::Nibble2Prefault => {
+                cfg.mode = nibble::Mode::Nibble2;
+                cfg.prefault = true;
+            }
         }
         Some(cfg)
     }
@@ -179,17 +191,14 @@ impl FromStr for System {
     type Err = BenchError;
     fn from_str(s: &str) -> Result<Self> {
         let s = s.trim();
-        ALL_SYSTEMS
-            .iter()
-            .copied()
-            .find(|x| x.name() == s)
-            .ok_or_else(|| {
-                let names: Vec<&str> = ALL_SYSTEMS.iter().map(|x| x.name()).collect();
-                crate::usage(format!(
-                    "unknown system {s:?} (one of: {})",
-                    names.join(", ")
-                ))
-            })
+        let every = || ALL_SYSTEMS.iter().chain(OPT_IN_SYSTEMS.iter()).copied();
+        every().find(|x| x.name() == s).ok_or_else(|| {
+            let names: Vec<&str> = every().map(|x| x.name()).collect();
+            crate::usage(format!(
+                "unknown system {s:?} (one of: {})",
+                names.join(", ")
+            ))
+        })
     }
 }
 
@@ -387,7 +396,7 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for s in ALL_SYSTEMS {
+        for s in ALL_SYSTEMS.into_iter().chain(OPT_IN_SYSTEMS) {
             assert_eq!(s.name().parse::<System>().unwrap(), s);
             let j = serde_json::to_string(&s).unwrap();
             assert_eq!(serde_json::from_str::<System>(&j).unwrap(), s);

@@ -170,7 +170,8 @@ enum Command {
 }
 
 const SYSTEMS_HELP: &str = "nibble, nibble2, nibble-1head, nibble-atomic-epoch, \
-    hashmap-{glibc,jemalloc,mimalloc}, dashmap-{glibc,jemalloc,mimalloc}";
+    hashmap-{glibc,jemalloc,mimalloc}, dashmap-{glibc,jemalloc,mimalloc}; by name only: \
+    nibble2-prefault (Nibble-2 with its log mapped in at creation)";
 
 const YCSB_ABOUT: &str = "YCSB core workloads on every key-value system (dissertation §5.4, §6.3).\n\n\
     Per (run, threads, system) a fresh process loads --records records (keys \"user\"+fnv64(i), values of \

@@ -101,6 +101,18 @@ pub fn prime_memory(bytes: usize) {
     }
 }
 
+/// Minor page faults of this process so far (`getrusage(RUSAGE_SELF)`,
+/// every thread); 0 if the call fails.
+pub fn minor_faults() -> u64 {
+    // SAFETY: `getrusage` writes one `rusage` into the zeroed value we own.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_SELF is always valid.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return 0;
+    }
+    ru.ru_minflt as u64
+}
+
 /// MemAvailable of `/proc/meminfo`, bytes.
 pub fn mem_available_bytes() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;

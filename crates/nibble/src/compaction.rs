@@ -126,6 +126,9 @@ pub struct WorkerState {
     next_expiry_ms: u64,
     /// When the last expiry pass ran (Unix ms).
     last_expiry_scan_ms: u64,
+    /// Index subtables halved while the store was idle, whose upper
+    /// halves are released once the epoch passes (`index/shrink.rs`).
+    shrunk: RetireList<crate::index::Shrunk>,
 }
 
 /// A compaction destination being filled: like a log head, it grows a
@@ -229,8 +232,19 @@ fn step(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState) -> Step
     // Free blocks unused for the decay time go back to the OS, a whole
     // huge page at a time (module `memory`); while the store is idle
     // nobody will reuse them soon, so all of them do, block by block.
+    for s in st.shrunk.collect(&inner.epochs) {
+        inner.index.release_shrunk(s);
+    }
     if idle {
         inner.mem.purge_all();
+        // The index follows the key count down too (`index/shrink.rs`):
+        // while clients are quiet, halve the subtables deletes left
+        // sparse (it locks a whole subtable, so never under load).
+        if worker == 0 {
+            for s in inner.index.shrink_sparse() {
+                st.shrunk.push(&inner.epochs, s);
+            }
+        }
     } else {
         inner
             .mem

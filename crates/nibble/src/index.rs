@@ -49,17 +49,25 @@
 //! [`IndexOverflow`] set ([`Index::set_overflow`]) the index may grow past
 //! it, each byte above it borrowed from the owner's budget (the store
 //! lends it from the log's free blocks), so the split between index and
-//! log follows the data instead of a fixed share.
+//! log follows the data instead of a fixed share. The index also shrinks:
+//! once deletes leave a subtable under [`SHRINK_LOAD`], the store's idle
+//! compaction worker halves it in place (buckets `c` and `c + n/2` merge
+//! into `c`, which keeps every key in its neighbourhood and SCAN's
+//! reverse-binary guarantee, as Redis's dict shrink does) and releases the
+//! upper half's pages once the epoch passes, so a store's index follows
+//! its key count down as well as up (`index/shrink.rs`).
 //!
 //! Files: this one holds the types, construction and the optimistic read;
 //! `index/bucket.rs` the seqlocked bucket, `index/write.rs` the writers'
-//! lock and guard, `index/grow.rs` the in-place doubling, `index/scan.rs`
+//! lock and guard, `index/grow.rs` the in-place doubling,
+//! `index/shrink.rs` the idle halving, `index/scan.rs`
 //! the SCAN cursor, `index/reservation.rs` the never-moving bucket arrays.
 
 pub mod bucket;
 mod grow;
 mod reservation;
 mod scan;
+mod shrink;
 pub(crate) mod sync;
 mod write;
 
@@ -68,6 +76,7 @@ use core::fmt;
 use crossbeam_utils::CachePadded;
 
 use self::reservation::{IndexBucket, Reservation};
+pub use self::shrink::{Shrunk, SHRINK_LOAD};
 use self::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use self::write::free_slots;
 pub use self::write::{Slot, WriteGuard};
@@ -229,6 +238,8 @@ pub struct IndexStats {
     pub reserved_bytes: u64,
     /// Completed doublings.
     pub resizes: u64,
+    /// Completed halvings (`index/shrink.rs`).
+    pub shrinks: u64,
     /// Doublings refused for lack of reservation or budget.
     pub failed_resizes: u64,
     /// Inserts that went to the neighbour bucket rather than home.
@@ -248,6 +259,7 @@ struct Counters {
     neighbour_inserts: AtomicU64,
     full_inserts: AtomicU64,
     resizes: AtomicU64,
+    shrinks: AtomicU64,
     failed_resizes: AtomicU64,
     rehash_mismatches: AtomicU64,
 }
@@ -306,6 +318,8 @@ pub struct Index {
     /// cursor.
     cursor_bucket_bits: u32,
     max_buckets: usize,
+    /// Buckets a subtable starts with; a halving stops there.
+    initial_buckets: usize,
     grow_load_factor: f64,
     neighbour: Neighbour,
     max_bytes: u64,
@@ -438,6 +452,7 @@ impl Index {
             subtable_bits,
             cursor_bucket_bits,
             max_buckets: max,
+            initial_buckets: initial,
             grow_load_factor: cfg.grow_load_factor,
             neighbour: cfg.neighbour,
             max_bytes,
@@ -646,6 +661,7 @@ impl Index {
             s.entries += c.entries.load(Ordering::Relaxed);
             s.reserved_bytes += st.buckets.bytes() as u64;
             s.resizes += c.resizes.load(Ordering::Relaxed);
+            s.shrinks += c.shrinks.load(Ordering::Relaxed);
             s.failed_resizes += c.failed_resizes.load(Ordering::Relaxed);
             s.neighbour_inserts += c.neighbour_inserts.load(Ordering::Relaxed);
             s.full_inserts += c.full_inserts.load(Ordering::Relaxed);

@@ -14,6 +14,9 @@ pub struct PhaseResult {
     /// Sampled op durations, TSC ticks.
     pub hist: Histogram<u64>,
     pub checks: Checks,
+    /// Minor page faults of the whole process while the phase ran (every
+    /// thread, the store's own workers included); 0 where not measured.
+    pub minflt: u64,
 }
 
 impl PhaseResult {
@@ -35,6 +38,7 @@ pub(super) fn merge(threads: Vec<ThreadResult>, wall_secs: Option<f64>) -> Resul
         ops_per_sec: 0.0,
         hist: new_hist()?,
         checks: Checks::default(),
+        minflt: 0,
     };
     for t in threads {
         r.ops += t.ops;
@@ -114,6 +118,7 @@ pub(super) fn write_all(
 ) -> Result<PhaseResult> {
     let ncpu = cpus.len().max(1);
     let barrier = &Barrier::new(threads);
+    let minflt0 = util::minor_faults();
     let per = thread::scope(|s| {
         let handles = (0..threads)
             .map(|t| {
@@ -181,7 +186,9 @@ pub(super) fn write_all(
         (Some(a), Some(b)) => (b - a).as_secs_f64(),
         _ => 0.0,
     };
-    merge(per.into_iter().map(|p| p.0).collect(), Some(wall))
+    let mut r = merge(per.into_iter().map(|p| p.0).collect(), Some(wall))?;
+    r.minflt = util::minor_faults().saturating_sub(minflt0);
+    Ok(r)
 }
 
 /// One measured run of a workload.

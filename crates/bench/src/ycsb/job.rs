@@ -31,6 +31,9 @@ pub struct YcsbCell {
     pub ops_per_sec: f64,
     pub p50_ns: u64,
     pub p99_ns: u64,
+    /// Minor page faults of the process per operation (the load only).
+    #[serde(default)]
+    pub minflt_per_op: f64,
     #[serde(flatten)]
     pub checks: Checks,
 }
@@ -44,6 +47,7 @@ pub fn cell_of(workload: &str, dist: Option<Dist>, threads: usize, r: &PhaseResu
         ops_per_sec: r.ops_per_sec,
         p50_ns: r.p_ns(0.5),
         p99_ns: r.p_ns(0.99),
+        minflt_per_op: r.minflt as f64 / r.ops.max(1) as f64,
         checks: r.checks.clone(),
     }
 }

@@ -299,10 +299,18 @@ pub fn run(o: &YcsbOpts, rep: &mut Reporter) -> std::io::Result<()> {
                 let p50 = Spread::of(&ok.iter().map(|c| c.p50_ns as f64).collect::<Vec<_>>());
                 let p99 = Spread::of(&ok.iter().map(|c| c.p99_ns as f64).collect::<Vec<_>>());
                 medians.push(Some(ops.median));
+                let flt = Spread::of(&ok.iter().map(|c| c.minflt_per_op).collect::<Vec<_>>());
                 // The load has no request distribution: null ("-" in the table).
                 let row = Row::new(BENCH, system.name(), threads)
                     .set("workload", wl.as_str())
                     .set("distribution", dist.clone());
+                let row = if wl == "load" {
+                    // Page faults per record: the load is where a store
+                    // maps its memory in (`minflt` of the whole process).
+                    row.set_f("minflt_per_record", flt.median, 3)
+                } else {
+                    row
+                };
                 rep.emit(
                     row.set_spread("ops_per_sec", &ops, 0)
                         .set_f("p50_ns", p50.median, 0)

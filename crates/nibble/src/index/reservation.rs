@@ -201,6 +201,30 @@ impl Reservation {
         }
     }
 
+    /// Buckets `[from, to)` are no longer in use and nobody reads them:
+    /// drop their whole pages (`MADV_DONTNEED`), which then read as free
+    /// buckets again, as they did before they were first touched.
+    #[cfg(not(loom))]
+    pub(crate) fn release(&self, from: usize, to: usize) {
+        const PAGE_BYTES: usize = 4096;
+        let bucket = core::mem::size_of::<IndexBucket>();
+        let base = self.base.as_ptr() as usize;
+        let start = (base + from.min(self.buckets) * bucket).next_multiple_of(PAGE_BYTES);
+        let end = (base + to.min(self.buckets) * bucket) / PAGE_BYTES * PAGE_BYTES;
+        if end > start && !cfg!(miri) {
+            // SAFETY: a page-aligned range inside our own private
+            // anonymous mapping whose buckets the caller says nobody
+            // uses; afterwards it reads as zero, a valid free bucket.
+            unsafe {
+                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED);
+            }
+        }
+    }
+
+    /// Loom build: nothing to release.
+    #[cfg(loom)]
+    pub(crate) fn release(&self, _from: usize, _to: usize) {}
+
     /// Loom build: nothing to advise.
     #[cfg(loom)]
     pub(crate) fn in_use(&self, _buckets: usize) {}

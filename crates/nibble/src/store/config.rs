@@ -132,6 +132,14 @@ pub struct Config {
     /// and expired objects are unlinked by reading the mixed segments
     /// that hold them (for comparison, `memlab expire`).
     pub ttl_placement: bool,
+    /// Map the whole log in at creation (`MADV_POPULATE_WRITE` over the
+    /// pool, in 2 MiB pages), as the original Nibble prototype does, so
+    /// no write ever waits for a page fault; RSS is then the capacity
+    /// from the start. Off by default: a store's memory follows its data
+    /// (module `memory`, "Giving memory back"), and the faults cost a
+    /// load about an eighth of its time (docs/BENCHMARKS.md, `memlab
+    /// ycsb`). The first decay-time release gives unused blocks back.
+    pub prefault: bool,
 }
 
 impl Config {
@@ -153,6 +161,7 @@ impl Config {
             max_write_wait_ms: DEFAULT_MAX_WRITE_WAIT_MS,
             eviction: Eviction::default(),
             ttl_placement: true,
+            prefault: false,
         }
     }
 }

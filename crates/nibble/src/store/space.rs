@@ -71,11 +71,17 @@ impl Inner {
 
     /// Prefetch, for writing, the first `len` bytes (up to the end of its
     /// block) of the object `hash`'s index entry probably points at: a
-    /// hint read without the bucket lock, see [`Index::peek`].
+    /// hint read without the bucket lock, see [`Index::peek`]. False when
+    /// no entry of the neighbourhood has the key's tag, i.e. the key is
+    /// probably new (a hint too: a racing writer or resize can hide it).
     #[inline]
-    pub(super) fn prefetch_old(&self, hash: u64, len: usize) {
-        if let Some(l) = self.index.peek(hash) {
-            self.mem.prefetch_for_write(off_of(l), len);
+    pub(super) fn prefetch_old(&self, hash: u64, len: usize) -> bool {
+        match self.index.peek(hash) {
+            Some(l) => {
+                self.mem.prefetch_for_write(off_of(l), len);
+                true
+            }
+            None => false,
         }
     }
 

@@ -121,14 +121,24 @@ impl Store {
             Mode::Nibble2 => crate::object::HEADER_MIN_BYTES + key.len() + value.len(),
             Mode::Nibble => crate::object::HEADER_MIN_BYTES + key.len(),
         };
-        inner.prefetch_old(hash, old_bytes);
+        let seen = inner.prefetch_old(hash, old_bytes);
+        if !seen && inner.cfg.mode == Mode::Nibble2 {
+            // Probably a new key (a load): it will be appended, so start
+            // the append's lines as Nibble mode does in `start_put`.
+            inner.prefetch_append(h.object_bytes());
+        }
         if opts.condition != Condition::Always {
             // Cheap optimistic check first, so a failing condition does not
             // leave a dead object in the log.
             let cur = self.read_header(hash, key);
             check_condition(opts.condition, cur.as_ref())?;
         }
-        if inner.cfg.mode == Mode::Nibble2 {
+        // Nibble-2 tries the in-place overwrite only where the peek saw a
+        // candidate: for a new key it would lock the buckets just to find
+        // nothing. A key the peek missed (a racing resize or writer) is
+        // appended and published like any other, which is correct, only
+        // not in place.
+        if inner.cfg.mode == Mode::Nibble2 && seen {
             if let Some(version) = self.overwrite_in_place(hash, key, value, &opts, &mut h)? {
                 return Ok(version);
             }
