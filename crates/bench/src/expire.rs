@@ -61,8 +61,8 @@ const TTLS_MS: [u64; 2] = [1000, 5000];
 /// "Settled": memory held at most this far above the live bytes
 /// (segment tails, open heads).
 const SETTLED_SLACK_BYTES: u64 = 4 << 20;
-/// Bytes per object besides key and value (the 18-byte header).
-const HEADER_BYTES: u64 = 18;
+/// Bytes per object besides key and value (the engine's common header).
+const HEADER_BYTES: u64 = nibble::object::HEADER_MIN_BYTES as u64;
 
 fn key_bytes(prefix: &str, k: u64, out: &mut Vec<u8>) {
     out.clear();
