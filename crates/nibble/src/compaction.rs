@@ -389,7 +389,7 @@ pub fn run(inner: Arc<Inner>, node: usize, worker: usize) {
 
 /// Run one step of worker `worker` of `node` on the calling thread
 /// (waiting for the worker if it is in the middle of one), for
-/// `Store::compact_now`. Returns true if the step made progress or retired
+/// `Store::compact_now` and `Store::quiesce`. Returns true if the step made progress or retired
 /// segments still wait for the epoch.
 pub fn step_now(inner: &Inner, node: usize, worker: usize) -> bool {
     let mut st = inner.workers[node][worker].lock();

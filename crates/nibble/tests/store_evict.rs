@@ -12,6 +12,9 @@ use nibble::{Config, Error, Eviction, EvictionPolicy, Expiry, Mode, PutOptions, 
 
 const CAPACITY_BYTES: usize = 8 << 20;
 const VALUE_BYTES: usize = 400;
+/// Bound on waiting for the background workers to finish (a pass takes
+/// milliseconds; this only turns a hang into a failure).
+const QUIESCE_TIMEOUT: Duration = Duration::from_secs(30);
 
 const POLICIES: [EvictionPolicy; 4] = [
     EvictionPolicy::Fifo,
@@ -77,7 +80,9 @@ fn noeviction_refuses_and_evicts_nothing() {
 
 /// The model: every key written once; at the end each is either present
 /// with its value or missing, and the missing ones are exactly the items
-/// the store reports evicted.
+/// the store reports evicted. Eviction is asynchronous (the last puts wake
+/// a worker that evicts after they returned), so the store is quiesced
+/// first: counting while that pass runs finds items it is about to count.
 #[test]
 fn model_no_item_lost_but_the_evicted() {
     {
@@ -88,6 +93,7 @@ fn model_no_item_lost_but_the_evicted() {
                 s.put(&key(i), &value(i, 0))
                     .unwrap_or_else(|e| panic!("{mode:?} {policy:?}: put {i}: {e}"));
             }
+            assert!(s.quiesce(QUIESCE_TIMEOUT), "{mode:?} {policy:?}: quiesce");
             let mut missing = 0;
             for i in 0..n {
                 match s.get(&key(i)).unwrap() {
@@ -367,6 +373,7 @@ fn small_objects_evict_index_entries() {
         s.put(&key(j), &tiny(j))
             .unwrap_or_else(|e| panic!("put {j}: {e}"));
     }
+    assert!(s.quiesce(QUIESCE_TIMEOUT));
     let missing = (0..n)
         .filter(|&j| match s.get(&key(j)).unwrap() {
             Some(v) => {

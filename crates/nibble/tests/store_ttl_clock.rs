@@ -3,6 +3,8 @@
 //! passes their expiry, and a full cache reclaims expired items as
 //! expired (and unread ones as `expired_unfetched`), not as evictions.
 
+use std::time::Duration;
+
 use nibble::object::{now_ms, skew_clock_ms};
 use nibble::{Config, Eviction, EvictionPolicy, Expiry, PutOptions, Store};
 
@@ -46,6 +48,9 @@ fn expiry_follows_the_fake_clock_and_is_not_eviction() {
     for i in n..n + 2 * n {
         s.put(&key(i), &v).unwrap();
     }
+    // Eviction and reclaiming are asynchronous: let the pass the last
+    // puts woke finish before comparing the statistics with the contents.
+    assert!(s.quiesce(Duration::from_secs(30)));
     let st = s.stats();
     assert!(
         st.expired_reclaimed > n / 2,

@@ -151,6 +151,35 @@ impl Store {
         inner.force_compaction.store(false, Ordering::Release);
     }
 
+    /// Wait until the background workers have finished what the last
+    /// operations left them: evictions are asynchronous (a write that
+    /// takes free space below the trigger wakes a worker, which evicts
+    /// after the write returned), so until this returns `true` a GET may
+    /// still find an item that `stats().evicted_items` is about to count,
+    /// or miss one it has not counted yet. Runs every worker's step on the
+    /// calling thread (waiting for one a worker is in the middle of) until
+    /// none has anything to do, without forcing compaction as
+    /// [`Store::compact_now`] does; `false` if `timeout` passed first. For
+    /// tests and tools that compare the store's contents with its
+    /// statistics.
+    pub fn quiesce(&self, timeout: Duration) -> bool {
+        let inner = &*self.inner;
+        let start = std::time::Instant::now();
+        while start.elapsed() < timeout {
+            let mut busy = false;
+            for (node, workers) in inner.workers.iter().enumerate() {
+                for worker in 0..workers.len() {
+                    busy |= crate::compaction::step_now(inner, node, worker);
+                }
+            }
+            if !busy {
+                return true;
+            }
+            inner.wait_space(Duration::from_millis(1));
+        }
+        false
+    }
+
     /// Give every free block back to the OS now (`MADV_DONTNEED`), instead
     /// of after the decay time; returns the bytes released. Combined with
     /// [`Store::compact_now`] this is the store's `malloc_trim`.
