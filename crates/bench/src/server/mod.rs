@@ -55,9 +55,11 @@
 //! server: insert values of 64-256 B until live data reaches `--churn-mib`,
 //! delete 90 % of them at random, insert values of 512-1024 B until live
 //! data is back at the target (the destructive pattern of `memlab frag`:
-//! an allocator cannot reuse the holes for the new sizes), wait 3 s (1.5 s
-//! with `--quick`; so background compaction, decay or purging can act),
-//! then report RSS, peak RSS (`VmHWM`), the server's own `used_memory` /
+//! an allocator cannot reuse the holes for the new sizes), wait at least
+//! 3 s (1.5 s with `--quick`) and then until RSS falls by less than 1 %
+//! over a second (at most 10x the minimum; `settle_ms`), so background
+//! compaction, decay or purging is counted whenever it finishes, by the
+//! same rule for every server; then report RSS, peak RSS (`VmHWM`), the server's own `used_memory` /
 //! `bytes` and key count, and bloat. Then, for servers that have it,
 //! `MEMORY PURGE` (Redis: jemalloc returns its dirty pages at once) and RSS
 //! again (`rss_purged_bytes`): the peer's best case, beside the as-is
@@ -338,6 +340,8 @@ struct Sample {
     rss_start: Option<u64>,
     /// RSS after `MEMORY PURGE`, where the server has it.
     rss_purged: Option<u64>,
+    /// How long the churn waited for RSS to settle.
+    settle: Option<Duration>,
     live: Option<u64>,
     live_keys: Option<u64>,
     server_keys: Option<u64>,
@@ -552,7 +556,8 @@ fn notes(o: &Opts, rep: &mut Reporter, rb: bool) {
     );
     let churn = format!(
         "Fresh server: insert {}-{} B values until live data = {} MiB, delete 90% at random, insert \
-         {}-{} B values back to {} MiB, wait {} ms; rss_bytes (VmRSS), rss_peak_bytes (VmHWM), \
+         {}-{} B values back to {} MiB, wait at least {} ms and until RSS falls by < 1% in 1 s \
+         (settle_ms); rss_bytes (VmRSS), rss_peak_bytes (VmHWM), \
          rss_start_bytes (VmRSS of the fresh server before the churn), rss_purged_bytes (VmRSS \
          after MEMORY PURGE, where the server has it: Redis's best case), server_used_bytes \
          (used_memory / memcached bytes) against live_bytes (key + value bytes the generator stored \

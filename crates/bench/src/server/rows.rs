@@ -81,6 +81,11 @@ pub(super) fn emit(
         row = row.set("rss_start_bytes", start.map(|s| s.median as u64));
         let purged = spread(v.iter().filter_map(|s| s.rss_purged.map(|x| x as f64)));
         row = row.set("rss_purged_bytes", purged.map(|s| s.median as u64));
+        let settle = spread(
+            v.iter()
+                .filter_map(|s| s.settle.map(|d| d.as_millis() as f64)),
+        );
+        row = row.set("settle_ms", settle.map(|s| s.median as u64));
         let sk = spread(v.iter().filter_map(|s| s.server_keys.map(|x| x as f64)));
         let lk = spread(v.iter().filter_map(|s| s.live_keys.map(|x| x as f64)));
         row = row

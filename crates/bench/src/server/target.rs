@@ -168,7 +168,7 @@ pub(super) fn run_target(
             seed,
         };
         let c = load::churn(&mut conns, max_threads, &spec)?;
-        std::thread::sleep(o.churn_settle);
+        let settled = settle_rss(&server, o.churn_settle);
         let (keys, used) = sut::server_counts(&mut ctl);
         let (rss, hwm) = server.rss();
         // Redis's allocator keeps freed pages a while; MEMORY PURGE returns
@@ -202,6 +202,7 @@ pub(super) fn run_target(
             hwm,
             rss_start,
             rss_purged: purged,
+            settle: Some(settled),
             live: Some(c.live_bytes),
             live_keys: Some(c.live_keys),
             server_keys: keys,
@@ -302,4 +303,40 @@ impl Server {
         }
         Ok(())
     }
+}
+
+/// RSS samples, [`SETTLE_POLL`] apart, over which RSS must fall by less
+/// than [`SETTLE_FALL_PERMILLE`] for the churn to count as settled.
+const SETTLE_WINDOW_POLLS: usize = 4;
+/// Time between two RSS samples while the churn settles.
+const SETTLE_POLL: Duration = Duration::from_millis(250);
+/// A fall of RSS below this (per mille of RSS) over the window is "settled".
+const SETTLE_FALL_PERMILLE: u64 = 10;
+/// The longest settle, as a multiple of the minimum.
+const SETTLE_MAX_FACTOR: u32 = 10;
+
+/// Wait at least `min`, then until the server's RSS stops falling (less
+/// than 1 % over the last second) or `SETTLE_MAX_FACTOR x min` passed:
+/// what background compaction, decay or purging returns is counted
+/// whenever it finishes, the same rule for every server. Returns the time
+/// waited.
+fn settle_rss(server: &Server, min: Duration) -> Duration {
+    let t = std::time::Instant::now();
+    std::thread::sleep(min);
+    let mut window: std::collections::VecDeque<u64> = std::collections::VecDeque::new();
+    while t.elapsed() < min * SETTLE_MAX_FACTOR {
+        let Some(rss) = server.rss().0 else {
+            break;
+        };
+        window.push_back(rss);
+        if window.len() > SETTLE_WINDOW_POLLS {
+            window.pop_front();
+            let first = window[0];
+            if first.saturating_sub(rss) * 1000 < first * SETTLE_FALL_PERMILLE {
+                break;
+            }
+        }
+        std::thread::sleep(SETTLE_POLL);
+    }
+    t.elapsed()
 }
