@@ -231,7 +231,8 @@ fn map_row(r: &MapRow) -> Row {
         .set("region_pages", r.pages)
         .set_f("ops_per_sec", r.iters_per_sec, 0)
         .set_f("touches_per_sec", r.touches_per_sec, 0)
-        .set_f("faults_per_iter", r.faults_per_iter, 2);
+        .set_f("faults_per_iter", r.faults_per_iter, 2)
+        .set("fault_around_pages", r.fault_around_pages);
     let row = opt_f(row, "shootdowns_per_iter", r.shootdowns_per_iter, 3);
     let row = opt_f(row, "targets_per_shootdown", r.targets_per_shootdown, 2);
     let row = opt_f(row, "messages_per_iter", r.messages_per_iter, 3);
@@ -323,7 +324,8 @@ fn fault_row(r: &FaultRow) -> Row {
         .set_f("fault_ns", r.fault_ns, 1)
         .set_f("faults_per_sec", r.faults_per_sec, 0)
         .set_f("maps_per_sec", r.maps_per_sec, 0)
-        .set_f("messages_per_map", r.messages_per_map, 3);
+        .set_f("messages_per_map", r.messages_per_map, 3)
+        .set("fault_around_pages", r.fault_around_pages);
     opt_f(row, "kernel_tlb_ipis_per_map", r.kernel_tlb_ipis_per_map, 3)
         .set_f("spread_pct", r.spread_pct, 1)
         .set("runs", r.runs)

@@ -236,6 +236,7 @@ pub fn faultbench(options: &Options, mut row: impl FnMut(&FaultRow)) -> Vec<Faul
                 let kernel_tlb: Option<u64> = samples.iter().map(|s| s.kernel_tlb).sum();
                 let r = FaultRow {
                     system,
+                    fault_around_pages: super::fault_around_of(system),
                     threads,
                     map_fraction: fraction,
                     faults_per_sec,

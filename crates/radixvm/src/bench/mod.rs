@@ -327,6 +327,11 @@ pub struct MapRow {
     /// TLB-shootdown interrupts the kernel counted per iteration,
     /// system-wide (real TLBs only; `None` where unreadable).
     pub kernel_tlb_ipis_per_iter: Option<f64>,
+    /// Fault-around block of the RadixVM design, in pages (1: one page
+    /// per fault; `None` for other systems), from
+    /// [`crate::designs::radixvm::FAULT_AROUND_ENV`].
+    #[serde(default)]
+    pub fault_around_pages: Option<u64>,
     /// Spread in percent.
     pub spread_pct: f64,
     /// Runs.
@@ -355,10 +360,21 @@ pub struct FaultRow {
     /// system-wide (real TLBs only; `None` where unreadable or when the
     /// mapper did not map).
     pub kernel_tlb_ipis_per_map: Option<f64>,
+    /// Fault-around block of the RadixVM design, in pages (1: one page
+    /// per fault; `None` for other systems), from
+    /// [`crate::designs::radixvm::FAULT_AROUND_ENV`].
+    #[serde(default)]
+    pub fault_around_pages: Option<u64>,
     /// Spread of `fault_ns` in percent.
     pub spread_pct: f64,
     /// Runs.
     pub runs: usize,
+}
+
+/// The fault-around block a row of `system` ran with (RadixVM only).
+pub(crate) fn fault_around_of(system: System) -> Option<u64> {
+    matches!(system, System::Design(Design::RadixVm, _))
+        .then(|| crate::designs::radixvm::fault_around_from_env().unwrap_or(1))
 }
 
 fn pin(thread: usize) {
@@ -808,6 +824,7 @@ pub fn mapbench(options: &Options, mut row: impl FnMut(&MapRow)) -> Vec<MapRow> 
                 let r = MapRow {
                     workload,
                     system,
+                    fault_around_pages: fault_around_of(system),
                     threads,
                     pages: options.pages,
                     iters_per_sec,
