@@ -132,15 +132,9 @@ impl Store {
         inner.force_compaction.store(true, Ordering::Release);
         let start = std::time::Instant::now();
         // Run every worker's steps here until none of them has anything
-        // left: with several workers, one finding nothing says nothing
-        // about the others' candidates.
+        // left.
         while start.elapsed() < timeout {
-            let mut busy = false;
-            for (node, workers) in inner.workers.iter().enumerate() {
-                for worker in 0..workers.len() {
-                    busy |= crate::compaction::step_now(inner, node, worker);
-                }
-            }
+            let busy = step_every_worker(inner);
             if !busy && self.stats().segments_retired == 0 {
                 break;
             }
@@ -166,12 +160,7 @@ impl Store {
         let inner = &*self.inner;
         let start = std::time::Instant::now();
         while start.elapsed() < timeout {
-            let mut busy = false;
-            for (node, workers) in inner.workers.iter().enumerate() {
-                for worker in 0..workers.len() {
-                    busy |= crate::compaction::step_now(inner, node, worker);
-                }
-            }
+            let busy = step_every_worker(inner);
             if !busy {
                 return true;
             }
@@ -247,4 +236,17 @@ impl Store {
             index: inner.index.stats(),
         }
     }
+}
+
+/// One step of every compaction worker, on the calling thread; whether any
+/// of them found work. All of them, every time: with several workers, one
+/// finding nothing says nothing about the others' candidates.
+fn step_every_worker(inner: &Inner) -> bool {
+    let mut busy = false;
+    for (node, workers) in inner.workers.iter().enumerate() {
+        for worker in 0..workers.len() {
+            busy |= crate::compaction::step_now(inner, node, worker);
+        }
+    }
+    busy
 }
