@@ -96,6 +96,16 @@ fn replace_range(v: &mut Vec<u8>, start: usize, end: usize, with: &[u8]) {
     v[start..start + new].copy_from_slice(with);
 }
 
+/// True if every byte of `b` is zero (a word at a time: spare room is
+/// checked on every read of a bucket or chunk).
+fn all_zero(b: &[u8]) -> bool {
+    let mut words = b.chunks_exact(8);
+    let acc = words.by_ref().fold(0u64, |a, w| {
+        a | u64::from_le_bytes(w.try_into().unwrap_or([0xFF; 8]))
+    });
+    acc == 0 && words.remainder().iter().all(|&x| x == 0)
+}
+
 /// Least spare room a bucket or chunk written at a new size gets.
 pub const NODE_ROOM_MIN_BYTES: usize = 64;
 /// Most spare room a bucket or chunk written at a new size gets.
@@ -189,7 +199,7 @@ impl PairBuf {
                     .filter(|&e| e <= data.len() && at + 4 <= data.len())?;
             }
         }
-        if data[at..].iter().any(|&b| b != 0) {
+        if !all_zero(&data[at..]) {
             return None;
         }
         let stored_bytes = data.len();
@@ -199,6 +209,14 @@ impl PairBuf {
             values,
             stored_bytes,
         })
+    }
+
+    /// Take a small collection's pairs (`crate::coll`, stored without
+    /// spare room): as [`from_bytes`](PairBuf::from_bytes), but nothing
+    /// may follow the last pair.
+    pub fn from_exact_bytes(data: Vec<u8>, values: bool) -> Option<PairBuf> {
+        let len = data.len();
+        PairBuf::from_bytes(data, values).filter(|p| p.data.len() == len)
     }
 
     /// The pairs' bytes (without spare room).
@@ -377,6 +395,21 @@ impl PairBuf {
             self.data[at..at + 4].copy_from_slice(&(v.len() as u32).to_le_bytes());
             self.data[at + 4..at + 4 + v.len()].copy_from_slice(v);
         }
+        self.set_len(self.len() + 1);
+    }
+
+    /// Insert `e` (with value `v`) before pair `j`, or after the last
+    /// pair if `j >= len` (an intset's ordered insert).
+    pub fn insert_nth(&mut self, j: usize, e: &[u8], v: &[u8]) {
+        let at = self.span(j).map_or(self.data.len(), |(start, _)| start);
+        let mut enc = Vec::with_capacity(8 + e.len() + v.len());
+        enc.extend_from_slice(&(e.len() as u32).to_le_bytes());
+        enc.extend_from_slice(e);
+        if self.values {
+            enc.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            enc.extend_from_slice(v);
+        }
+        replace_range(&mut self.data, at, at, &enc);
         self.set_len(self.len() + 1);
     }
 
@@ -933,5 +966,47 @@ mod tests {
         assert!(NodeBuf::from_bytes(b).is_none());
         assert!(PairBuf::from_bytes(vec![1, 0, 0, 0, 9, 0, 0, 0], true).is_none());
         assert!(PairBuf::from_bytes(vec![0, 0], false).is_none());
+        // Spare room must be zero bytes, at every length and position.
+        for room in 0..40usize {
+            let mut b = PairBuf::new(false);
+            b.push(b"abc", &[]);
+            let mut bytes = b.bytes().to_vec();
+            bytes.resize(bytes.len() + room, 0);
+            assert!(PairBuf::from_bytes(bytes.clone(), false).is_some());
+            assert_eq!(
+                PairBuf::from_exact_bytes(bytes.clone(), false).is_some(),
+                room == 0
+            );
+            if room > 0 {
+                let at = bytes.len() - 1 - room / 2;
+                bytes[at] = 1;
+                assert!(PairBuf::from_bytes(bytes, false).is_none(), "room {room}");
+            }
+        }
+    }
+
+    /// `insert_nth` puts a pair before pair j (after the last for j >=
+    /// len), as `Vec::insert` does, with and without values.
+    #[test]
+    fn insert_nth_matches_a_vec() {
+        for values in [false, true] {
+            let mut b = PairBuf::new(values);
+            let mut model: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+            for i in 0..50u32 {
+                let j = (i as usize * 7) % (model.len() + 2);
+                let e = format!("m{i}").into_bytes();
+                let v = if values {
+                    vec![b'v'; i as usize % 5]
+                } else {
+                    Vec::new()
+                };
+                b.insert_nth(j, &e, &v);
+                model.insert(j.min(model.len()), (e, v));
+                let got: Vec<(Vec<u8>, Vec<u8>)> =
+                    b.iter().map(|(a, v)| (a.to_vec(), v.to_vec())).collect();
+                assert_eq!(got, model);
+            }
+            assert!(PairBuf::from_exact_bytes(b.bytes().to_vec(), values).is_some());
+        }
     }
 }
