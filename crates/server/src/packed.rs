@@ -55,6 +55,8 @@
 
 use std::cmp::Ordering;
 
+/// First byte of a tree leaf (an inner node's is `b'I'`).
+pub const LEAF_TAG: u8 = b'L';
 /// Bytes of a tree node's header: tag and entry count.
 const NODE_HEADER_BYTES: usize = 5;
 /// Bytes before an inner entry's (score, member): child number and count.
@@ -504,7 +506,7 @@ impl NodeBuf {
     /// An empty leaf (`true`) or inner node.
     pub fn new(leaf: bool) -> NodeBuf {
         let mut data = Vec::with_capacity(NODE_HEADER_BYTES);
-        data.push(if leaf { b'L' } else { b'I' });
+        data.push(if leaf { LEAF_TAG } else { b'I' });
         data.extend_from_slice(&0u32.to_le_bytes());
         NodeBuf {
             data,
@@ -515,7 +517,7 @@ impl NodeBuf {
     /// Take an item's bytes as a node; `None` if they are not one.
     pub fn from_bytes(data: Vec<u8>) -> Option<NodeBuf> {
         let prefix = match data.first()? {
-            b'L' => 0,
+            &LEAF_TAG => 0,
             b'I' => INNER_PREFIX_BYTES,
             _ => return None,
         };
@@ -541,7 +543,7 @@ impl NodeBuf {
 
     /// True for a leaf.
     pub fn is_leaf(&self) -> bool {
-        self.data[0] == b'L'
+        self.data[0] == LEAF_TAG
     }
 
     /// Number of entries (leaf) or children (inner).

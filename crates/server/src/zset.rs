@@ -16,6 +16,12 @@
 //!                                 number, entries below it, largest (score, member) below it
 //! ```
 //!
+//! A small zset has a tree leaf's layout behind another first byte, so
+//! while a command works on it, it is a leaf ([`NodeBuf`], `crate::packed`)
+//! over its item's bytes with the first byte swapped: a lookup reads the
+//! entries in place, an insert or removal is one memmove, and the write
+//! swaps the byte back; nothing is decoded into one `Vec` per member.
+//!
 //! The member table is coll's linear-hashing table (same buckets, same
 //! split rule, value = the score's 8 bytes): ZSCORE, and the "is it there,
 //! with which score" half of ZADD/ZREM, read one bucket. The order lives
@@ -68,7 +74,7 @@ use crate::coll::{
 };
 use crate::commands::{is_race, CmdError, WRONGTYPE};
 use crate::engine::Engine;
-use crate::packed::{cmp_key, NodeBuf, PairBuf};
+use crate::packed::{cmp_key, NodeBuf, PairBuf, LEAF_TAG};
 use crate::state::Shared;
 use crate::types::ZSET_FLAGS;
 
@@ -162,49 +168,26 @@ fn decode_zroot(b: &[u8]) -> Option<(Root, Tree)> {
     ))
 }
 
-fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
-    if b.len() < n {
-        return None;
-    }
-    let (h, t) = b.split_at(n);
-    *b = t;
-    Some(h)
-}
-
-fn take_u32(b: &mut &[u8]) -> Option<u32> {
-    Some(u32::from_le_bytes(take(b, 4)?.try_into().ok()?))
-}
-
-fn put_entry(out: &mut Vec<u8>, e: &Entry) {
-    out.extend_from_slice(&e.0.to_le_bytes());
-    out.extend_from_slice(&(e.1.len() as u32).to_le_bytes());
-    out.extend_from_slice(&e.1);
-}
-
-fn take_entry(b: &mut &[u8]) -> Option<Entry> {
-    let s = f64::from_le_bytes(take(b, 8)?.try_into().ok()?);
-    let l = take_u32(b)? as usize;
-    Some((s, take(b, l)?.to_vec()))
-}
-
-fn encode_entries(out: &mut Vec<u8>, es: &[Entry]) {
-    out.extend_from_slice(&(es.len() as u32).to_le_bytes());
-    for e in es {
-        put_entry(out, e);
-    }
-}
-
-fn decode_entries(mut b: &[u8]) -> Option<Vec<Entry>> {
-    let n = take_u32(&mut b)? as usize;
-    let mut out = Vec::with_capacity(n.min(b.len() / 12));
-    for _ in 0..n {
-        out.push(take_entry(&mut b)?);
-    }
-    b.is_empty().then_some(out)
-}
-
 fn corrupt() -> CmdError {
     CmdError::from("ERR corrupt sorted set value")
+}
+
+/// A small zset's item bytes (`ZSET_MAGIC | n | (score len member)*`)
+/// as a tree leaf (`'L' | n | (score len member)*`): the first byte
+/// swapped, the entries validated once; `None` if they are not entries.
+fn small_leaf(mut buf: Vec<u8>) -> Option<NodeBuf> {
+    *buf.first_mut()? = LEAF_TAG;
+    NodeBuf::from_bytes(buf).filter(NodeBuf::is_leaf)
+}
+
+/// Entries `lo..hi` of a leaf, owned.
+fn leaf_entries(v: &NodeBuf, lo: usize, hi: usize) -> Vec<Entry> {
+    (lo..hi.min(v.len()))
+        .map(|i| {
+            let (s, m) = v.key(i);
+            (s, m.to_vec())
+        })
+        .collect()
 }
 
 /// A member-table bucket as cached: (member, score bytes) pairs, dirty.
@@ -227,7 +210,10 @@ struct Big {
 }
 
 enum Repr {
-    Small(Vec<Entry>),
+    /// A listpack-sized zset: its item's entries in the bytes of a tree
+    /// leaf (the same layout behind another first byte), patched in
+    /// place, so a write neither decodes nor re-encodes the others.
+    Small(NodeBuf),
     Big(Box<Big>),
 }
 
@@ -257,7 +243,7 @@ pub fn open<'e>(
         return Err(WRONGTYPE.into());
     }
     let repr = match buf.first() {
-        Some(&ZSET_MAGIC) => Repr::Small(decode_entries(&buf[1..]).ok_or_else(corrupt)?),
+        Some(&ZSET_MAGIC) => Repr::Small(small_leaf(buf).ok_or_else(corrupt)?),
         _ => {
             let (root, tree) = decode_zroot(&buf).ok_or_else(corrupt)?;
             Repr::Big(Box::new(Big {
@@ -297,7 +283,7 @@ pub fn open_or_new<'e>(
             limits,
             tl,
             version: None,
-            repr: Repr::Small(Vec::new()),
+            repr: Repr::Small(NodeBuf::new(true)),
             dirty: false,
         },
     })
@@ -411,7 +397,10 @@ impl ZSet<'_> {
     /// The score of `m`, if a member.
     pub fn score(&mut self, m: &[u8]) -> Result<Option<f64>, CmdError> {
         match &self.repr {
-            Repr::Small(v) => Ok(v.iter().find(|e| e.1 == m).map(|e| e.0)),
+            Repr::Small(v) => Ok((0..v.len())
+                .map(|i| v.key(i))
+                .find(|e| e.1 == m)
+                .map(|e| e.0)),
             Repr::Big(b) => {
                 let i = bucket_of(nibble::hash_key(m), b.root.nbuckets);
                 let (items, _) = self.bucket(i)?;
@@ -437,13 +426,11 @@ impl ZSet<'_> {
         match &mut self.repr {
             Repr::Small(v) => {
                 if let Some(o) = old {
-                    let i = v
-                        .binary_search_by(|e| cmp_entry((e.0, &e.1), (o, m)))
-                        .map_err(|_| corrupt())?;
+                    let i = v.find((o, m)).ok_or_else(corrupt)?;
                     v.remove(i);
                 }
-                let at = v.partition_point(|e| lt((e.0, &e.1), (s, m)));
-                v.insert(at, (s, m.to_vec()));
+                let at = v.partition_point(|es, em| lt((es, em), (s, m)));
+                v.insert_entry(at, s, m);
                 self.grow_if_needed()?;
             }
             Repr::Big(b) => {
@@ -473,9 +460,7 @@ impl ZSet<'_> {
         self.dirty = true;
         match &mut self.repr {
             Repr::Small(v) => {
-                let i = v
-                    .binary_search_by(|e| cmp_entry((e.0, &e.1), (old, m)))
-                    .map_err(|_| corrupt())?;
+                let i = v.find((old, m)).ok_or_else(corrupt)?;
                 v.remove(i);
             }
             Repr::Big(b) => {
@@ -494,7 +479,7 @@ impl ZSet<'_> {
     /// must hold on a prefix of the order (a rank or a bound's position).
     pub fn rank_by(&mut self, before: impl Fn(f64, &[u8]) -> bool) -> Result<u64, CmdError> {
         let (mut n, mut h) = match &self.repr {
-            Repr::Small(v) => return Ok(v.partition_point(|e| before(e.0, &e.1)) as u64),
+            Repr::Small(v) => return Ok(v.partition_point(&before) as u64),
             Repr::Big(b) if b.root.count == 0 => return Ok(0),
             Repr::Big(b) => (b.tree.root, b.tree.height),
         };
@@ -537,7 +522,7 @@ impl ZSet<'_> {
             return Ok(Vec::new());
         }
         let (root, height) = match &self.repr {
-            Repr::Small(v) => return Ok(v[lo as usize..hi as usize].to_vec()),
+            Repr::Small(v) => return Ok(leaf_entries(v, lo as usize, hi as usize)),
             Repr::Big(b) => (b.tree.root, b.tree.height),
         };
         let mut out = Vec::with_capacity((hi - lo).min(1 << 16) as usize);
@@ -594,7 +579,7 @@ impl ZSet<'_> {
     /// table buckets from `cursor` until at least `count` members.
     pub fn scan(&mut self, cursor: u64, count: usize) -> Result<(u64, Vec<Entry>), CmdError> {
         let n = match &self.repr {
-            Repr::Small(v) => return Ok((0, v.clone())),
+            Repr::Small(v) => return Ok((0, leaf_entries(v, 0, v.len()))),
             Repr::Big(b) => b.root.nbuckets,
         };
         let mut out = Vec::new();
@@ -614,10 +599,10 @@ impl ZSet<'_> {
             return Ok(());
         };
         let l = self.limits;
-        if v.len() <= l.entries && v.iter().all(|e| e.1.len() <= l.value) {
+        if v.len() <= l.entries && (0..v.len()).all(|i| v.key(i).1.len() <= l.value) {
             return Ok(());
         }
-        let entries = std::mem::take(v);
+        let entries = leaf_entries(v, 0, v.len());
         self.repr = Repr::Big(Box::new(Big {
             root: Root {
                 id: new_id(),
@@ -864,8 +849,8 @@ impl ZSet<'_> {
         }
         let bytes = match &mut self.repr {
             Repr::Small(v) => {
-                let mut out = vec![ZSET_MAGIC];
-                encode_entries(&mut out, v);
+                let mut out = v.bytes().to_vec();
+                out[0] = ZSET_MAGIC;
                 if out.len() as u64 > store.max_value_bytes() {
                     return Err("ERR collection exceeds the largest value the engine stores".into());
                 }
