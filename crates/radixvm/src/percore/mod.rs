@@ -134,8 +134,8 @@
 //!   `i_mmap_rwsem` and the interval tree of its mappings (every install
 //!   and unmap, from every worker), about 1 µs per 4-page iteration at 2
 //!   workers in the profile. A memfd per core would remove it; a plain C
-//!   loop of the same system calls scales 1.9-2.0x from 1 to 2 processes
-//!   with one shared memfd, so it is left.
+//!   loop of the same system calls (`results/percore-scale.c`) scales
+//!   1.9-2.2x from 1 to 2 processes with one shared memfd, so it is left.
 //!
 //! *Hazards of fork* (see also [`heap`]): statics are per-process copies.
 //! The parent must not register with Refcache before forking (a
