@@ -246,6 +246,7 @@ fn map_row(r: &MapRow) -> Row {
         r.kernel_tlb_ipis_per_iter,
         3,
     );
+    let row = opt_f(row, "cpu_us_per_iter", r.cpu_us_per_iter, 2);
     row.set_f("spread_pct", r.spread_pct, 1).set("runs", r.runs)
 }
 

@@ -30,6 +30,7 @@
 //! ```
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -41,6 +42,19 @@ use crate::{Frames, VmError};
 /// Counting operations a thread performs between its attempts to end the
 /// epoch.
 pub const OPS_PER_TICK: u64 = 1024;
+/// The same for the domain of a per-core run ([`init_domain_with`] from
+/// [`crate::percore::run`]). Frames wait about three epochs between their
+/// release and their return to the pool, so the epoch length sets how
+/// many recently used frames are in flight: at 1024 operations (128
+/// four-page iterations per worker) a worker cycles through ~6 MiB of
+/// frames, far beyond its 1 MiB L2, and zeroing each frame and the
+/// kernel's look at its `struct page` miss the cache, more so with a
+/// second worker sharing the L3; at 128, ~0.75 MiB per worker stays
+/// cached. docs/BENCHMARKS.md has the A/B.
+pub const PERCORE_OPS_PER_TICK: u64 = 128;
+
+/// Epoch length the domain is created with (see [`init_domain_with`]).
+static DOMAIN_OPS_PER_TICK: AtomicU64 = AtomicU64::new(OPS_PER_TICK);
 /// Epochs [`quiesce`] advances per attempt.
 pub const QUIESCE_EPOCHS: u64 = 16;
 /// How long [`quiesce`] keeps trying while other threads hold epochs up
@@ -65,7 +79,7 @@ thread_local! {
 fn domain() -> &'static Refcache {
     DOMAIN.get_or_init(|| {
         Box::leak(Box::new(Refcache::new(Config {
-            ops_per_tick: OPS_PER_TICK,
+            ops_per_tick: DOMAIN_OPS_PER_TICK.load(Ordering::Relaxed),
             ..Config::default()
         })))
     })
@@ -77,6 +91,16 @@ fn domain() -> &'static Refcache {
 /// registration (a thread-local) is made by each worker itself.
 pub fn init_domain() {
     domain();
+}
+
+/// [`init_domain`] with epochs of `ops_per_tick` counting operations
+/// per thread, unless the domain exists already (then its length stays).
+/// Returns the domain's epoch length.
+pub fn init_domain_with(ops_per_tick: u64) -> u64 {
+    if DOMAIN.get().is_none() {
+        DOMAIN_OPS_PER_TICK.store(ops_per_tick.max(1), Ordering::Relaxed);
+    }
+    domain().config().ops_per_tick
 }
 
 fn with_local<R>(f: impl FnOnce(&Local<'static>) -> R) -> R {

@@ -118,7 +118,8 @@ fn a_hung_worker_ends_the_run_with_its_name() {
 #[test]
 fn the_shared_heap_never_hands_one_block_to_two_processes() {
     let t = passes(&["heap", "--workers", "3"]);
-    assert!(t.contains("0 corrupted"), "{t}");
+    assert!(t.contains(" 0 corrupted"), "{t}");
+    assert!(t.contains(" 0 after the flush"), "{t}");
 }
 
 /// The binary's `--json` rows, read back into the row type as memlab

@@ -515,6 +515,7 @@ impl Refcache {
     /// it was a dirty zero, and dropped from the queue if it is not zero.
     fn review_locked(&self, state: &mut CoreState, frees: &mut FreeList) {
         let epoch = self.global_epoch.load(Ordering::Acquire);
+        let taken_before = frees.len();
         let mut index = 0;
         while index < state.review.len() {
             let (object, queued_at) = state.review[index];
@@ -541,24 +542,35 @@ impl Refcache {
             } else {
                 state.review.swap_remove(index);
                 drop(obj);
-                // Counted while the core's lock is still held: whoever next
-                // sees this queue without the object sees the count too.
-                self.freeing.fetch_add(1, Ordering::AcqRel);
                 frees.push(object);
             }
+        }
+        // Counted while the core's lock is still held: whoever next sees
+        // this queue without the objects sees the count too. One add per
+        // review, not per object: `freeing` is one cache line for every
+        // core.
+        let taken = frees.len() - taken_before;
+        if taken != 0 {
+            self.freeing.fetch_add(taken, Ordering::AcqRel);
         }
     }
 
     fn free_all(&self, frees: FreeList) {
+        let n = frees.len();
+        if n == 0 {
+            return;
+        }
         for object in frees {
             // SAFETY: `review_locked` put it here after seeing its count
             // zero and clean for two epochs and (if it has a weak
             // reference) swapping that reference to null: nothing can reach
             // it, and it left the only queue that held it.
             unsafe { (object.header().free)(object.0) };
-            self.freed.fetch_add(1, Ordering::Relaxed);
-            self.freeing.fetch_sub(1, Ordering::AcqRel);
         }
+        // Once for the batch (shared cache lines, see `review_locked`);
+        // `freeing` drops only after every object of it is freed.
+        self.freed.fetch_add(n as u64, Ordering::Relaxed);
+        self.freeing.fetch_sub(n, Ordering::AcqRel);
     }
 }
 

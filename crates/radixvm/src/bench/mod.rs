@@ -332,6 +332,15 @@ pub struct MapRow {
     /// [`crate::designs::radixvm::FAULT_AROUND_ENV`].
     #[serde(default)]
     pub fault_around_pages: Option<u64>,
+    /// CPU time the threads (or workers) spent in their workload loops,
+    /// user and kernel, per iteration, in microseconds (median of the
+    /// runs). Unlike `iters_per_sec` it does not count time a thread
+    /// waited for a CPU, so on a loaded machine it still shows whether a
+    /// second thread makes each iteration dearer (shared cache lines,
+    /// locks): 2 ÷ 1-thread throughput can reach at most 2 x (1-thread
+    /// CPU per iteration ÷ 2-thread CPU per iteration).
+    #[serde(default)]
+    pub cpu_us_per_iter: Option<f64>,
     /// Spread in percent.
     pub spread_pct: f64,
     /// Runs.
@@ -405,7 +414,24 @@ struct Sample {
     faults: u64,
     /// Kernel TLB-shootdown interrupts during the run, system-wide.
     kernel_tlb: Option<u64>,
+    /// CPU time of the workload loops, all threads, in nanoseconds.
+    cpu_ns: u64,
     stats: Stats,
+}
+
+/// CPU time of the calling thread so far, in nanoseconds (user and
+/// kernel; `CLOCK_THREAD_CPUTIME_ID`).
+pub(crate) fn thread_cpu_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the fully owned timespec.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    if rc != 0 {
+        return 0;
+    }
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
 /// The operations a workload needs, for a design or native.
@@ -708,19 +734,23 @@ fn run_workload<V: Vm>(
     };
     let iters = AtomicU64::new(0);
     let touches = AtomicU64::new(0);
+    let cpu_ns = AtomicU64::new(0);
     let start = Barrier::new(threads + 1);
     let faults_before = minor_faults();
     let tlb_before = kernel_tlb_shootdowns();
     let mut elapsed = Duration::ZERO;
     std::thread::scope(|s| {
         for t in 0..threads {
-            let (iters, touches, start, coord) = (&iters, &touches, &start, &coord);
+            let (iters, touches, cpu_ns, start, coord) =
+                (&iters, &touches, &cpu_ns, &start, &coord);
             s.spawn(move || {
                 pin(t);
                 let cpu = vm.attach(t);
                 start.wait();
+                let cpu0 = thread_cpu_ns();
                 let (my_iters, my_touches) =
                     workload_body::<V, _>(&cpu, coord, workload, t, threads, pages);
+                cpu_ns.fetch_add(thread_cpu_ns() - cpu0, Ordering::Relaxed);
                 iters.fetch_add(my_iters, Ordering::Relaxed);
                 touches.fetch_add(my_touches, Ordering::Relaxed);
             });
@@ -739,6 +769,7 @@ fn run_workload<V: Vm>(
         secs: elapsed.as_secs_f64(),
         faults: minor_faults() - faults_before,
         kernel_tlb: tlb_before.zip(kernel_tlb_shootdowns()).map(|(a, b)| b - a),
+        cpu_ns: cpu_ns.load(Ordering::Relaxed),
         stats: Stats::default(),
     }
 }
@@ -756,9 +787,10 @@ fn percore_map_sample(
     let frames = Frames::new_memfd(POOL_BYTES).expect("memfd frame pool");
     let space = new_space_on(design, Backend::Percore, &frames).expect("checked by usable_systems");
     let run = crate::percore::run(&*space, threads, Some(secs), &|cpu, worker| {
+        let cpu0 = thread_cpu_ns();
         let (iters, touches) =
             workload_body::<DesignVm, _>(cpu, worker, workload, worker.id, threads, pages);
-        [iters, touches, 0, 0]
+        [iters, touches, thread_cpu_ns() - cpu0, 0]
     })
     .unwrap_or_else(|e| {
         // The space may hold locks of a dead worker: leave without
@@ -773,6 +805,7 @@ fn percore_map_sample(
         secs: run.secs,
         faults: stats.faults,
         kernel_tlb: run.kernel_tlb,
+        cpu_ns: run.results.iter().map(|r| r[2]).sum(),
         stats,
     }
 }
@@ -821,6 +854,12 @@ pub fn mapbench(options: &Options, mut row: impl FnMut(&MapRow)) -> Vec<MapRow> 
                 let targets: u64 = samples.iter().map(|s| s.stats.shootdown_targets).sum();
                 let design = matches!(system, System::Design(..));
                 let kernel_tlb: Option<u64> = samples.iter().map(|s| s.kernel_tlb).sum();
+                let (cpu_us_per_iter, _) = median_spread(
+                    samples
+                        .iter()
+                        .map(|s| s.cpu_ns as f64 / 1e3 / s.iters.max(1) as f64)
+                        .collect(),
+                );
                 let r = MapRow {
                     workload,
                     system,
@@ -844,6 +883,7 @@ pub fn mapbench(options: &Options, mut row: impl FnMut(&MapRow)) -> Vec<MapRow> 
                     kernel_tlb_ipis_per_iter: kernel_tlb
                         .filter(|_| system.tlb() == "real")
                         .map(|k| k as f64 / iters as f64),
+                    cpu_us_per_iter: Some(cpu_us_per_iter),
                     spread_pct,
                     runs: samples.len(),
                 };

@@ -30,7 +30,21 @@
 //!   aligned to the block size up to a page and to the page above that
 //!   (large allocations are page-granular);
 //! * freed blocks go back to their class's stack; memory never returns
-//!   to the system (the workers are short-lived).
+//!   to the system (the workers are short-lived);
+//! * a thread that asks for it ([`enable_thread_cache`]: each per-core
+//!   worker, a single-threaded process) keeps a private cache of free
+//!   blocks per small class (up to [`CACHED_MAX_BYTES`]), as a kernel's
+//!   per-CPU slab caches do: an allocation pops from it and a free pushes
+//!   to it, with no atomic operation on a shared cache line. It goes to
+//!   the shared stacks only when empty (one pop or one bump) or full
+//!   (half of it goes back as one chain, one CAS), and gives everything
+//!   back at [`flush_thread_cache`] (a worker, before it exits). Without
+//!   it every allocation of the designs' metadata on one core was a CAS
+//!   on the same few header lines as every other core's: a cache-line
+//!   transfer per allocation and per free between the workers. The cache
+//!   is not reentrant: a signal handler that allocated while the thread
+//!   was inside it would take the shared stacks (a per-thread busy flag
+//!   says so), so handlers stay correct either way.
 //!
 //! ```text
 //!  pop(class):  h = head (tag|addr) ─ next = *addr ─ CAS head h → (tag+1|next)
@@ -51,6 +65,7 @@
 //! print to stdout.
 
 use std::alloc::{GlobalAlloc, Layout};
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
 /// Where the region is mapped, in every process.
@@ -69,6 +84,16 @@ const MIN_SHIFT: u32 = 4;
 const ADDR_BITS: u32 = 47;
 const ADDR_MASK: u64 = (1 << ADDR_BITS) - 1;
 
+/// Largest block a thread's private cache holds.
+pub const CACHED_MAX_BYTES: usize = 4096;
+/// Classes a thread's private cache holds (16 B .. [`CACHED_MAX_BYTES`]).
+const CACHED_CLASSES: usize = 9;
+/// Blocks per class a thread's private cache holds; when full, half go
+/// back to the shared stack.
+const CACHE_BLOCKS: u32 = 64;
+/// Most blocks a thread's private cache holds, all classes together.
+pub const MAX_CACHED_BLOCKS: u64 = CACHE_BLOCKS as u64 * CACHED_CLASSES as u64;
+
 const STATE_UNINIT: u8 = 0;
 const STATE_BUSY: u8 = 1;
 const STATE_READY: u8 = 2;
@@ -80,8 +105,6 @@ struct Header {
     bump: AtomicU64,
     /// Per class: tag (high 17 bits) | address of the first free block.
     heads: [AtomicU64; CLASSES],
-    /// Bytes handed out and not freed (statistics).
-    live_bytes: AtomicU64,
 }
 
 /// The global allocator over the shared region (see the module essay).
@@ -162,11 +185,6 @@ impl SharedHeap {
         self.state.store(STATE_READY, Ordering::Release);
     }
 
-    /// Bytes allocated and not freed, all processes together.
-    pub fn live_bytes(&self) -> u64 {
-        self.header().live_bytes.load(Ordering::Relaxed)
-    }
-
     /// Whether `p` lies in the shared region.
     pub fn contains(p: *const u8) -> bool {
         (p as usize).wrapping_sub(HEAP_BASE_ADDR) < HEAP_RESERVE_BYTES
@@ -191,7 +209,7 @@ fn class_of(layout: Layout) -> Option<usize> {
 }
 
 fn block_bytes(class: usize) -> usize {
-    1 << (class as u32 + MIN_SHIFT)
+    block_bytes_const(class)
 }
 
 impl Header {
@@ -242,6 +260,28 @@ impl Header {
         }
     }
 
+    /// Pushes the chain `first` .. `last` (linked through their first
+    /// words, `last`'s link to be set here) with one CAS.
+    fn push_chain(&self, class: usize, first: *mut u8, last: *mut u8) {
+        let head = &self.heads[class];
+        let mut h = head.load(Ordering::Relaxed);
+        loop {
+            // SAFETY: `last` is a free block the caller owns (the chain is
+            // private until the CAS below publishes it).
+            unsafe { (*(last as *const AtomicU64)).store(h & ADDR_MASK, Ordering::Relaxed) };
+            let tag = (h >> ADDR_BITS).wrapping_add(1);
+            match head.compare_exchange_weak(
+                h,
+                (tag << ADDR_BITS) | first as u64,
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(now) => h = now,
+            }
+        }
+    }
+
     fn bump(&self, class: usize) -> Option<*mut u8> {
         let bytes = block_bytes(class) as u64;
         let align = bytes.min(PAGE_BYTES as u64);
@@ -263,8 +303,141 @@ impl Header {
     }
 }
 
+/// A thread's private cache of free blocks (module essay).
+struct ThreadCache {
+    /// Caching is on for this thread.
+    on: Cell<bool>,
+    /// The thread is inside a cache operation (a signal handler that
+    /// allocates then uses the shared stacks).
+    busy: Cell<bool>,
+    /// Per class: the first cached block (its first word links to the
+    /// next), 0 when empty.
+    heads: [Cell<usize>; CACHED_CLASSES],
+    /// Per class: blocks cached.
+    counts: [Cell<u32>; CACHED_CLASSES],
+}
+
+thread_local! {
+    // Const-initialized and without a destructor: reaching it never
+    // allocates, so the allocator may use it.
+    static CACHE: ThreadCache = const {
+        ThreadCache {
+            on: Cell::new(false),
+            busy: Cell::new(false),
+            heads: [const { Cell::new(0) }; CACHED_CLASSES],
+            counts: [const { Cell::new(0) }; CACHED_CLASSES],
+        }
+    };
+}
+
+/// The shared region's header; only valid once this process mapped it.
+fn mapped_header() -> &'static Header {
+    // SAFETY: called only with blocks of the region in hand (so it is
+    // mapped, and stays mapped for the life of the process); the header
+    // is zero-initialized atomics or was initialized by `init`.
+    unsafe { &*(HEAP_BASE_ADDR as *const Header) }
+}
+
+/// Turns on the calling thread's private cache of small blocks (module
+/// essay). For a thread that allocates and frees much of the designs'
+/// metadata (a per-core worker); call [`flush_thread_cache`] before the
+/// thread or process ends, or its cached blocks stay out of the shared
+/// stacks.
+pub fn enable_thread_cache() {
+    let _ = CACHE.try_with(|c| c.on.set(true));
+}
+
+/// Turns off the calling thread's private cache and gives every block in
+/// it back to the shared stacks.
+pub fn flush_thread_cache() {
+    let _ = CACHE.try_with(|c| {
+        if c.busy.replace(true) {
+            return;
+        }
+        c.on.set(false);
+        for class in 0..CACHED_CLASSES {
+            let first = c.heads[class].replace(0);
+            if first == 0 {
+                continue;
+            }
+            let mut last = first;
+            // SAFETY: cached blocks are free blocks of the region owned
+            // by this thread, linked through their first words.
+            while let next @ 1.. = unsafe { *(last as *const usize) } {
+                last = next;
+            }
+            mapped_header().push_chain(class, first as *mut u8, last as *mut u8);
+            c.counts[class].set(0);
+        }
+        c.busy.set(false);
+    });
+}
+
+/// Blocks the calling thread's cache holds now, all classes (tests).
+pub fn thread_cache_blocks() -> u64 {
+    CACHE
+        .try_with(|c| c.counts.iter().map(|n| n.get() as u64).sum())
+        .unwrap_or(0)
+}
+
+impl ThreadCache {
+    /// A block of `class` from the cache, if on and not empty.
+    fn pop(&self, class: usize) -> Option<*mut u8> {
+        if !self.on.get() || class >= CACHED_CLASSES || self.busy.replace(true) {
+            return None;
+        }
+        let head = self.heads[class].get();
+        let got = (head != 0).then(|| {
+            // SAFETY: a cached block is a free block of the region that
+            // this thread owns; its first word links to the next one.
+            let next = unsafe { *(head as *const usize) };
+            self.heads[class].set(next);
+            self.counts[class].set(self.counts[class].get() - 1);
+            head as *mut u8
+        });
+        self.busy.set(false);
+        got
+    }
+
+    /// Keeps `block` of `class` in the cache; false if off (the caller
+    /// pushes it to the shared stack). A full cache gives half its
+    /// blocks back first, as one chain.
+    fn push(&self, class: usize, block: *mut u8) -> bool {
+        if !self.on.get() || class >= CACHED_CLASSES || self.busy.replace(true) {
+            return false;
+        }
+        if self.counts[class].get() >= CACHE_BLOCKS {
+            let first = self.heads[class].get();
+            let mut last = first;
+            for _ in 1..CACHE_BLOCKS / 2 {
+                // SAFETY: as in `pop`: `CACHE_BLOCKS` blocks are linked.
+                last = unsafe { *(last as *const usize) };
+            }
+            // SAFETY: as above; the rest of the list stays cached.
+            let rest = unsafe { *(last as *const usize) };
+            self.heads[class].set(rest);
+            self.counts[class].set(self.counts[class].get() - CACHE_BLOCKS / 2);
+            mapped_header().push_chain(class, first as *mut u8, last as *mut u8);
+        }
+        // SAFETY: `block` is being freed by its owner, at least 16 bytes;
+        // its first word becomes the link.
+        unsafe { *(block as *mut usize) = self.heads[class].get() };
+        self.heads[class].set(block as usize);
+        self.counts[class].set(self.counts[class].get() + 1);
+        self.busy.set(false);
+        true
+    }
+}
+
+const _: () = assert!(block_bytes_const(CACHED_CLASSES - 1) == CACHED_MAX_BYTES);
+
+const fn block_bytes_const(class: usize) -> usize {
+    1 << (class as u32 + MIN_SHIFT)
+}
+
 // SAFETY: blocks are disjoint ranges of the region (each handed out by
-// exactly one successful pop or bump CAS and returned only by `dealloc`);
+// exactly one successful pop or bump CAS, or by the private cache of the
+// one thread that freed it, and returned only by `dealloc`);
 // a block of class c has 2^(4+c) >= max(size, align) bytes and is aligned
 // to min(2^(4+c), page) >= align, since alignments above a page are
 // refused. The region stays mapped for the life of the process.
@@ -276,24 +449,21 @@ unsafe impl GlobalAlloc for SharedHeap {
         let Some(class) = class_of(layout) else {
             return std::ptr::null_mut();
         };
-        let h = self.header();
-        let p = h
-            .pop(class)
-            .or_else(|| h.bump(class))
-            .unwrap_or(std::ptr::null_mut());
-        if !p.is_null() {
-            h.live_bytes
-                .fetch_add(block_bytes(class) as u64, Ordering::Relaxed);
+        if let Ok(Some(p)) = CACHE.try_with(|c| c.pop(class)) {
+            return p;
         }
-        p
+        let h = self.header();
+        h.pop(class)
+            .or_else(|| h.bump(class))
+            .unwrap_or(std::ptr::null_mut())
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         let class = class_of(layout).expect("a layout that was allocated has a class");
-        let h = self.header();
-        h.live_bytes
-            .fetch_sub(block_bytes(class) as u64, Ordering::Relaxed);
-        h.push(class, ptr);
+        if CACHE.try_with(|c| c.push(class, ptr)) == Ok(true) {
+            return;
+        }
+        self.header().push(class, ptr);
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {

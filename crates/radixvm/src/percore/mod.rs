@@ -110,11 +110,38 @@
 //! wake-up, a signal for a target that does not poll); they are counted
 //! as the design's shootdown targets.
 //!
+//! *What two workers share* (why 2 workers are not quite 2x one; the
+//! figures are in docs/BENCHMARKS.md). Per-worker CPU time per
+//! iteration of the local workload rose from 1 to 2 workers; a profile
+//! per iteration named three kinds of cost, each now cut:
+//! * cache lines every allocation wrote: the shared heap's free-list
+//!   heads (one CAS per allocation and per free of the designs'
+//!   metadata) — each worker now allocates from its own cache
+//!   ([`heap::enable_thread_cache`]); Refcache's domain-wide `freed` and
+//!   `freeing` counters (three atomic operations per freed frame) — now
+//!   once per review batch; the `Arc<Frames>` counts beside the pool's
+//!   fields — [`Frames`] is 128-byte aligned so the counts have their
+//!   own line;
+//! * cold frames: a frame returns to the pool about three Refcache epochs
+//!   after its release, and the epoch length decides how many frames are
+//!   in flight; a per-core run uses short epochs
+//!   ([`crate::frameref::PERCORE_OPS_PER_TICK`]) so that a worker reuses
+//!   frames still in its L2 (zeroing them, and the kernel's look at their
+//!   `struct page` in the install, missed the cache, more so with two
+//!   workers filling the shared L3);
+//! * what remains shared is the kernel's view of the one memfd: the
+//!   file's reference count (every `mmap` and `munmap`), its
+//!   `i_mmap_rwsem` and the interval tree of its mappings (every install
+//!   and unmap, from every worker), about 1 µs per 4-page iteration at 2
+//!   workers in the profile. A memfd per core would remove it; a plain C
+//!   loop of the same system calls (`results/percore-scale.c`) scales
+//!   1.9-2.2x from 1 to 2 processes with one shared memfd, so it is left.
+//!
 //! *Hazards of fork* (see also [`heap`]): statics are per-process copies.
 //! The parent must not register with Refcache before forking (a
 //! registration lives in a thread-local); it only creates the shared
-//! Refcache domain ([`crate::frameref::init_domain`]) so that every worker
-//! uses the same one. Locks that park waiters in a process-private table
+//! Refcache domain ([`crate::frameref::init_domain_with`]) so that every
+//! worker uses the same one. Locks that park waiters in a process-private table
 //! (`parking_lot`, `std`) work across processes only uncontended; the
 //! radix range locks, page-table leaf locks and Refcache's locks spin.
 //! No thread is started before a fork; workers leave with `_exit`

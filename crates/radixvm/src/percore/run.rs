@@ -302,7 +302,7 @@ fn run_inner(
         queues: (0..workers).map(|_| Queue::default()).collect(),
     });
     let cpus = topology::allowed_cpus();
-    crate::frameref::init_domain();
+    crate::frameref::init_domain_with(crate::frameref::PERCORE_OPS_PER_TICK);
     use std::io::Write;
     let _ = std::io::stdout().flush();
     let mut pids = Vec::with_capacity(workers);
@@ -501,6 +501,9 @@ fn worker_main(
     if !cpus.is_empty() {
         let _ = topology::pin_current_thread(cpus[i % cpus.len()]);
     }
+    // A worker is one thread on one core: its metadata allocations come
+    // from its own cache, not the shared stacks (heap essay).
+    super::heap::enable_thread_cache();
     let worker = Worker { id: i, mmu, team };
     let cpu = Cpu::attach(space, i);
     team.states[i].store(STATE_READY, Ordering::Release);
@@ -534,6 +537,7 @@ fn worker_main(
         mmu.idle(i);
     }
     std::mem::forget(cpu);
+    super::heap::flush_thread_cache();
     // SAFETY: ends this worker without running destructors of objects it
     // shares with the parent and the other workers (module essay).
     unsafe { libc::_exit(0) }

@@ -77,11 +77,12 @@ fn mapbench(args: Vec<String>) -> Result<(), String> {
     let (options, json) = bench::parse_args(args)?;
     if !json {
         println!(
-            "{:<9} {:<22} {:>3} {:>12} {:>8} {:>8} {:>8} {:>8} {:>7}",
+            "{:<9} {:<22} {:>3} {:>12} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7}",
             "workload",
             "system",
             "thr",
             "iters/s",
+            "cpu-us/it",
             "flt/it",
             "msg/it",
             "kTLB/it",
@@ -94,11 +95,12 @@ fn mapbench(args: Vec<String>) -> Result<(), String> {
             println!("{}", json_line(r));
         } else {
             println!(
-                "{:<9} {:<22} {:>3} {:>12.0} {:>8.2} {:>8} {:>8} {:>8} {:>6.1}%",
+                "{:<9} {:<22} {:>3} {:>12.0} {:>9} {:>8.2} {:>8} {:>8} {:>8} {:>6.1}%",
                 r.workload.name(),
                 r.system.name(),
                 r.threads,
                 r.iters_per_sec,
+                r.cpu_us_per_iter.map_or("-".into(), |v| format!("{v:.2}")),
                 r.faults_per_iter,
                 opt(r.messages_per_iter),
                 opt(r.kernel_tlb_ipis_per_iter),

@@ -17,12 +17,14 @@
 //! * `death` — a worker kills itself mid-run; the run must end with an
 //!   error naming it, not hang. `--hang`: it stops answering instead.
 //! * `heap` — the shared heap across processes: workers allocate and free
-//!   concurrently, blocks never overlap.
+//!   concurrently, blocks never overlap; each worker's private cache
+//!   spills to the shared stacks when full, stays bounded, and is empty
+//!   after a flush.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use radixvm::mmu::{Counter, Miss, Mmu, Op};
-use radixvm::percore::{self, PercoreMmu, Worker};
+use radixvm::percore::{self, heap, PercoreMmu, Worker};
 use radixvm::{
     new_space_on, Access, AddressSpace, Backend, Backing, Cpu, Design, Frames, MapAt, Prot,
     VmError, PAGE_SIZE_BYTES,
@@ -394,6 +396,8 @@ fn death(space: &dyn AddressSpace, hang: bool) -> Result<(), String> {
 
 fn heap(space: &dyn AddressSpace, workers: usize) -> Result<(), String> {
     const ROUNDS: u64 = 20_000;
+    /// Boxes per spill round: more than a class's private cache holds.
+    const CACHE_ROUND_BOXES: u64 = 300;
     let run = percore::run(space, workers, None, &|_cpu: &Cpu<'_>, w: &Worker<'_>| {
         let mut bad = 0;
         let mut live: Vec<Vec<u64>> = Vec::new();
@@ -409,12 +413,46 @@ fn heap(space: &dyn AddressSpace, workers: usize) -> Result<(), String> {
         for v in &live {
             bad += v.iter().filter(|&&x| x >> 32 != tag).count() as u64;
         }
-        [bad, 0, 0, 0]
+        drop(live);
+        // More frees of one class than the private cache holds: the
+        // surplus goes back to the shared stacks as chains, and what the
+        // others allocate from there next must not overlap what this
+        // worker still caches or holds.
+        for round in 0..4u64 {
+            let boxes: Vec<Box<[u64; 8]>> = (0..CACHE_ROUND_BOXES)
+                .map(|i| Box::new([tag << 32 | (round * CACHE_ROUND_BOXES + i); 8]))
+                .collect();
+            w.barrier();
+            for b in &boxes {
+                bad += b.iter().filter(|&&x| x >> 32 != tag).count() as u64;
+            }
+            w.barrier();
+        }
+        let cached = heap::thread_cache_blocks();
+        heap::flush_thread_cache();
+        let left = heap::thread_cache_blocks();
+        [bad, cached, left, 0]
     })?;
     let bad: u64 = run.results.iter().map(|r| r[0]).sum();
-    println!("heap: {workers} processes, {ROUNDS} allocations each, {bad} corrupted words");
+    let cached = run.results.iter().map(|r| r[1]).max().unwrap_or(0);
+    let left: u64 = run.results.iter().map(|r| r[2]).sum();
+    println!(
+        "heap: {workers} processes, {ROUNDS} allocations each, {bad} corrupted words, \
+         at most {cached} blocks in a private cache, {left} after the flush"
+    );
     if bad != 0 {
         return Err("blocks of different processes overlapped".into());
+    }
+    if cached == 0 || cached > heap::MAX_CACHED_BLOCKS {
+        return Err(format!(
+            "a worker's private cache held {cached} blocks (expected 1..={})",
+            heap::MAX_CACHED_BLOCKS
+        ));
+    }
+    if left != 0 {
+        return Err(format!(
+            "{left} blocks stayed in private caches after a flush"
+        ));
     }
     Ok(())
 }
