@@ -121,6 +121,11 @@ pub struct Cli {
     /// Do not pin worker threads to CPUs.
     #[arg(long)]
     pub no_pin: bool,
+    /// Microseconds a worker keeps polling for events after a batch before
+    /// it sleeps, while it has its CPU to itself (default 0: off). See
+    /// `idlespin.rs`.
+    #[arg(long)]
+    pub idle_poll_us: Option<u64>,
     /// Password required before data commands.
     #[arg(long)]
     pub requirepass: Option<String>,
@@ -198,6 +203,8 @@ pub struct ServerConfig {
     pub threads: usize,
     /// Pin workers.
     pub pin: bool,
+    /// idle-poll-us: a worker's polling window after a batch (µs, 0 = off).
+    pub idle_poll_us: u64,
     /// requirepass.
     pub requirepass: Option<String>,
     /// memcached-authfile.
@@ -359,6 +366,7 @@ impl Default for ServerConfig {
             compaction_workers: None,
             threads: topology::allowed_cpus().len().max(1),
             pin: true,
+            idle_poll_us: 0,
             requirepass: None,
             memcached_authfile: None,
             memcached_unauthenticated: false,
@@ -479,6 +487,16 @@ impl ServerConfig {
             "appendfsync" => self.appendfsync = value.parse()?,
             "compaction-workers" => self.compaction_workers = Some(parse_bool_ok(&name, value)?),
             "threads" | "io-threads" => self.threads = parse_bool_ok::<usize>(&name, value)?.max(1),
+            "idle-poll-us" => {
+                let us = parse_bool_ok::<u64>(&name, value)?;
+                if us > crate::idlespin::MAX_POLL_US {
+                    return Err(format!(
+                        "idle-poll-us must be at most {}",
+                        crate::idlespin::MAX_POLL_US
+                    ));
+                }
+                self.idle_poll_us = us;
+            }
             "requirepass" => self.requirepass = (!value.is_empty()).then(|| value.to_string()),
             "memcached-authfile" => {
                 self.memcached_authfile = (!value.is_empty()).then(|| PathBuf::from(value))
@@ -575,6 +593,7 @@ impl ServerConfig {
             cli.compaction_workers.map(|v| v.to_string()),
         )?;
         set("threads", cli.threads.map(|v| v.to_string()))?;
+        set("idle-poll-us", cli.idle_poll_us.map(|v| v.to_string()))?;
         set("requirepass", cli.requirepass.clone())?;
         set(
             "memcached-authfile",
@@ -801,6 +820,7 @@ impl Settings {
             ),
             ("threads", fixed.threads.to_string()),
             ("io-threads", fixed.threads.to_string()),
+            ("idle-poll-us", fixed.idle_poll_us.to_string()),
             ("databases", "1".into()),
             (
                 "maxclients",

@@ -70,6 +70,7 @@ use tokio::sync::watch;
 
 use crate::commands::{self, Ctx, Session};
 use crate::memcache::{self, McParsed};
+use crate::outq::Deferred;
 use crate::pubsub::Mailbox;
 use crate::resp::{Parsed, Parser, Reply};
 use crate::state::{ClientInfo, Shared, WorkerStats};
@@ -184,7 +185,8 @@ enum ReadEnd {
 }
 
 /// Read more input; `Ok(false)` if woken instead by pub/sub messages for
-/// this connection (`mail`).
+/// this connection (`mail`) or by a deferred write that came up short
+/// (`dq`, see [`crate::outq`]): the caller then writes.
 #[allow(clippy::too_many_arguments)]
 async fn read_more<S: AsyncRead + Unpin>(
     s: &mut S,
@@ -195,6 +197,7 @@ async fn read_more<S: AsyncRead + Unpin>(
     stats: &WorkerStats,
     shutdown: &mut watch::Receiver<bool>,
     mail: Option<&Mailbox>,
+    dq: Option<&Deferred>,
 ) -> Result<bool, ReadEnd> {
     inb.reserve(want, cap);
     // As in Redis, the idle timeout does not apply to subscribers.
@@ -218,10 +221,17 @@ async fn read_more<S: AsyncRead + Unpin>(
             None => std::future::pending().await,
         }
     };
+    let stall = async {
+        match dq {
+            Some(d) => d.wait_stalled().await,
+            None => std::future::pending().await,
+        }
+    };
     let r = tokio::select! {
         r = read => r,
         _ = shutdown.wait_for(|v| *v) => return Err(ReadEnd::Shutdown),
         _ = mail_wake => return Ok(false),
+        _ = stall => return Ok(false),
     };
     match r {
         Ok(0) => Err(ReadEnd::Closed),
@@ -235,7 +245,8 @@ async fn read_more<S: AsyncRead + Unpin>(
     }
 }
 
-/// Write the output buffer. A subscriber's write (`mail`) is abandoned,
+/// Write the output buffer, after the replies still deferred in `dq`
+/// (see [`crate::outq`]). A subscriber's write (`mail`) is abandoned,
 /// with an error, when its mailbox is killed for passing the output
 /// buffer limit (see [`crate::pubsub`]): a client that does not read would
 /// otherwise hold its task in this write forever.
@@ -244,7 +255,11 @@ async fn flush<S: AsyncWrite + Unpin>(
     out: &mut Vec<u8>,
     stats: &WorkerStats,
     mail: Option<&Mailbox>,
+    dq: Option<&Deferred>,
 ) -> std::io::Result<()> {
+    if let Some(d) = dq {
+        d.reclaim(out);
+    }
     if out.is_empty() {
         return Ok(());
     }
@@ -283,16 +298,21 @@ async fn deliver<S: AsyncWrite + Unpin>(
     out: &mut Vec<u8>,
     stats: &WorkerStats,
     sess: &Session,
+    dq: Option<&Deferred>,
 ) -> std::io::Result<()> {
     let Some(m) = sess.subs.as_ref().map(|x| x.mailbox.clone()) else {
-        return flush(s, out, stats, None).await;
+        return flush(s, out, stats, None, dq).await;
     };
     loop {
         if m.is_killed() {
             return Err(std::io::Error::other("output buffer limit"));
         }
+        if let Some(d) = dq {
+            // Replies deferred before the subscription go first.
+            d.reclaim(out);
+        }
         let more = m.drain(out, sess.proto, OUT_SOFT);
-        flush(s, out, stats, Some(&m)).await?;
+        flush(s, out, stats, Some(&m), None).await?;
         if !more && !m.has_mail() {
             return Ok(());
         }
@@ -529,9 +549,14 @@ async fn penalty(d: std::time::Duration, shutdown: &mut watch::Receiver<bool>) {
     }
 }
 
-/// Serve one connection until it closes.
+/// Serve one connection until it closes. `fd`: the socket of a plain
+/// (TCP or Unix) connection, whose replies are then written at the end of
+/// the worker's loop turn ([`crate::outq`]); `None` (TLS) writes them at
+/// the end of each batch.
+#[allow(clippy::too_many_arguments)]
 pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     mut s: S,
+    fd: Option<std::os::fd::RawFd>,
     protocol: Protocol,
     shared: Arc<Shared>,
     worker: usize,
@@ -539,6 +564,10 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let stats = &shared.stats[worker];
+    // Declared after `s`, so dropped (detaching the slot from the socket)
+    // before it.
+    let deferred = fd.and_then(Deferred::new);
+    let dq = deferred.as_ref();
     let mut inb = InBuf::new();
     let mut out = Vec::new();
     let mut scratch = Vec::new();
@@ -578,13 +607,14 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             stats,
             &mut shutdown,
             mail.as_deref(),
+            dq,
         )
         .await
         {
             Ok(true) => {}
             // Pub/sub messages arrived: write them, then wait again.
             Ok(false) => {
-                if deliver(&mut s, &mut out, stats, &sess).await.is_err() {
+                if deliver(&mut s, &mut out, stats, &sess, dq).await.is_err() {
                     return;
                 }
                 continue;
@@ -593,7 +623,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 if let ReadEnd::Timeout = end {
                     log::debug!("client {} idle timeout", info.id);
                 }
-                let _ = flush(&mut s, &mut out, stats, mail.as_deref()).await;
+                let _ = flush(&mut s, &mut out, stats, mail.as_deref(), dq).await;
                 return;
             }
         }
@@ -608,7 +638,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 Protocol::Memcached => b"SERVER_ERROR query buffer limit exceeded\r\n",
             };
             out.extend_from_slice(msg);
-            let _ = flush(&mut s, &mut out, stats, mailbox(&sess).as_deref()).await;
+            let _ = flush(&mut s, &mut out, stats, mailbox(&sess).as_deref(), dq).await;
             return;
         }
         if inb.filled - inb.start < want {
@@ -626,6 +656,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         // next one) and again when AUTH lifts the pre-AUTH bounds.
         let mut limits = shared.settings.limits(sess.authed);
         let mut slice_start = std::time::Instant::now();
+        crate::idlespin::note_work(slice_start);
         let mut since_check = 0u32;
         loop {
             let step = match protocol {
@@ -777,7 +808,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                     if let Some(b) = sess.blocked.take() {
                         // A blocking command found nothing: send what
                         // is answered so far, then wait (this task only).
-                        let ok = flush(&mut s, &mut out, stats, mailbox(&sess).as_deref())
+                        let ok = flush(&mut s, &mut out, stats, mailbox(&sess).as_deref(), dq)
                             .await
                             .is_ok()
                             && wait_blocked(
@@ -810,7 +841,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                         durable(&shared, &mut dirty).await;
                     }
                     if out.len() >= OUT_SOFT
-                        && flush(&mut s, &mut out, stats, mailbox(&sess).as_deref())
+                        && flush(&mut s, &mut out, stats, mailbox(&sess).as_deref(), dq)
                             .await
                             .is_err()
                     {
@@ -821,7 +852,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                         since_check = 0;
                         if slice_start.elapsed() >= EXEC_SLICE {
                             durable(&shared, &mut dirty).await;
-                            if deliver(&mut s, &mut out, stats, &sess).await.is_err() {
+                            if deliver(&mut s, &mut out, stats, &sess, dq).await.is_err() {
                                 return;
                             }
                             if let Peek::Gone = peek_input(&mut s, &mut inb, cap, stats).await {
@@ -831,6 +862,10 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                                 );
                                 return;
                             }
+                            // tokio skips its park hook while a yielded
+                            // task waits: write the other connections'
+                            // deferred replies now.
+                            crate::outq::write_pending(stats);
                             tokio::task::yield_now().await;
                             slice_start = std::time::Instant::now();
                         }
@@ -848,9 +883,16 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         }
         dirty |= std::mem::take(&mut sess.dirty);
         durable(&shared, &mut dirty).await;
-        if deliver(&mut s, &mut out, stats, &sess).await.is_err() || close {
-            let _ = s.shutdown().await;
-            return;
+        match dq {
+            // Written before the worker next waits for events, with the
+            // replies of every other connection run in this loop turn.
+            Some(d) if !close && sess.subs.is_none() && !d.stalled() => d.defer(&mut out),
+            _ => {
+                if deliver(&mut s, &mut out, stats, &sess, dq).await.is_err() || close {
+                    let _ = s.shutdown().await;
+                    return;
+                }
+            }
         }
         if inb.start == inb.filled {
             parser.reset();

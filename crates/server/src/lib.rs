@@ -24,6 +24,8 @@
 //! | [`commands`] | Redis command table and handlers |
 //! | [`mc_exec`] | memcached command execution |
 //! | [`conn`] | one connection's read/execute/write loop |
+//! | [`outq`] | replies written at the end of the worker's loop turn (Redis's `beforeSleep`) |
+//! | [`idlespin`] | `idle-poll-us`: optional polling before a worker sleeps, off under contention |
 //! | [`engine`] | the engine: private `nibble::Store` or shared `nibblejmp` store (`--data-dir`) |
 //! | [`eviction`] | `maxmemory-policy`: Redis names over the engine's cache mode, defaults per port |
 //! | [`worker`] | threads, pinning, listeners, maxclients |
@@ -56,6 +58,7 @@ pub mod durability;
 pub mod engine;
 pub mod eviction;
 pub mod glob;
+pub mod idlespin;
 pub mod keylock;
 pub mod list;
 pub mod longdouble;
@@ -63,6 +66,7 @@ pub mod mc_binary;
 pub mod mc_exec;
 pub mod mc_meta;
 pub mod memcache;
+pub mod outq;
 pub mod packed;
 pub mod pubsub;
 pub mod rdb;
@@ -340,10 +344,11 @@ impl Server {
         );
         for (i, l) in per_worker.into_iter().enumerate() {
             let cpu = (cfg.pin && !cpus.is_empty()).then(|| cpus[i % cpus.len()]);
+            let idle_poll = std::time::Duration::from_micros(cfg.idle_poll_us);
             let sh = shared.clone();
             let h = std::thread::Builder::new()
                 .name(format!("nibble-worker-{i}"))
-                .spawn(move || worker::run(i, cpu, sh, l))?;
+                .spawn(move || worker::run(i, cpu, idle_poll, sh, l))?;
             handles.push(h);
         }
         log::info!(

@@ -194,6 +194,23 @@ fn find_lf(buf: &[u8], from: usize) -> Option<usize> {
         .map(|p| p + from)
 }
 
+/// The common header `DIGITS\r\n` at `at` in one pass: its value and
+/// where the line ends, or `None` for anything else (a sign, a leading
+/// zero, more than 18 digits, a line not complete in `buf`), which the
+/// general path ([`find_lf`], [`parse_len`]) then parses or rejects.
+#[inline]
+fn plain_len(buf: &[u8], at: usize) -> Option<(i64, usize)> {
+    let digits = buf.get(at..)?;
+    let mut v: i64 = 0;
+    let mut i = 0;
+    while i < digits.len() && i < 18 && digits[i].is_ascii_digit() {
+        v = v * 10 + i64::from(digits[i] - b'0');
+        i += 1;
+    }
+    let plain = i > 0 && (digits[0] != b'0' || i == 1);
+    (plain && digits.get(i..i + 2) == Some(b"\r\n")).then_some((v, at + i + 2))
+}
+
 /// Parse a decimal integer from a header line (after the type byte).
 fn parse_len(s: &[u8]) -> Option<i64> {
     let (neg, digits) = match s.first() {
@@ -252,19 +269,25 @@ impl Parser {
         if first != b'*' {
             return parse_inline(buf, limits);
         }
-        let Some(lf) = find_lf(buf, 0) else {
-            if buf.len() > MAX_HEADER_LINE {
-                return Err(ProtoError::TooBigMultibulk);
+        let (n, after) = match plain_len(buf, 1) {
+            Some(x) => x,
+            None => {
+                let Some(lf) = find_lf(buf, 0) else {
+                    if buf.len() > MAX_HEADER_LINE {
+                        return Err(ProtoError::TooBigMultibulk);
+                    }
+                    return Ok(Parsed::Incomplete(buf.len() + 1));
+                };
+                if lf > MAX_HEADER_LINE {
+                    return Err(ProtoError::TooBigMultibulk);
+                }
+                if lf < 2 || buf[lf - 1] != b'\r' {
+                    return Err(ProtoError::InvalidMultibulkLength);
+                }
+                let n = parse_len(&buf[1..lf - 1]).ok_or(ProtoError::InvalidMultibulkLength)?;
+                (n, lf + 1)
             }
-            return Ok(Parsed::Incomplete(buf.len() + 1));
         };
-        if lf > MAX_HEADER_LINE {
-            return Err(ProtoError::TooBigMultibulk);
-        }
-        if lf < 2 || buf[lf - 1] != b'\r' {
-            return Err(ProtoError::InvalidMultibulkLength);
-        }
-        let n = parse_len(&buf[1..lf - 1]).ok_or(ProtoError::InvalidMultibulkLength)?;
         if n > limits.max_multibulk as i64 {
             return Err(if limits.unauthenticated {
                 ProtoError::UnauthenticatedMultibulkLength
@@ -275,7 +298,7 @@ impl Parser {
         if n <= 0 {
             // `*0` and `*-1` are empty requests; Redis skips them.
             return Ok(Parsed::Request(Request {
-                consumed: lf + 1,
+                consumed: after,
                 args: Vec::new(),
             }));
         }
@@ -283,7 +306,7 @@ impl Parser {
         args.reserve((n as usize).min(1024));
         let p = Partial {
             remaining: n as usize,
-            pos: lf + 1,
+            pos: after,
             args,
         };
         self.multibulk_from(buf, limits, p)
@@ -304,21 +327,28 @@ impl Parser {
             if c != b'$' {
                 return Err(ProtoError::ExpectedDollar(c));
             }
-            let Some(lf) = find_lf(buf, p.pos) else {
-                if buf.len() - p.pos > MAX_HEADER_LINE {
-                    return Err(ProtoError::TooBigBulkCount);
+            let (len, start) = match plain_len(buf, p.pos + 1) {
+                Some(x) => x,
+                None => {
+                    let Some(lf) = find_lf(buf, p.pos) else {
+                        if buf.len() - p.pos > MAX_HEADER_LINE {
+                            return Err(ProtoError::TooBigBulkCount);
+                        }
+                        let need = buf.len() + 1;
+                        self.partial = Some(p);
+                        return Ok(Parsed::Incomplete(need));
+                    };
+                    if lf - p.pos > MAX_HEADER_LINE {
+                        return Err(ProtoError::TooBigBulkCount);
+                    }
+                    if lf < p.pos + 2 || buf[lf - 1] != b'\r' {
+                        return Err(ProtoError::InvalidBulkLength);
+                    }
+                    let len =
+                        parse_len(&buf[p.pos + 1..lf - 1]).ok_or(ProtoError::InvalidBulkLength)?;
+                    (len, lf + 1)
                 }
-                let need = buf.len() + 1;
-                self.partial = Some(p);
-                return Ok(Parsed::Incomplete(need));
             };
-            if lf - p.pos > MAX_HEADER_LINE {
-                return Err(ProtoError::TooBigBulkCount);
-            }
-            if lf < p.pos + 2 || buf[lf - 1] != b'\r' {
-                return Err(ProtoError::InvalidBulkLength);
-            }
-            let len = parse_len(&buf[p.pos + 1..lf - 1]).ok_or(ProtoError::InvalidBulkLength)?;
             if len < 0 || len as u64 > limits.max_bulk as u64 {
                 return Err(if limits.unauthenticated && len >= 0 {
                     ProtoError::UnauthenticatedBulkLength
@@ -326,7 +356,6 @@ impl Parser {
                     ProtoError::InvalidBulkLength
                 });
             }
-            let start = lf + 1;
             let end = start + len as usize;
             if buf.len() < end + 2 {
                 let need = end + 2;
@@ -661,6 +690,40 @@ mod tests {
             off += r.consumed;
         }
         out
+    }
+
+    #[test]
+    fn plain_len_agrees_with_the_general_path() {
+        // Where the one-pass header parse answers, it answers as
+        // `find_lf` + `parse_len` would.
+        for h in [
+            &b"3\r\n"[..],
+            b"0\r\n",
+            b"10\r\n",
+            b"512\r\nabc",
+            b"999999999999999999\r\n",
+            b"9999999999999999999\r\n",
+            b"03\r\n",
+            b"-1\r\n",
+            b"+3\r\n",
+            b"3\r",
+            b"3\n",
+            b"3",
+            b"",
+            b"3x\r\n",
+            b"00\r\n",
+        ] {
+            let general = find_lf(h, 0)
+                .filter(|&lf| lf >= 1 && h[lf - 1] == b'\r')
+                .and_then(|lf| parse_len(&h[..lf - 1]).map(|v| (v, lf + 1)));
+            if let Some(fast) = plain_len(h, 0) {
+                assert_eq!(Some(fast), general, "{:?}", String::from_utf8_lossy(h));
+            }
+        }
+        assert_eq!(plain_len(b"3\r\n", 0), Some((3, 3)));
+        assert_eq!(plain_len(b"$16\r\n", 1), Some((16, 5)));
+        assert_eq!(plain_len(b"03\r\n", 0), None);
+        assert_eq!(plain_len(b"3\r", 0), None);
     }
 
     #[test]

@@ -380,7 +380,7 @@ pub async fn serve_tls(
             let _ = stream.write_all(crate::auth::DENIED.as_bytes()).await;
             let _ = stream.shutdown().await;
         }
-        Ok(Ok(stream)) => serve(stream, Protocol::Resp, shared, worker, info, shutdown).await,
+        Ok(Ok(stream)) => serve(stream, None, Protocol::Resp, shared, worker, info, shutdown).await,
         Ok(Err(e)) => crate::log_limited!(
             crate::auth::TLS_FAIL_LOG,
             log::Level::Info,

@@ -25,8 +25,15 @@
 //! We chose it over a hand-written mio loop for the readable async
 //! connection code (`conn.rs`), at the cost of a task per connection.
 //!
+//! A loop turn runs every ready connection's batch and then writes all
+//! their replies, one `send` each, from the runtime's `on_thread_park`
+//! hook just before it polls epoll again (Redis's `beforeSleep`, see
+//! [`crate::outq`]).
+//!
 //! Workers block in `epoll_wait` when they run out of ready connections;
-//! they do not busy-poll. Polling would save wake-ups: Redis reads ~32
+//! by default they do not busy-poll (`idle-poll-us`, off by default, lets
+//! a worker with a CPU to itself poll for a few µs first, see
+//! [`crate::idlespin`]). Polling would save wake-ups: Redis reads ~32
 //! sockets per `epoll_wait`, a nibble worker ~3, so a nibble worker sleeps
 //! and is woken (context switch, IPI, VM exit) far more often, and a task
 //! that keeps the `current_thread` scheduler polling epoll with a zero
@@ -69,6 +76,7 @@
 //! that window could still share the port.)
 
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -225,7 +233,8 @@ where
     }
 }
 
-/// Serve an admitted plain (TCP or Unix) connection in a task of its own.
+/// Serve an admitted plain (TCP or Unix) connection in a task of its own;
+/// its replies are written at the end of the loop turn ([`crate::outq`]).
 fn spawn_serve<S>(
     s: S,
     protocol: Protocol,
@@ -234,11 +243,12 @@ fn spawn_serve<S>(
     (info, guard): (Arc<ClientInfo>, ClientGuard),
     shutdown: &watch::Receiver<bool>,
 ) where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + AsRawFd + Unpin + 'static,
 {
     let (sh, rx) = (shared.clone(), shutdown.clone());
     tokio::task::spawn_local(async move {
-        serve(s, protocol, sh, worker, info, rx).await;
+        let fd = s.as_raw_fd();
+        serve(s, Some(fd), protocol, sh, worker, info, rx).await;
         drop(guard);
     });
 }
@@ -382,16 +392,30 @@ where
 }
 
 /// Body of worker thread `worker`: pin, build the runtime, accept and serve
-/// until shutdown.
-pub fn run(worker: usize, cpu: Option<usize>, shared: Arc<Shared>, listeners: WorkerListeners) {
+/// until shutdown. `idle_poll`: how long the worker polls for events after
+/// a batch before it sleeps (zero: it does not; see `idlespin`).
+pub fn run(
+    worker: usize,
+    cpu: Option<usize>,
+    idle_poll: std::time::Duration,
+    shared: Arc<Shared>,
+    listeners: WorkerListeners,
+) {
     if let Some(cpu) = cpu {
         if let Err(e) = topology::pin_current_thread(cpu) {
             log::warn!("worker {worker}: pinning to CPU {cpu} failed: {e}");
         }
     }
+    // Replies deferred in this loop turn go out just before the runtime
+    // waits for events again (Redis's `beforeSleep`, see `outq`).
+    let park_shared = shared.clone();
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
+        .on_thread_park(move || {
+            crate::outq::write_pending(&park_shared.stats[worker]);
+            crate::idlespin::before_park();
+        })
         .build()
     {
         Ok(rt) => rt,
@@ -401,9 +425,12 @@ pub fn run(worker: usize, cpu: Option<usize>, shared: Arc<Shared>, listeners: Wo
             return;
         }
     };
+    crate::outq::enable_on_this_thread();
+    crate::idlespin::enable_on_this_thread(idle_poll);
     let local = tokio::task::LocalSet::new();
     let mut shutdown = shared.shutdown_tx.subscribe();
     local.block_on(&rt, async {
+        tokio::task::spawn_local(crate::idlespin::spinner());
         for (l, p) in listeners.tcp {
             spawn_accept(worker, "TCP", TcpListener::from_std(l), |l| {
                 accept_tcp(l, p, shared.clone(), worker, shutdown.clone())

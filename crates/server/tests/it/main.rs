@@ -18,6 +18,7 @@ mod memcached;
 mod multi;
 mod obuf;
 mod parsers;
+mod pipeline;
 mod power;
 mod process;
 mod rdb;
