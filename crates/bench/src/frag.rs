@@ -21,7 +21,11 @@
 //!
 //! Each (system, pair) runs in a fresh process (module `child`), so the RSS
 //! is that of the store alone plus the process's fixed few MiB
-//! (`rss_empty_bytes`: RSS with the empty store built). The benchmark keeps
+//! (`rss_base_bytes`: RSS before the system was built, the same for every
+//! system; `rss_empty_bytes`: RSS with the empty store built). `bloat` is
+//! the whole process's RSS / live data, the primary figure;
+//! `bloat_store` = (RSS - `rss_base_bytes`) / live data is the system's
+//! own share, without the benchmark's code and heap. The benchmark keeps
 //! no per-object state of its own: which objects to delete comes from a
 //! hash of the id, so nothing but the store grows with the data.
 //!
@@ -109,7 +113,14 @@ pub struct NibbleFigures {
 pub struct FragCell {
     pub live_bytes: u64,
     pub rss_bytes: u64,
+    /// RSS before the system under test was built: the benchmark
+    /// process's own code, libraries and heap, the same for every system.
+    #[serde(default)]
+    pub rss_base_bytes: u64,
     pub rss_empty_bytes: u64,
+    /// The file-backed part of `rss_bytes` (code and libraries).
+    #[serde(default)]
+    pub rss_file_bytes: u64,
     pub rss_after_a_bytes: u64,
     /// RSS before the systems' idle cleanup (`Kv::trim`).
     pub rss_untrimmed_bytes: u64,
@@ -206,6 +217,7 @@ pub fn run_job(job: &FragJob, emit: &mut dyn FnMut(FragCell)) -> Result<()> {
         what.clone(),
     );
     let t0 = Instant::now();
+    let rss_base = util::rss_bytes().unwrap_or(0);
     let kv = job.system.build(job.capacity)?;
     let kv: &dyn Kv = &*kv;
     let rss_empty = util::rss_bytes().unwrap_or(0);
@@ -308,6 +320,8 @@ pub fn run_job(job: &FragJob, emit: &mut dyn FnMut(FragCell)) -> Result<()> {
     emit(FragCell {
         live_bytes: live,
         rss_bytes: rss,
+        rss_base_bytes: rss_base,
+        rss_file_bytes: util::rss_file_bytes().unwrap_or(0),
         rss_empty_bytes: rss_empty,
         rss_after_a_bytes: rss_after_a,
         rss_untrimmed_bytes: rss_untrimmed,
@@ -358,7 +372,8 @@ pub fn run(o: &FragOpts, rep: &mut Reporter) -> std::io::Result<()> {
             "Fig. 14: insert objects of size_a until live data (key + value bytes) reaches {:.0} MiB, delete 90% at \
              random, insert objects of size_b until live is back at the target or an insert fails. Object = 16 B key + \
              (size - 16) B value. Each (system, pair, run) in a fresh process, {} at a time (secs: wall time of a cell, under that load); rss_bytes = VmRSS at the end (the \
-             process's own ~few MiB included); bloat = rss / live, median of {} runs [min, max]. Nibble capacity \
+             process's own ~few MiB included); bloat = rss / live, median of {} runs [min, max]; bloat_store = \
+             (rss - rss_base_bytes) / live, where rss_base_bytes is the process's RSS before the system was built. Nibble capacity \
              {:.0} MiB (1.5 x target); on out-of-memory: compact_now, retry once, else stop (completed = NO). \
              nibble_live_bytes: the store's own count (14 B object headers included; 16-24 B with flags, capacity slack or long lengths).",
             o.target_bytes as f64 / (1u64 << 20) as f64,
@@ -461,7 +476,17 @@ pub fn run(o: &FragOpts, rep: &mut Reporter) -> std::io::Result<()> {
                     3,
                 )
                 .set("completed", completed)
+                .set_f(
+                    "bloat_store",
+                    med(&|c| {
+                        c.rss_bytes.saturating_sub(c.rss_base_bytes) as f64
+                            / c.live_bytes.max(1) as f64
+                    }),
+                    3,
+                )
+                .set_f("rss_base_bytes", med(&|c| c.rss_base_bytes as f64), 0)
                 .set_f("rss_empty_bytes", med(&|c| c.rss_empty_bytes as f64), 0)
+                .set_f("rss_file_bytes", med(&|c| c.rss_file_bytes as f64), 0)
                 .set_f("secs", med(&|c| c.secs), 1);
             match runs.iter().find_map(|c| c.nibble.as_ref()) {
                 Some(n) => {

@@ -46,10 +46,20 @@ pub fn pin_to(cpu: usize) -> Result<()> {
 
 /// Resident set size of this process (VmRSS of `/proc/self/status`), bytes.
 pub fn rss_bytes() -> Option<u64> {
+    status_kib("VmRSS:").map(|k| k * 1024)
+}
+
+/// The file-backed part of this process's RSS (`RssFile`: code and
+/// libraries), bytes.
+pub fn rss_file_bytes() -> Option<u64> {
+    status_kib("RssFile:").map(|k| k * 1024)
+}
+
+/// A `kB` field of `/proc/self/status`.
+fn status_kib(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Touch `bytes` of fresh anonymous memory (in transparent huge pages where

@@ -9,8 +9,14 @@
 //! `malloc_trim(0)`, which hands every free page of every arena back with
 //! `MADV_DONTNEED`, at most once per [`TRIM_PERIOD`] and only after at
 //! least [`TRIM_AFTER_CLOSES`] connections closed since the last trim, so
-//! a steady server never pays for it. The thread holds only a weak
-//! reference to the server state and ends with it.
+//! a steady server never pays for it. It also trims once each time the
+//! server falls quiet (commands ran during one period and none during the
+//! next): the buffers and temporaries of a burst of requests are free by
+//! then but sit in the worker threads' arenas, which glibc returns only
+//! from the top of each heap (after `memlab server --quick`'s churn, the
+//! arenas held about 1 MiB, 2 % of the live data). The store gives its own
+//! memory back at the same moment (its idle-time release). The thread
+//! holds only a weak reference to the server state and ends with it.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -28,15 +34,26 @@ pub fn start(shared: &Arc<Shared>) -> std::io::Result<()> {
     let weak: Weak<Shared> = Arc::downgrade(shared);
     std::thread::Builder::new()
         .name("nibble-trim".into())
-        .spawn(move || loop {
-            std::thread::sleep(TRIM_PERIOD);
-            let Some(shared) = weak.upgrade() else { return };
-            if shared.stopping.load(Ordering::Acquire) {
-                return;
-            }
-            if shared.closed_since_trim.load(Ordering::Relaxed) >= TRIM_AFTER_CLOSES {
-                shared.closed_since_trim.store(0, Ordering::Relaxed);
-                trim_heap();
+        .spawn(move || {
+            // Commands seen at the last look, and whether the period
+            // before it ran any.
+            let (mut seen, mut busy) = (0u64, false);
+            loop {
+                std::thread::sleep(TRIM_PERIOD);
+                let Some(shared) = weak.upgrade() else { return };
+                if shared.stopping.load(Ordering::Acquire) {
+                    return;
+                }
+                let commands = shared.totals().commands;
+                let fell_quiet = busy && commands == seen;
+                busy = commands != seen;
+                seen = commands;
+                if fell_quiet
+                    || shared.closed_since_trim.load(Ordering::Relaxed) >= TRIM_AFTER_CLOSES
+                {
+                    shared.closed_since_trim.store(0, Ordering::Relaxed);
+                    trim_heap();
+                }
             }
         })
         .map(drop)
