@@ -59,23 +59,18 @@
 //! clear gain on this disk, whose rate swung 2x from minute to minute
 //! with the other jobs on it, so it is not in the tree.
 //!
-//! Reading less after a power cut (not built): the pass must read every
-//! byte it trusts, since each object's checksum covers all of it. A fuzzy
-//! checkpoint in the manner of Garnet's or Redis's would bound that: the
-//! flusher would write, every so many seconds, the index and the segment
-//! table with a checkpoint epoch, and stamp each segment with the epoch it
-//! was last opened in (in the segment's header, flushed with its bytes);
-//! recovery would load the checkpoint, walk with checksums only the
-//! segments opened since it (and those open at it), drop every entry that
-//! names a segment reused since, and insert what those walks find, newest
-//! version winning. What makes it more than that: a delete or an
-//! overwrite after the checkpoint marks the old copy DEAD in place in an
-//! older segment, which the checkpoint's entry still names, so either
-//! every entry's object state is read back (one random read per key,
-//! worse than the sequential pass on this disk) or deletes leave a
-//! tombstone in the log; and the objects of segments not walked are
-//! trusted unverified, so GET would have to verify them (it does not
-//! today). Until then a power-cut restart costs one read of the log.
+//! Reading less after a power cut: the pass must read every byte it
+//! trusts, since each object's checksum covers all of it. With fuzzy index
+//! checkpoints on (`store/checkpoint.rs`; the server takes one a minute)
+//! recovery starts from the last checkpoint instead (`recovery/ckpt.rs`):
+//! it loads the checkpoint's index and segment table, reads each
+//! segment's stamp (the epoch it was opened in), walks with checksums only
+//! the segments written since the checkpoint began, and merges: newest
+//! version wins, a walked copy wins a tie, then tombstones (which deletes
+//! append while checkpoints are on) remove what they deleted. The objects
+//! of segments not walked are trusted unverified, as every read verifies
+//! an object's checksum before returning a byte of it. Without a usable
+//! checkpoint the full pass above runs; it applies tombstones too.
 //!
 //! Damage (see `store/integrity.rs`): every walk verifies each object's
 //! checksum and skips a damaged one (resynchronizing on the next intact

@@ -159,7 +159,10 @@ impl Inner {
         if !path.exists() {
             return Outcome::NoCheckpoint;
         }
-        let ck = match self.read_checkpoint() {
+        let t = std::time::Instant::now();
+        let read = self.read_checkpoint();
+        log::debug!("checkpoint recovery: file read in {:?}", t.elapsed());
+        let ck = match read {
             Ok(c) => c,
             Err(why) => {
                 log::warn!("not using the checkpoint: {why}; walking the whole log");
@@ -181,6 +184,8 @@ impl Inner {
 
     fn recover_from(&self, ck: &Loaded, r: &mut RecoveryReport) -> Result<()> {
         let n = self.geo.log_segments as usize;
+        let t0 = std::time::Instant::now();
+        let lap = |what: &str| log::debug!("checkpoint recovery: {what} after {:?}", t0.elapsed());
         let doubt = |what: String| Err(Error::Corrupt(format!("checkpoint: {what}")));
         // Heads and lease are re-derived (no process is attached).
         self.clear_heads_and_lease();
@@ -192,6 +197,7 @@ impl Inner {
             })
             .collect();
         let max_stamp = stamps.iter().flatten().copied().max().unwrap_or(0);
+        lap("stamps read");
         for (s, (&[st, used, live, min_exp], &walk)) in ck.segs.iter().zip(&walked).enumerate() {
             let e = self.seg(s);
             e.stamp.store(0, Ordering::Relaxed);
@@ -253,6 +259,7 @@ impl Inner {
             return doubt("a record names a free segment or does not fit its bucket".into());
         }
         r.checkpoint_keys = loaded.load(Ordering::Relaxed);
+        lap("index cleared, records loaded");
         // 3. Walk the segments written since the checkpoint began.
         let view = View {
             ck,
@@ -307,6 +314,7 @@ impl Inner {
             })
             .ok_or_else(|| Error::Corrupt("recovery: a checkpoint walk thread panicked".into()))?;
         self.hdr().alloc_hint.store(0, Ordering::Relaxed);
+        lap("segments walked");
         let (mut max_version, mut max_stamp) = (ck.bound, max_stamp);
         let mut rebuilds = Vec::new();
         for p in parts {
@@ -330,7 +338,9 @@ impl Inner {
                 e.state.store(SEG_CLOSED, Ordering::Relaxed);
             }
         }
+        lap("tombstones applied");
         let items = self.account_from_index(Some(&walked));
+        lap("live bytes summed");
         for (i, c) in self.meta().counts.iter().enumerate() {
             c.items
                 .store(if i == 0 { items } else { 0 }, Ordering::Relaxed);
