@@ -45,6 +45,15 @@
 //! A flush that fails (a disk error) is logged and counted
 //! (`aof_last_write_status:err`); under `always` the waiting writes are
 //! not acknowledged until a later flush succeeds.
+//!
+//! Index checkpoints: with `always` or `everysec` at start and
+//! `--checkpoint-interval` > 0 (default 60 s), `start` turns on the
+//! store's checkpoint thread (`nibblejmp`'s `store/checkpoint.rs`), so a
+//! restart after a power cut walks only the log written since the last
+//! checkpoint; `INFO persistence` reports `checkpoints`,
+//! `checkpoint_last_ms` and the tombstones deletes wrote. A later `CONFIG
+//! SET appendfsync no` leaves them running (with no guarantee after a
+//! power cut under `no`, as without them).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};

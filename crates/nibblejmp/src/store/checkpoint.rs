@@ -91,7 +91,10 @@
 //! 40 bytes; a segment starts with a 56-byte stamp. Under
 //! `appendfsync no` the server takes no checkpoints (they rely on the
 //! durability rules). Durability and checkpoints are per process, like
-//! the kills they depend on.
+//! the kills they depend on: a delete by another process attached to the
+//! same store writes no tombstone, so a restart from a checkpoint after a
+//! power cut may bring such a key back (the server is the only writer of
+//! a store it serves in the deployments this targets).
 
 use std::fs;
 use std::io::Write;
