@@ -73,7 +73,10 @@
 //! checkpoint copied its bucket carries that checkpoint's epoch or a
 //! later one. A tombstone only counts in a segment walked without a
 //! resynchronization before it (a reused segment's stale tail may hold
-//! old ones).
+//! old ones). A delete in a full log (no room for its tombstone; deletes
+//! are how room is made, so it must not wait) goes without one: it
+//! removes the checkpoint file first (durably), and a checkpoint under way
+//! then is not installed.
 //!
 //! Compaction's removal of an expired object leaves no tombstone: after a
 //! checkpoint recovery an entry may name such a DEAD (expired, so
@@ -176,6 +179,11 @@ pub(crate) struct Ckpt {
     interval_ms: AtomicU64,
     /// One checkpoint at a time.
     write_lock: Mutex<()>,
+    /// Deletes that could write no tombstone (a full log).
+    untombed: AtomicU64,
+    /// Held to install a checkpoint file, or to remove it for such a
+    /// delete.
+    install_lock: Mutex<()>,
     thread: Mutex<Option<JoinHandle<()>>>,
     checkpoints: AtomicU64,
     errors: AtomicU64,
@@ -196,6 +204,8 @@ impl Ckpt {
             stale_dead: AtomicBool::new(false),
             interval_ms: AtomicU64::new(0),
             write_lock: Mutex::new(()),
+            untombed: AtomicU64::new(0),
+            install_lock: Mutex::new(()),
             thread: Mutex::new(None),
             checkpoints: AtomicU64::new(0),
             errors: AtomicU64::new(0),
@@ -331,7 +341,29 @@ impl Inner {
         let value = self.current_epoch().to_le_bytes();
         let hdr = Self::marker_header(key.len(), TOMBSTONE_SLACK_BYTES, 0);
         let kv = obj_crc_kv(key, &value);
-        self.append_waiting(op, key, &value, &hdr, kv).map(Some)
+        match self.append(op, key, &value, &hdr, kv)? {
+            Append::Done(loc) => Ok(Some(loc)),
+            // A full log: the delete must still work (it is how room is
+            // made), so it goes without a tombstone, and the checkpoint,
+            // which could bring the key back, is removed first.
+            Append::NoSpace => {
+                self.untombed_delete()?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// A delete without a tombstone: remove the checkpoint file (durably)
+    /// and keep a checkpoint under way from being installed.
+    fn untombed_delete(&self) -> Result<()> {
+        let _g = lock(&self.ck.install_lock);
+        self.ck.untombed.fetch_add(1, Ordering::SeqCst);
+        let p = self.dir.join(CHECKPOINT_FILE);
+        match fs::remove_file(&p) {
+            Ok(()) => sync_dir(&self.dir),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_err("remove", &p, e)),
+        }
     }
 
     /// Under the key's bucket locks: make the tombstone at `t` count for
@@ -467,6 +499,7 @@ impl Inner {
         let t = Instant::now();
         // 1. The epoch.
         let e = self.ck.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        let untombed = self.ck.untombed.load(Ordering::SeqCst);
         let start = ordered_stamp();
         // 2. Quiesce: every operation begun before `start` has ended.
         let deadline = t + Duration::from_millis(QUIESCE_TIMEOUT_MS);
@@ -581,8 +614,17 @@ impl Inner {
                 f.sync_all()
             })
             .map_err(|e| io_err("write", &tmp, e))?;
-        fs::rename(&tmp, &dst).map_err(|e| io_err("rename", &dst, e))?;
-        sync_dir(&self.dir)?;
+        {
+            let _g = lock(&self.ck.install_lock);
+            if self.ck.untombed.load(Ordering::SeqCst) != untombed {
+                let _ = fs::remove_file(&tmp);
+                return Err(Error::Busy(
+                    "checkpoint: a delete in a full log wrote no tombstone meanwhile".into(),
+                ));
+            }
+            fs::rename(&tmp, &dst).map_err(|e| io_err("rename", &dst, e))?;
+            sync_dir(&self.dir)?;
+        }
         self.ck.completed.store(e, Ordering::Release);
         let c = &self.ck;
         c.checkpoints.fetch_add(1, Ordering::Relaxed);
