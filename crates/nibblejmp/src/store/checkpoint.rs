@@ -73,8 +73,9 @@
 //! checkpoint copied its bucket carries that checkpoint's epoch or a
 //! later one. A tombstone only counts in a segment walked without a
 //! resynchronization before it (a reused segment's stale tail may hold
-//! old ones). A delete in a full log (no room for its tombstone; deletes
-//! are how room is made, so it must not wait) goes without one: it
+//! old ones). A delete in a full log (no room for its tombstone after a
+//! few rounds of compaction; deletes are how room is made, so it must
+//! not wait longer) goes without one: it
 //! removes the checkpoint file first (durably), and a checkpoint under way
 //! then is not installed.
 //!
@@ -126,6 +127,9 @@ pub(crate) const SECOND_BUCKET_BIT: u64 = 1 << 63;
 /// Bit of a segment's state word in the file: recovery walks the segment
 /// (open at the snapshot, or closed after the checkpoint began).
 pub(crate) const SNAPSHOT_WALK_BIT: u64 = 1 << 32;
+/// Appends a tombstone tries, making space between them, before its
+/// delete goes without one.
+const TOMBSTONE_APPEND_TRIES: usize = 4;
 /// Hash tags (the top 16 bits of an entry word).
 const TAGS: usize = 1 << (64 - LOC_BITS);
 /// Buckets copied per pin of the epoch table.
@@ -341,16 +345,21 @@ impl Inner {
         let value = self.current_epoch().to_le_bytes();
         let hdr = Self::marker_header(key.len(), TOMBSTONE_SLACK_BYTES, 0);
         let kv = obj_crc_kv(key, &value);
-        match self.append(op, key, &value, &hdr, kv)? {
-            Append::Done(loc) => Ok(Some(loc)),
-            // A full log: the delete must still work (it is how room is
-            // made), so it goes without a tombstone, and the checkpoint,
-            // which could bring the key back, is removed first.
-            Append::NoSpace => {
-                self.untombed_delete()?;
-                Ok(None)
+        for _ in 0..TOMBSTONE_APPEND_TRIES {
+            if let Append::Done(loc) = self.append(op, key, &value, &hdr, kv)? {
+                return Ok(Some(loc));
             }
+            // As a put does (unpinned, so retired segments can be
+            // reused), but without waiting for progress.
+            op.unpin();
+            self.make_space();
+            op.repin();
         }
+        // A log still full: the delete must work anyway (it is how room
+        // is made), so it goes without a tombstone, and the checkpoint,
+        // which could bring the key back, is removed first.
+        self.untombed_delete()?;
+        Ok(None)
     }
 
     /// A delete without a tombstone: remove the checkpoint file (durably)
