@@ -9,6 +9,10 @@
 //! copy-free path: a child attaches and exits without closing).
 //! `cargo run --release -p nibblejmp --example power_restart -- [DIR] [CAPACITY_MIB] [KEYS] [VALUE_BYTES] [RUNS]`
 //! (`KEEP=1` keeps DIR; KEYS = 0 then recovers it again without filling).
+//! With `CKPT=1` the child fills with durability and checkpoints on, takes
+//! a checkpoint after the first pass of puts and does the overwrites
+//! after it, so the attach recovers from the checkpoint and walks only
+//! the segments written since (`store/checkpoint.rs`).
 
 use std::time::Instant;
 
@@ -38,7 +42,24 @@ fn in_child(f: impl FnOnce()) {
     unsafe { libc::waitpid(pid, &mut st, 0) };
 }
 
+/// `LOG=1`: recovery's debug lines (phase times) on stderr.
+struct StderrLog;
+
+impl log::Log for StderrLog {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        eprintln!("{} {}", r.level(), r.args());
+    }
+    fn flush(&self) {}
+}
+
 fn main() {
+    if std::env::var_os("LOG").is_some() {
+        let _ = log::set_logger(&StderrLog);
+        log::set_max_level(log::LevelFilter::Debug);
+    }
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let dir = std::path::PathBuf::from(
         argv.first()
@@ -64,12 +85,29 @@ fn main() {
         }
         let _ = std::fs::remove_dir_all(&d2);
         let s = SharedStore::create(&d2, cap, &o2).expect("create");
+        let ckpt = std::env::var_os("CKPT").is_some();
+        if ckpt {
+            s.set_durable(true).expect("durable");
+            s.set_checkpoint_interval(Some(std::time::Duration::from_secs(1 << 20)))
+                .expect("checkpoints");
+        }
         let value = vec![b'v'; vlen];
         for i in 0..keys {
             if let Err(e) = s.put(format!("key:{i:012}").as_bytes(), &value) {
                 eprintln!("stopped filling at {i} keys: {e}");
                 break;
             }
+        }
+        if ckpt {
+            let t = Instant::now();
+            s.checkpoint_now().expect("checkpoint");
+            let st = s.checkpoint_stats();
+            println!(
+                "checkpoint: {:.0} ms, {} keys, {} bytes",
+                t.elapsed().as_secs_f64() * 1e3,
+                st.last_keys,
+                st.last_bytes
+            );
         }
         for i in 0..keys / 10 {
             if s.put(format!("key:{i:012}").as_bytes(), &value).is_err() {
@@ -86,11 +124,19 @@ fn main() {
         let ms = t.elapsed().as_secs_f64() * 1e3;
         let r = s.recovery_report().clone();
         println!(
-            "run {run}: power-cut attach {ms:.0} ms, {} objects indexed, {} items, meta re-derived: {}, rebuilt: {}",
+            "run {run}: power-cut attach {ms:.0} ms, {} objects indexed, {} items, meta re-derived: {}, rebuilt: {}, checkpoint epoch {} ({} keys from it, {} of {} segments walked{})",
             r.objects_indexed,
             s.len(),
             r.meta_rederived,
-            r.rebuilt
+            r.rebuilt,
+            r.checkpoint_epoch,
+            r.checkpoint_keys,
+            r.segments_walked,
+            s.geometry().log_segments,
+            r.checkpoint_fallback
+                .as_deref()
+                .map(|w| format!("; not used: {w}"))
+                .unwrap_or_default()
         );
         times.push(ms);
         // Leave it unclean again for the next run.

@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::layout::*;
 use crate::proc_id;
-use crate::store::{Inner, Obj, Op};
+use crate::store::{Inner, Marker, Obj, Op, ValidLoc};
 use crate::testing::{point, CrashPoint};
 
 /// How often a process that does not hold the lease checks its holder.
@@ -245,7 +245,16 @@ impl Inner {
         let w = self.walk_intact(v, used, false, |h, size, intact| {
             let st = self.obj_state(h.loc()).load(Ordering::Acquire);
             if st & OBJ_COMMITTED == 0 || st & OBJ_DEAD != 0 {
-                return true;
+                if !intact || st & OBJ_COMMITTED == 0 {
+                    return true;
+                }
+                return match self.pass_dead(h, size, dest) {
+                    Ok(()) => true,
+                    Err(p) => {
+                        failed = Some(p);
+                        false
+                    }
+                };
             }
             let r = if !intact {
                 self.note_damaged(h.loc().get(), "compaction");
@@ -359,32 +368,15 @@ impl Inner {
             self.unlock_pair(b0, b1);
             return Ok(()); // not the key's current value
         };
-        let fits = |d: usize| self.seg(d).used.load(Ordering::Relaxed) + size <= self.geo.seg_bytes;
-        if !dest.is_some_and(fits) {
-            if let Some(d) = dest.take() {
-                self.close_segment(d);
+        let (d, to) = match self.dest_room(size, dest) {
+            Ok(r) => r,
+            Err(p) => {
+                self.unlock_pair(b0, b1);
+                return Err(p);
             }
-            match self.claim_segment(TAG_COMPACTOR, true) {
-                Some(d) => {
-                    *dest = Some(d);
-                    self.meta()
-                        .lease
-                        .dest
-                        .store(d as u64 + 1, Ordering::Release);
-                }
-                None => {
-                    self.meta().lease.dest.store(0, Ordering::Release);
-                    self.unlock_pair(b0, b1);
-                    return Err(Pass::NoSpace);
-                }
-            }
-        }
-        let d = dest.unwrap_or_default();
+        };
         let de = self.seg(d);
         let doff = de.used.load(Ordering::Relaxed);
-        let to = self
-            .valid_loc(d as u64 * self.geo.seg_bytes + doff + 1)
-            .expect("the destination has room for the object");
         // SAFETY: `to` has `size` bytes of room in our own destination
         // segment (`fits` above), which only the lease holder (us, under
         // the compactor mutex) writes; `h` is a checked object of `size`
@@ -406,6 +398,87 @@ impl Inner {
         }
         self.unlock_pair(b0, b1);
         Ok(())
+    }
+
+    /// Room for `size` bytes in the destination segment (closing a full
+    /// one and claiming another): the segment and the location.
+    fn dest_room(
+        &self,
+        size: u64,
+        dest: &mut Option<usize>,
+    ) -> std::result::Result<(usize, ValidLoc), Pass> {
+        let fits = |d: usize| self.seg(d).used.load(Ordering::Relaxed) + size <= self.geo.seg_bytes;
+        if !dest.is_some_and(fits) {
+            if let Some(d) = dest.take() {
+                self.close_segment(d);
+            }
+            match self.claim_segment(TAG_COMPACTOR, true) {
+                Some(d) if fits(d) => {
+                    *dest = Some(d);
+                    self.meta()
+                        .lease
+                        .dest
+                        .store(d as u64 + 1, Ordering::Release);
+                }
+                Some(d) => {
+                    // Cannot happen (an object fits a segment with its
+                    // stamp); give the segment back as closed.
+                    self.close_segment(d);
+                    return Err(Pass::NoSpace);
+                }
+                None => {
+                    self.meta().lease.dest.store(0, Ordering::Release);
+                    return Err(Pass::NoSpace);
+                }
+            }
+        }
+        let d = dest.unwrap_or_default();
+        let doff = self.seg(d).used.load(Ordering::Relaxed);
+        let to = self
+            .valid_loc(d as u64 * self.geo.seg_bytes + doff + 1)
+            .ok_or(Pass::NoSpace)?;
+        Ok((d, to))
+    }
+
+    /// A committed, DEAD object of the victim (see `store/checkpoint.rs`):
+    /// a tombstone still needed by the completed checkpoint is copied to
+    /// the destination (COMMITTED | DEAD there too); after a checkpoint
+    /// recovery, an index entry that still names a DEAD object (an
+    /// expired one compaction removed before the cut) is removed.
+    fn pass_dead(
+        &self,
+        h: &Obj,
+        size: u64,
+        dest: &mut Option<usize>,
+    ) -> std::result::Result<(), Pass> {
+        match self.marker(h) {
+            Some((Marker::Tombstone, epoch)) if self.ck_on() && self.tombstone_needed(epoch) => {
+                let (d, to) = self.dest_room(size, dest)?;
+                // SAFETY: `to` has `size` bytes of room in our own
+                // destination segment (`dest_room`), which only the lease
+                // holder (us, under the compactor mutex) writes; `h` is a
+                // checked object of `size` bytes in the victim.
+                unsafe { self.copy_object(h, to, size) };
+                let de = self.seg(d);
+                de.used
+                    .store(de.used.load(Ordering::Relaxed) + size, Ordering::Release);
+                self.mark(to.get(), OBJ_COMMITTED | OBJ_DEAD);
+                self.ck.tombstones_kept.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Some(_) => Ok(()),
+            None if self.ck.stale_dead.load(Ordering::Relaxed) => {
+                let loc = h.loc().get();
+                let (op, b0, b1, _) = self.lock_key_of(h, INTENT_DEL)?;
+                if let Some((b, i)) = self.find_entry(b0, b1, loc) {
+                    self.bucket(b).entries[i].store(0, Ordering::Release);
+                    self.count_items(&op, -1);
+                }
+                self.unlock_pair(b0, b1);
+                Ok(())
+            }
+            None => Ok(()),
+        }
     }
 
     /// A writer out of space: compact here if this process can hold the

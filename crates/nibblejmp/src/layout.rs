@@ -97,6 +97,22 @@ pub const OBJ_DEAD: u64 = 2;
 /// Bytes before the key: the state word and nibble's header.
 pub const OBJ_PREFIX_BYTES: u64 = 8 + nibble::object::WIDE_HEADER_BYTES as u64;
 
+/// Capacity slack (bytes of room past the value, never written) that marks
+/// a *tombstone*: a delete's record in the log, appended while checkpoints
+/// are on (`store/checkpoint.rs`). Its key is the deleted key, its version
+/// that of the deleted object, its 8-byte value the checkpoint epoch it was
+/// written in; its state is COMMITTED | DEAD from the moment it counts, so
+/// every walk that looks for live objects skips it. Objects the store
+/// writes otherwise have no slack, so the marker cannot be a user's object.
+pub const TOMBSTONE_SLACK_BYTES: u32 = 8;
+/// Capacity slack that marks a segment's *stamp*: the first object of a
+/// segment opened while checkpoints are on, with an empty key and, as its
+/// 8-byte value, the checkpoint epoch the segment was opened in
+/// (COMMITTED | DEAD, as a tombstone).
+pub const STAMP_SLACK_BYTES: u32 = 16;
+/// Bytes of a stamp's or a tombstone's value (the epoch, little endian).
+pub const MARKER_VALUE_BYTES: usize = 8;
+
 /// Segment states (low byte of [`SegEntry::state`]; the next byte is the
 /// owner tag of an open segment).
 pub const SEG_FREE: u64 = 0;

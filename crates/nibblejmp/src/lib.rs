@@ -204,4 +204,4 @@ pub use error::{Error, Result};
 /// `nibble::Store` (the server) drives a shared store the same way.
 pub use nibble::{Condition, Expiry, ItemMeta, PutOptions};
 pub use recovery::RecoveryReport;
-pub use store::{default_dir, FlushStats, Geometry, Options, SharedStore, Stats};
+pub use store::{default_dir, CheckpointStats, FlushStats, Geometry, Options, SharedStore, Stats};

@@ -59,23 +59,18 @@
 //! clear gain on this disk, whose rate swung 2x from minute to minute
 //! with the other jobs on it, so it is not in the tree.
 //!
-//! Reading less after a power cut (not built): the pass must read every
-//! byte it trusts, since each object's checksum covers all of it. A fuzzy
-//! checkpoint in the manner of Garnet's or Redis's would bound that: the
-//! flusher would write, every so many seconds, the index and the segment
-//! table with a checkpoint epoch, and stamp each segment with the epoch it
-//! was last opened in (in the segment's header, flushed with its bytes);
-//! recovery would load the checkpoint, walk with checksums only the
-//! segments opened since it (and those open at it), drop every entry that
-//! names a segment reused since, and insert what those walks find, newest
-//! version winning. What makes it more than that: a delete or an
-//! overwrite after the checkpoint marks the old copy DEAD in place in an
-//! older segment, which the checkpoint's entry still names, so either
-//! every entry's object state is read back (one random read per key,
-//! worse than the sequential pass on this disk) or deletes leave a
-//! tombstone in the log; and the objects of segments not walked are
-//! trusted unverified, so GET would have to verify them (it does not
-//! today). Until then a power-cut restart costs one read of the log.
+//! Reading less after a power cut: the pass must read every byte it
+//! trusts, since each object's checksum covers all of it. With fuzzy index
+//! checkpoints on (`store/checkpoint.rs`; the server takes one a minute)
+//! recovery starts from the last checkpoint instead (`recovery/ckpt.rs`):
+//! it loads the checkpoint's index and segment table, reads each
+//! segment's stamp (the epoch it was opened in), walks with checksums only
+//! the segments written since the checkpoint began, and merges: newest
+//! version wins, a walked copy wins a tie, then tombstones (which deletes
+//! append while checkpoints are on) remove what they deleted. The objects
+//! of segments not walked are trusted unverified, as every read verifies
+//! an object's checksum before returning a byte of it. Without a usable
+//! checkpoint the full pass above runs; it applies tombstones too.
 //!
 //! Damage (see `store/integrity.rs`): every walk verifies each object's
 //! checksum and skips a damaged one (resynchronizing on the next intact
@@ -105,7 +100,9 @@ use std::sync::{Mutex, PoisonError};
 use crate::error::{Error, Result};
 use crate::layout::*;
 use crate::proc_id;
-use crate::store::{Inner, Obj, SealCheck, SegWalk};
+use crate::store::{Inner, Marker, Obj, SealCheck, SegWalk};
+
+mod ckpt;
 
 /// Most threads recovery's log walk uses.
 const MAX_RECOVERY_THREADS: usize = 16;
@@ -141,6 +138,7 @@ const REBUILD_PREFETCH_DEPTH: usize = 12;
 struct Pending {
     loc: u64,
     obj: Obj,
+    hash: u64,
     b0: usize,
     b1: usize,
     tag: u64,
@@ -154,6 +152,11 @@ struct RebuildTally {
     queue: std::collections::VecDeque<Pending>,
     indexed: u64,
     duplicates: u64,
+    /// Largest version walked.
+    max_version: u64,
+    /// Locations of the committed tombstones walked (see
+    /// `store/checkpoint.rs`), applied after the inserts.
+    tombstones: Vec<u64>,
     damaged_segments: u64,
     damaged_objects: u64,
     err: Option<Error>,
@@ -165,6 +168,8 @@ struct RebuildTally {
 struct RederiveTally {
     /// Segments whose table entry changed.
     changed: u64,
+    /// Largest version of an intact object (live or not).
+    max_version: u64,
     rebuild: RebuildTally,
 }
 
@@ -223,16 +228,32 @@ pub struct RecoveryReport {
     /// may be older than the log, so segment states were re-derived from
     /// the log (see `store/durability.rs`).
     pub meta_rederived: bool,
+    /// The epoch of the checkpoint this power-cut recovery started from
+    /// (0: none; see `store/checkpoint.rs`).
+    pub checkpoint_epoch: u64,
+    /// Keys loaded from the checkpoint (those in segments not walked).
+    pub checkpoint_keys: u64,
+    /// Segments walked (a checkpoint recovery walks only those written
+    /// since the checkpoint began).
+    pub segments_walked: u64,
+    /// Keys removed by tombstones found in the walked segments.
+    pub tombstones_applied: u64,
+    /// Why a checkpoint present was not used (the full pass ran).
+    pub checkpoint_fallback: Option<String>,
 }
 
 impl Inner {
     /// Run recovery; the caller holds the attach lock and no other live
     /// process is attached.
+    /// `power_cut`: the store may have lost power (the meta segment is
+    /// distrusted); a valid checkpoint then bounds the walk
+    /// (`recovery/ckpt.rs`).
     pub(crate) fn recover(
         &self,
         unclean: bool,
         force_rebuild: bool,
         seal: SealCheck,
+        power_cut: bool,
     ) -> Result<RecoveryReport> {
         let mut r = RecoveryReport {
             ran: true,
@@ -243,6 +264,22 @@ impl Inner {
         };
         if unclean || !seal.index_ok || !seal.meta_ok {
             self.hdr().recoveries.fetch_add(1, Ordering::Relaxed);
+        }
+        if power_cut && !seal.meta_ok && !self.opts.rebuild {
+            match self.try_checkpoint_recovery(&mut r) {
+                ckpt::Outcome::Done => return Ok(r),
+                ckpt::Outcome::NoCheckpoint => {}
+                ckpt::Outcome::Fallback(why) => {
+                    r = RecoveryReport {
+                        ran: true,
+                        unclean,
+                        index_seal_bad: !seal.index_ok,
+                        meta_seal_bad: !seal.meta_ok,
+                        checkpoint_fallback: Some(why),
+                        ..RecoveryReport::default()
+                    };
+                }
+            }
         }
         // After a power cut (segment table distrusted, index rebuilt) on
         // more than one thread, each segment is indexed right after it is
@@ -327,13 +364,18 @@ impl Inner {
         // 3. Rebuild if needed (the walk's per-segment figures are redone).
         let items = if r.bad_entries > 0 || r.unindexed_objects > 0 || force_rebuild {
             r.damaged_segments = 0;
+            let mut tombstones = Vec::new();
             let damaged_objects = match fused {
                 Some(parts) => {
                     r.rebuilt = true;
-                    Self::fold_rebuild(&mut r, parts)?
+                    Self::fold_rebuild(&mut r, parts, &mut tombstones)?
                 }
-                None => self.rebuild_index(&mut r, &verified)?,
+                None => self.rebuild_index(&mut r, &verified, &mut tombstones)?,
             };
+            // Deletes whose kill is still pending in the log (with
+            // checkpoints on a delete's kill waits for a flush, as a
+            // put's does): their tombstones remove the copies.
+            r.tombstones_applied = self.apply_tombstones(&tombstones, None);
             self.hdr().rebuilds.fetch_add(1, Ordering::Relaxed);
             // No entry names a damaged region now: quarantined segments
             // may be compacted again.
@@ -349,7 +391,7 @@ impl Inner {
             // Every entry now names an intact object the rebuild chose:
             // the segments' live bytes and earliest expiries come from the
             // entries (one header read each), not from another log walk.
-            self.account_from_index()
+            self.account_from_index(None)
         } else {
             entries
         };
@@ -477,8 +519,14 @@ impl Inner {
     /// After a rebuild: set every segment's live bytes and earliest expiry
     /// from the objects the index names (in parallel over runs of
     /// buckets); returns the entries in use.
-    fn account_from_index(&self) -> u64 {
+    /// With `only`, just the segments it marks (the others keep their
+    /// figures; entries naming them are counted, their objects not read).
+    fn account_from_index(&self, only: Option<&[bool]>) -> u64 {
+        let counted = |s: usize| only.is_none_or(|o| o.get(s).copied().unwrap_or(false));
         for s in 0..self.geo.log_segments as usize {
+            if !counted(s) {
+                continue;
+            }
             let e = self.seg(s);
             e.live.store(0, Ordering::Relaxed);
             e.min_expiry_ms.store(0, Ordering::Relaxed);
@@ -499,8 +547,9 @@ impl Inner {
                     if b % ACCOUNT_PREFETCH_BUCKETS == 0 {
                         for pb in b..(b + ACCOUNT_PREFETCH_BUCKETS).min(end) {
                             for x in &self.bucket(pb).entries {
-                                if let Some(l) =
-                                    self.valid_loc(x.load(Ordering::Relaxed) & LOC_MASK)
+                                if let Some(l) = self
+                                    .valid_loc(x.load(Ordering::Relaxed) & LOC_MASK)
+                                    .filter(|l| counted(self.seg_of(l.get())))
                                 {
                                     let p = self.obj_state(l) as *const AtomicU64 as *const u8;
                                     nibble::prefetch::line(p);
@@ -514,6 +563,9 @@ impl Inner {
                             continue;
                         }
                         entries += 1;
+                        if !counted(self.seg_of(loc)) {
+                            continue;
+                        }
                         let Some(h) = self.obj_header(loc) else {
                             continue;
                         };
@@ -585,6 +637,64 @@ impl Inner {
         })
     }
 
+    /// [`walk_segment_with`](Self::walk_segment_with), also calling `f`
+    /// for intact, committed, DEAD objects (stamps and tombstones among
+    /// them: the caller tells them apart by the state word).
+    fn walk_segment_dead(&self, s: usize, check: bool, mut f: impl FnMut(u64, &Obj)) -> SegWalk {
+        let e = self.seg(s);
+        let st = e.state.load(Ordering::Acquire) & 0xFF;
+        if st != SEG_OPEN && st != SEG_CLOSED {
+            return SegWalk::default();
+        }
+        let used = e.used.load(Ordering::Acquire).min(self.geo.seg_bytes);
+        self.walk_intact_with(s, used, false, check, |h, _, intact| {
+            let os = self.obj_state(h.loc()).load(Ordering::Acquire);
+            if intact && os & OBJ_COMMITTED != 0 {
+                f(h.loc().get(), h);
+            }
+            true
+        })
+    }
+
+    /// Apply walked tombstones (`store/checkpoint.rs`): a key whose
+    /// indexed copy's version is at or below a tombstone's is removed
+    /// (and a copy in the log marked DEAD; with `view`, a copy only the
+    /// checkpoint names is matched by hash and left alone). Returns the
+    /// keys removed.
+    pub(crate) fn apply_tombstones(
+        &self,
+        tombstones: &[u64],
+        view: Option<&ckpt::View<'_>>,
+    ) -> u64 {
+        let mut n = 0;
+        for &t in tombstones {
+            let Some(h) = self.obj_header(t) else {
+                continue;
+            };
+            let key = self.obj_key(&h);
+            let hash = nibble::hash_key(key);
+            let (b0, b1, tag) = self.buckets_of(hash);
+            let found = match view {
+                Some(v) => self.find_merged(v, key, hash, b0, b1, tag),
+                None => self.find(key, b0, b1, tag).map(|(b, i, o)| (b, i, o, None)),
+            };
+            if let Some((b, i, other, cv)) = found {
+                let version = match cv {
+                    Some(v) => v,
+                    None => self.obj_header(other).map_or(0, |o| o.version),
+                };
+                if version <= h.version {
+                    self.bucket(b).entries[i].store(0, Ordering::Release);
+                    if cv.is_none() {
+                        self.mark(other, OBJ_DEAD);
+                    }
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
     /// With an untrusted meta segment: clear heads and lease, and re-derive
     /// every segment's state and used bytes from the log (see the module
     /// essay). Returns the segments whose entry changed, and for each
@@ -602,15 +712,7 @@ impl Inner {
         let verified: Vec<AtomicBool> = (0..self.geo.log_segments)
             .map(|_| AtomicBool::new(false))
             .collect();
-        for h in 0..MAX_HEADS {
-            let hd = self.head(h);
-            hd.lock.store(0, Ordering::Relaxed);
-            hd.seg.store(0, Ordering::Relaxed);
-            hd.off.store(0, Ordering::Relaxed);
-        }
-        let lease = &self.meta().lease;
-        lease.owner.store(0, Ordering::Relaxed);
-        lease.dest.store(0, Ordering::Relaxed);
+        self.clear_heads_and_lease();
         let stripes: Vec<Mutex<()>> = if fuse {
             self.clear_index();
             (0..REBUILD_LOCK_STRIPES).map(|_| Mutex::new(())).collect()
@@ -622,13 +724,35 @@ impl Inner {
         let parts = self
             .par_segments(|s, acc: &mut RederiveTally| {
                 let mut live = false;
-                let w = self.walk_intact(s, self.geo.seg_bytes, true, |h, _, intact| {
+                // The segment ends after its last live object (or
+                // tombstone): past it lie only DEAD objects and, in a
+                // reused segment, the stale bytes of its earlier life,
+                // which need not line up with the new objects.
+                // A committed tombstone keeps its segment walked by the
+                // rebuild too (`store/checkpoint.rs`), unless the walk
+                // resynchronized before it (then it may be a stale one).
+                let (mut end, mut next, mut contiguous) = (0, 0, true);
+                let w = self.walk_intact(s, self.geo.seg_bytes, true, |h, size, intact| {
                     let os = self.obj_state(h.loc()).load(Ordering::Acquire);
-                    live |= intact && os & OBJ_COMMITTED != 0 && os & OBJ_DEAD == 0;
+                    let off = (h.loc().get() - 1) % self.geo.seg_bytes;
+                    contiguous &= intact && off == next;
+                    next = off + size;
+                    let keep = intact
+                        && os & OBJ_COMMITTED != 0
+                        && (os & OBJ_DEAD == 0
+                            || (contiguous
+                                && matches!(self.marker(h), Some((Marker::Tombstone, _)))));
+                    if keep {
+                        live = true;
+                        end = off + size;
+                    }
+                    if intact {
+                        acc.max_version = acc.max_version.max(h.version);
+                    }
                     true
                 });
                 let (state, used) = if live {
-                    (SEG_CLOSED, w.end)
+                    (SEG_CLOSED, end.min(w.end))
                 } else {
                     (SEG_FREE, 0)
                 };
@@ -645,7 +769,7 @@ impl Inner {
                 e.stamp.store(0, Ordering::Relaxed);
                 e.min_expiry_ms.store(0, Ordering::Relaxed);
                 if fuse {
-                    self.rebuild_segment(s, w.resyncs != 0, &stripes, &mut acc.rebuild);
+                    self.rebuild_segment(s, w.resyncs != 0, &stripes, &mut acc.rebuild, None);
                 }
             })
             .ok_or_else(|| {
@@ -653,8 +777,24 @@ impl Inner {
             })?;
         self.hdr().alloc_hint.store(0, Ordering::Relaxed);
         let changed = parts.iter().map(|p| p.changed).sum();
+        // Versions keep growing after a reboot (`store/checkpoint.rs`).
+        self.raise_version_floor(parts.iter().map(|p| p.max_version).max().unwrap_or(0));
         let rebuilt = fuse.then(|| parts.into_iter().map(|p| p.rebuild).collect());
         Ok((changed, verified, rebuilt))
+    }
+
+    /// Unlink every head and clear the compaction lease (an untrusted meta
+    /// segment; no process is attached).
+    fn clear_heads_and_lease(&self) {
+        for h in 0..MAX_HEADS {
+            let hd = self.head(h);
+            hd.lock.store(0, Ordering::Relaxed);
+            hd.seg.store(0, Ordering::Relaxed);
+            hd.off.store(0, Ordering::Relaxed);
+        }
+        let lease = &self.meta().lease;
+        lease.owner.store(0, Ordering::Relaxed);
+        lease.dest.store(0, Ordering::Relaxed);
     }
 
     /// Empty every bucket of the index (entries and lock holders; no
@@ -733,10 +873,22 @@ impl Inner {
     /// walk skipped. The parallel walk leaves unchecked the checksums of
     /// the segments marked in `verified` (by this recovery's re-derive
     /// walk); the serial one checks every object.
-    fn rebuild_index(&self, r: &mut RecoveryReport, verified: &[AtomicBool]) -> Result<u64> {
+    fn rebuild_index(
+        &self,
+        r: &mut RecoveryReport,
+        verified: &[AtomicBool],
+        tombstones: &mut Vec<u64>,
+    ) -> Result<u64> {
         r.rebuilt = true;
         self.clear_index();
         if self.recovery_threads() == 1 {
+            for s in 0..self.geo.log_segments as usize {
+                self.walk_segment_dead(s, true, |loc, h| {
+                    if matches!(self.marker(h), Some((Marker::Tombstone, _))) {
+                        tombstones.push(loc);
+                    }
+                });
+            }
             let (segs, objects) = self.walk_log(|loc, h| {
                 let mut rr = RecoveryReport::default();
                 self.rebuild_insert(loc, h, &mut rr)?;
@@ -751,20 +903,25 @@ impl Inner {
         let parts = self
             .par_segments(|s, acc: &mut RebuildTally| {
                 let check = !verified.get(s).is_some_and(|v| v.load(Ordering::Relaxed));
-                self.rebuild_segment(s, check, &stripes, acc);
+                self.rebuild_segment(s, check, &stripes, acc, None);
             })
             .ok_or_else(|| Error::Corrupt("recovery: an index rebuild thread panicked".into()))?;
-        Self::fold_rebuild(r, parts)
+        Self::fold_rebuild(r, parts, tombstones)
     }
 
     /// Add the rebuild threads' tallies to `r`; returns the damaged
     /// objects they skipped, or the first thread's error.
-    fn fold_rebuild(r: &mut RecoveryReport, parts: Vec<RebuildTally>) -> Result<u64> {
+    fn fold_rebuild(
+        r: &mut RecoveryReport,
+        parts: Vec<RebuildTally>,
+        tombstones: &mut Vec<u64>,
+    ) -> Result<u64> {
         let mut objects = 0;
-        for p in parts {
+        for mut p in parts {
             if let Some(e) = p.err {
                 return Err(e);
             }
+            tombstones.append(&mut p.tombstones);
             r.objects_indexed += p.indexed;
             r.duplicates += p.duplicates;
             r.damaged_segments += p.damaged_segments;
@@ -782,13 +939,22 @@ impl Inner {
         check: bool,
         stripes: &[Mutex<()>],
         acc: &mut RebuildTally,
+        ck: Option<&ckpt::View<'_>>,
     ) {
         if acc.err.is_some() {
             return;
         }
         let mut queue = std::mem::take(&mut acc.queue);
-        let w = self.walk_segment_with(s, check, |loc, h| {
-            let (b0, b1, tag) = self.buckets_of(nibble::hash_key(self.obj_key(h)));
+        let mut tombstones = std::mem::take(&mut acc.tombstones);
+        let w = self.walk_segment_dead(s, check, |loc, h| {
+            if self.obj_state(h.loc()).load(Ordering::Acquire) & OBJ_DEAD != 0 {
+                if matches!(self.marker(h), Some((Marker::Tombstone, _))) {
+                    tombstones.push(loc);
+                }
+                return;
+            }
+            let hash = nibble::hash_key(self.obj_key(h));
+            let (b0, b1, tag) = self.buckets_of(hash);
             for b in [b0, b1] {
                 let p = self.bucket(b) as *const Bucket as *const u8;
                 nibble::prefetch::line(p);
@@ -797,20 +963,22 @@ impl Inner {
             queue.push_back(Pending {
                 loc,
                 obj: *h,
+                hash,
                 b0,
                 b1,
                 tag,
             });
             if queue.len() > REBUILD_PREFETCH_DEPTH {
                 if let Some(p) = queue.pop_front() {
-                    self.rebuild_insert_striped(&p, stripes, acc);
+                    self.rebuild_insert_striped(&p, stripes, acc, ck);
                 }
             }
         });
         while let Some(p) = queue.pop_front() {
-            self.rebuild_insert_striped(&p, stripes, acc);
+            self.rebuild_insert_striped(&p, stripes, acc, ck);
         }
         acc.queue = queue;
+        acc.tombstones = tombstones;
         acc.damaged_segments += u64::from(w.damaged > 0);
         acc.damaged_objects += w.damaged;
     }
@@ -824,25 +992,50 @@ impl Inner {
     /// version); every other copy is marked DEAD, as in the serial walk.
     /// A failure is kept in `acc.err` (later inserts of the thread are
     /// skipped).
-    fn rebuild_insert_striped(&self, p: &Pending, stripes: &[Mutex<()>], acc: &mut RebuildTally) {
+    fn rebuild_insert_striped(
+        &self,
+        p: &Pending,
+        stripes: &[Mutex<()>],
+        acc: &mut RebuildTally,
+        ck: Option<&ckpt::View<'_>>,
+    ) {
         if acc.err.is_some() {
             return;
         }
         let (loc, h, b0, b1, tag) = (p.loc, &p.obj, p.b0, p.b1, p.tag);
+        acc.max_version = acc.max_version.max(h.version);
         let key = self.obj_key(h);
         let (s0, s1) = (b0 % stripes.len(), b1 % stripes.len());
         let (lo, hi) = (s0.min(s1), s0.max(s1));
         let _g0 = stripes[lo].lock().unwrap_or_else(PoisonError::into_inner);
         let _g1 = (hi != lo).then(|| stripes[hi].lock().unwrap_or_else(PoisonError::into_inner));
         let entry = (tag << LOC_BITS) | loc;
-        if let Some((b, i, other)) = self.find(key, b0, b1, tag) {
+        let found = match ck {
+            None => self.find(key, b0, b1, tag).map(|(b, i, o)| (b, i, o, None)),
+            Some(v) => self.find_merged(v, key, p.hash, b0, b1, tag),
+        };
+        if let Some((b, i, other, ck_version)) = found {
             acc.duplicates += 1;
-            let ov = self.obj_header(other).map(|oh| oh.version).unwrap_or(0);
-            if (h.version, Reverse(loc)) > (ov, Reverse(other)) {
-                self.bucket(b).entries[i].store(entry, Ordering::Release);
-                self.mark(other, OBJ_DEAD);
-            } else {
-                self.mark(loc, OBJ_DEAD);
+            match ck_version {
+                // The checkpoint's copy (in a segment not walked): the
+                // walked copy wins a tie (a compaction move keeps the
+                // version); the other is left alone (not read).
+                Some(cv) => {
+                    if h.version >= cv {
+                        self.bucket(b).entries[i].store(entry, Ordering::Release);
+                    } else {
+                        self.mark(loc, OBJ_DEAD);
+                    }
+                }
+                None => {
+                    let ov = self.obj_header(other).map(|oh| oh.version).unwrap_or(0);
+                    if (h.version, Reverse(loc)) > (ov, Reverse(other)) {
+                        self.bucket(b).entries[i].store(entry, Ordering::Release);
+                        self.mark(other, OBJ_DEAD);
+                    } else {
+                        self.mark(loc, OBJ_DEAD);
+                    }
+                }
             }
             return;
         }

@@ -46,6 +46,7 @@ use crate::recovery::RecoveryReport;
 use crate::testing::{point, CrashPoint};
 
 mod attach;
+mod checkpoint;
 mod durability;
 mod handle;
 mod integrity;
@@ -55,6 +56,10 @@ mod segments;
 mod slots;
 
 pub use attach::default_dir;
+pub use checkpoint::CheckpointStats;
+pub(crate) use checkpoint::{
+    Loaded, Marker, CHECKPOINT_FILE, SECOND_BUCKET_BIT, SNAPSHOT_WALK_BIT,
+};
 pub use durability::FlushStats;
 pub use handle::{SharedStore, Stats};
 pub(crate) use integrity::{SealCheck, SegWalk};
@@ -283,6 +288,9 @@ pub(crate) struct Inner {
     pub(crate) stop: AtomicBool,
     /// Flushes, deferred kills, the reuse rule (see `durability`).
     pub(crate) dur: durability::Durability,
+    /// Checkpoints, stamps, tombstones, the version floor (see
+    /// `checkpoint`).
+    pub(crate) ck: checkpoint::Ckpt,
 }
 
 // SAFETY: the raw pointers point into the segments mapped by `vh`, which
@@ -395,6 +403,11 @@ impl Inner {
     }
 
     /// Address of the mapped index's first bucket.
+    /// Base address of the log mapping (page-aligned).
+    pub(crate) fn log_base(&self) -> *mut libc::c_void {
+        self.log.cast()
+    }
+
     pub(crate) fn index_addr(&self) -> usize {
         self.index as usize
     }

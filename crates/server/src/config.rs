@@ -43,6 +43,12 @@ pub const DEFAULT_MAX_MULTIBULK: u64 = 1024 * 1024;
 /// Default longest inline request.
 pub const DEFAULT_MAX_INLINE: u64 = 64 << 10;
 /// Largest default capacity.
+/// Default seconds between index checkpoints of a `--data-dir` store
+/// (Redis's default RDB save points start at one per hour after one
+/// change; a checkpoint here costs a copy of the index, not of the data,
+/// so it is taken more often: the walk after a power cut covers at most
+/// about a minute of writes).
+pub const DEFAULT_CHECKPOINT_INTERVAL_S: u64 = 60;
 pub const DEFAULT_CAPACITY_CAP: u64 = 4 << 30;
 /// Smallest `proto-max-bulk-len` (redis-server's floor).
 pub const MIN_PROTO_MAX_BULK_LEN: u64 = 1 << 20;
@@ -112,6 +118,12 @@ pub struct Cli {
     /// default) or no (left to the kernel). See `durability.rs`.
     #[arg(long)]
     pub appendfsync: Option<String>,
+    /// Seconds between fuzzy index checkpoints of a --data-dir store
+    /// (default 60; 0 = off): a restart after a power cut then walks
+    /// only the log written since the last one. Needs appendfsync always
+    /// or everysec. See nibblejmp's `store/checkpoint.rs`.
+    #[arg(long)]
+    pub checkpoint_interval: Option<String>,
     /// Compaction workers per NUMA node (default: one per 8 CPUs).
     #[arg(long)]
     pub compaction_workers: Option<usize>,
@@ -197,6 +209,8 @@ pub struct ServerConfig {
     pub data_dir: Option<PathBuf>,
     /// `appendfsync` at start (applies to a data-dir store).
     pub appendfsync: crate::durability::Appendfsync,
+    /// Seconds between index checkpoints of a data-dir store (0 = off).
+    pub checkpoint_interval_s: u64,
     /// Compaction workers per node.
     pub compaction_workers: Option<usize>,
     /// Worker threads.
@@ -363,6 +377,7 @@ impl Default for ServerConfig {
             memcached_no_evict: false,
             data_dir: None,
             appendfsync: crate::durability::Appendfsync::Everysec,
+            checkpoint_interval_s: DEFAULT_CHECKPOINT_INTERVAL_S,
             compaction_workers: None,
             threads: topology::allowed_cpus().len().max(1),
             pin: true,
@@ -485,6 +500,7 @@ impl ServerConfig {
                 self.data_dir = Some(PathBuf::from(value));
             }
             "appendfsync" => self.appendfsync = value.parse()?,
+            "checkpoint-interval" => self.checkpoint_interval_s = parse_bool_ok(&name, value)?,
             "compaction-workers" => self.compaction_workers = Some(parse_bool_ok(&name, value)?),
             "threads" | "io-threads" => self.threads = parse_bool_ok::<usize>(&name, value)?.max(1),
             "idle-poll-us" => {
@@ -588,6 +604,7 @@ impl ServerConfig {
             cli.data_dir.as_ref().map(|p| p.display().to_string()),
         )?;
         set("appendfsync", cli.appendfsync.clone())?;
+        set("checkpoint-interval", cli.checkpoint_interval.clone())?;
         set(
             "compaction-workers",
             cli.compaction_workers.map(|v| v.to_string()),

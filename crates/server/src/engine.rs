@@ -357,8 +357,19 @@ fn open_shared(dir: &Path, cfg: &ServerConfig) -> Result<SharedEngine, String> {
             } else {
                 "rebuild requested"
             };
+            let ckpt = if r.checkpoint_epoch > 0 {
+                format!(
+                    " from_checkpoint={} checkpoint_keys={} segments_walked={} tombstones_applied={}",
+                    r.checkpoint_epoch, r.checkpoint_keys, r.segments_walked, r.tombstones_applied
+                )
+            } else {
+                r.checkpoint_fallback
+                    .as_deref()
+                    .map(|w| format!(" checkpoint_not_used=({w})"))
+                    .unwrap_or_default()
+            };
             format!(
-                "recovered ({why}; segments_repaired={} segments_rederived={} bad_entries={} unindexed={} rebuilt={} objects_indexed={} damaged_segments={} damaged_objects={})",
+                "recovered ({why}; segments_repaired={} segments_rederived={} bad_entries={} unindexed={} rebuilt={} objects_indexed={} damaged_segments={} damaged_objects={}{ckpt})",
                 r.segments_repaired,
                 if r.meta_rederived { "yes" } else { "no" },
                 r.bad_entries,

@@ -269,6 +269,7 @@ impl SharedStore {
             closed: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             dur: durability::Durability::new(),
+            ck: checkpoint::Ckpt::new(),
         })
     }
 
@@ -283,6 +284,7 @@ impl SharedStore {
         let lock = AttachLock::take(&dir)?;
         let jmp = Box::new(Jmp::open(Config::with_store(&dir))?);
         let mut inner = Self::map(&dir, jmp, opts, None)?;
+        inner.init_checkpoint_state();
         if inner.hdr().geometry_crc.load(Ordering::Acquire) != inner.geometry_crc() {
             return Err(Error::NotAStore {
                 path: dir.clone(),
@@ -329,7 +331,7 @@ impl SharedStore {
         }
         let rebuild = opts.rebuild || !seal.index_ok || !seal.meta_ok;
         let report = if !others && (unclean || rebuild) {
-            let mut r = inner.recover(unclean, rebuild, seal)?;
+            let mut r = inner.recover(unclean, rebuild, seal, rederive)?;
             if rederive {
                 r.meta_seal_bad = false;
                 r.meta_rederived = true;
@@ -353,6 +355,7 @@ impl SharedStore {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        i.stop_checkpoints();
         // Without the lock file (the directory was removed under us) the
         // slots are still given back; only the clean mark needs the lock.
         let lock = AttachLock::take(&i.dir);
@@ -386,6 +389,9 @@ impl SharedStore {
             // (all local slots taken above, the compaction thread joined).
             unsafe { i.write_seal() };
             i.sync()?;
+            // Versions must keep growing after a reboot (see
+            // `checkpoint`).
+            i.write_version_floor()?;
             i.hdr().clean.store(1, Ordering::Release);
             i.sync()?;
         }

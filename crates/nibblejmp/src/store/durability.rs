@@ -45,9 +45,10 @@
 //!    rebuild's rule), which is the replacement if that reached the disk
 //!    and the old, acknowledged value otherwise. A kill is a compare-and-
 //!    swap on the exact state word recorded, so it can never touch other
-//!    bytes. Deletes kill at once: their only effect is the kill, and a
-//!    delete reaching the disk early is still a state the client could
-//!    have seen.
+//!    bytes. Without checkpoints deletes kill at once: their only effect
+//!    is the kill, and a delete reaching the disk early is still a state
+//!    the client could have seen. With checkpoints (`checkpoint.rs`) a
+//!    delete's kill is deferred too, until its tombstone is durable.
 //! 2. **No segment reused before its emptying is durable.** Compaction
 //!    copies a victim's live objects, then retires it; reusing it would
 //!    overwrite the originals. With durability on, a retired segment is
@@ -64,9 +65,10 @@
 //! hold only objects whose DEAD bits were set before the flush that
 //! allowed the reuse began, so that flush wrote them.
 //!
-//! Restart time after a power cut is therefore one walk of the log to
-//! re-derive the segments and one to rebuild the index, both on one
-//! thread today (the SIGKILL path's verification walk is parallel).
+//! Restart time after a power cut is therefore one walk of the log (in
+//! parallel, re-deriving each segment and indexing it in one pass), or,
+//! from a fuzzy index checkpoint, a walk of what was written since it
+//! (`checkpoint.rs`).
 //!
 //! Durability is per process: the kills and the reuse rule above are kept
 //! by the process that turned it on (the server); another process attached

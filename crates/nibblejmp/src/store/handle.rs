@@ -313,6 +313,29 @@ impl SharedStore {
         self.inner.keep_power_image(dir)
     }
 
+    /// Take fuzzy index checkpoints every `every` on a thread of this
+    /// process (`None`: stop, and remove the checkpoint file), so that a
+    /// restart after a power cut walks only the log written since the
+    /// last one (see `store/checkpoint.rs`). While on, deletes also
+    /// append a small tombstone to the log and every new segment starts
+    /// with a stamp. Meant for a store on a disk directory with
+    /// [`set_durable`](Self::set_durable) on.
+    pub fn set_checkpoint_interval(&self, every: Option<Duration>) -> Result<()> {
+        self.inner.set_checkpoint_interval(every)
+    }
+
+    /// Take a checkpoint now (stamps and tombstones must be on: see
+    /// [`set_checkpoint_interval`](Self::set_checkpoint_interval));
+    /// returns its epoch.
+    pub fn checkpoint_now(&self) -> Result<u64> {
+        self.inner.checkpoint_now()
+    }
+
+    /// Checkpoint counters of this process.
+    pub fn checkpoint_stats(&self) -> CheckpointStats {
+        self.inner.checkpoint_stats()
+    }
+
     /// Detach cleanly: stop compaction, give back the lease and this
     /// process's slots, and mark the store clean if no other live process
     /// is attached.

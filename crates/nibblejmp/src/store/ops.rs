@@ -109,7 +109,7 @@ impl Inner {
         }
         let hash = nibble::hash_key(key);
         let (b0, b1, tag) = self.buckets_of(hash);
-        let (cond, flags, version) = (o.condition, o.flags, nibble::object::next_version(0));
+        let (cond, flags, version) = (o.condition, o.flags, self.new_version());
         // `Keep` is decided under the bucket locks, below.
         let expiry = o.expiry.expiry_ms(None);
         if cond != Condition::Always {
@@ -131,33 +131,8 @@ impl Inner {
             // The shared store never evicts, so it keeps no pinned mark.
             pinned: false,
         };
-        let deadline = Instant::now() + self.opts.oom_wait;
         let kv_crc = obj_crc_kv(key, value);
-        let loc = loop {
-            match self.append(op, key, value, &hdr, kv_crc)? {
-                Append::Done(loc) => break loc,
-                Append::NoSpace => {
-                    // Holding our pin would keep retired segments from
-                    // being reused: leave the epoch while waiting.
-                    op.unpin();
-                    let progress = self.make_space();
-                    // Out of memory when compaction made no room in
-                    // time, or when others kept taking the room it made
-                    // for ten times as long.
-                    let now = Instant::now();
-                    if (!progress && now >= deadline) || now >= deadline + self.opts.oom_wait * 10 {
-                        return Err(Error::OutOfMemory {
-                            live_bytes: self.live_bytes(),
-                            capacity_bytes: self.geo.capacity_bytes,
-                        });
-                    }
-                    if !progress {
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                    op.repin();
-                }
-            }
-        };
+        let loc = self.append_waiting(op, key, value, &hdr, kv_crc)?;
         let new = loc;
         let loc = new.get();
         self.set_intent(op, INTENT_PUT, b0, b1, 0, loc);
@@ -223,6 +198,44 @@ impl Inner {
         Ok(hdr.version)
     }
 
+    /// Append an object (see `segments.rs`), waiting for compaction while
+    /// the log is full, up to `Options::oom_wait` without progress.
+    pub(crate) fn append_waiting(
+        &self,
+        op: &Op<'_>,
+        key: &[u8],
+        value: &[u8],
+        hdr: &Header,
+        kv_crc: u32,
+    ) -> Result<ValidLoc> {
+        let deadline = Instant::now() + self.opts.oom_wait;
+        loop {
+            match self.append(op, key, value, hdr, kv_crc)? {
+                Append::Done(loc) => return Ok(loc),
+                Append::NoSpace => {
+                    // Holding our pin would keep retired segments from
+                    // being reused: leave the epoch while waiting.
+                    op.unpin();
+                    let progress = self.make_space();
+                    // Out of memory when compaction made no room in
+                    // time, or when others kept taking the room it made
+                    // for ten times as long.
+                    let now = Instant::now();
+                    if (!progress && now >= deadline) || now >= deadline + self.opts.oom_wait * 10 {
+                        return Err(Error::OutOfMemory {
+                            live_bytes: self.live_bytes(),
+                            capacity_bytes: self.geo.capacity_bytes,
+                        });
+                    }
+                    if !progress {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    op.repin();
+                }
+            }
+        }
+    }
+
     /// Rewrite the header of an unpublished object this operation appended,
     /// and its checksum (`kv_crc`: that of its key and value). (It is not
     /// published, so nobody reads it; the stores are atomic anyway, as
@@ -230,7 +243,7 @@ impl Inner {
     /// lengths are unchanged, so scans that size it agree. A death between
     /// the header and the checksum leaves an uncommitted object with a bad
     /// checksum, which intent resolution kills and scans skip.)
-    fn rewrite_header(&self, loc: ValidLoc, hdr: &Header, kv_crc: u32) {
+    pub(crate) fn rewrite_header(&self, loc: ValidLoc, hdr: &Header, kv_crc: u32) {
         let hb = hdr.encode_wide();
         let crc = obj_crc_finish(kv_crc, &hb);
         for (i, chunk) in hb.chunks_exact(8).enumerate() {
@@ -318,9 +331,17 @@ impl Inner {
         self.check_key(key)?;
         let (b0, b1, tag) = self.buckets_of(nibble::hash_key(key));
         let op = self.begin();
+        // With checkpoints on, the delete leaves a tombstone in the log
+        // (`store/checkpoint.rs`): appended now, made to count under the
+        // locks.
+        let tomb = self.append_tombstone(&op, key)?;
         self.set_intent(&op, INTENT_DEL, b0, b1, 0, 0);
-        self.lock_pair(&op, b0, b1)?;
+        if let Err(e) = self.lock_pair(&op, b0, b1) {
+            self.finish_tombstone(tomb, key, None);
+            return Err(e);
+        }
         let Some((b, i, old)) = self.find(key, b0, b1, tag) else {
+            self.finish_tombstone(tomb, key, None);
             self.unlock_pair(b0, b1);
             return Err(Error::KeyNotFound);
         };
@@ -328,6 +349,7 @@ impl Inner {
         let live = oh.filter(|h| !h.expired());
         if live.is_some() {
             if let Err(e) = check_condition(cond, live.as_ref().map(Obj::header)) {
+                self.finish_tombstone(tomb, key, None);
                 self.unlock_pair(b0, b1);
                 return Err(e.into());
             }
@@ -335,7 +357,16 @@ impl Inner {
         self.set_intent_old(&op, old);
         self.bucket(b).entries[i].store(0, Ordering::Release);
         point(CrashPoint::DeleteEntryCleared);
-        self.mark(old, OBJ_DEAD);
+        self.finish_tombstone(tomb, key, Some(oh.map_or(0, |h| h.version)));
+        if tomb.is_some() {
+            // The kill waits for the flush that makes the tombstone
+            // durable (`store/durability.rs` rule 1): a cut that keeps the
+            // kill keeps the tombstone, which removes every older copy
+            // whose own kill is still pending.
+            self.kill_replaced(&op, old);
+        } else {
+            self.mark(old, OBJ_DEAD);
+        }
         if let Some(oh) = oh {
             self.sub_live(
                 old,

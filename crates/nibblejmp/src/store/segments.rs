@@ -54,6 +54,7 @@ impl Inner {
                 e.live.store(0, Ordering::Relaxed);
                 e.min_expiry_ms.store(0, Ordering::Relaxed);
                 e.stamp.store(0, Ordering::Release);
+                self.write_stamp(s);
                 return Some(s);
             }
         }
@@ -75,7 +76,8 @@ impl Inner {
         hdr: &Header,
         kv_crc: u32,
     ) -> Result<Append> {
-        let size = object_bytes(key.len(), value.len());
+        // The header's capacity: a tombstone has room past its value.
+        let size = object_bytes(key.len(), (hdr.value_cap as usize).max(value.len()));
         let h = self.lock_head(op)?;
         let head = self.head(h);
         loop {
@@ -103,7 +105,9 @@ impl Inner {
             match self.claim_segment(h as u64, false) {
                 Some(s) => {
                     point(CrashPoint::SegmentClaimed);
-                    head.off.store(0, Ordering::Relaxed);
+                    // Past the segment's stamp, if it has one.
+                    let start = self.seg(s).used.load(Ordering::Acquire);
+                    head.off.store(start, Ordering::Relaxed);
                     head.seg.store(s as u64 + 1, Ordering::Release);
                 }
                 None => {
