@@ -616,12 +616,21 @@ impl Inner {
     /// (damaged ones are skipped and counted, see
     /// [`Inner::walk_intact`]).
     fn walk_segment(&self, s: usize, f: impl FnMut(u64, &Obj)) -> SegWalk {
-        self.walk_segment_with(s, true, f)
+        self.walk_segment_with(s, true, false, f)
     }
 
     /// [`walk_segment`](Self::walk_segment), checksums left unchecked
-    /// when `check` is false (see [`Inner::walk_intact_with`]).
-    fn walk_segment_with(&self, s: usize, check: bool, mut f: impl FnMut(u64, &Obj)) -> SegWalk {
+    /// when `check` is false (see [`Inner::walk_intact_with`]), and
+    /// intact, committed, DEAD objects passed to `f` too when `with_dead`
+    /// (stamps and tombstones among them: the caller tells them apart by
+    /// the state word).
+    fn walk_segment_with(
+        &self,
+        s: usize,
+        check: bool,
+        with_dead: bool,
+        mut f: impl FnMut(u64, &Obj),
+    ) -> SegWalk {
         let e = self.seg(s);
         let st = e.state.load(Ordering::Acquire) & 0xFF;
         if st != SEG_OPEN && st != SEG_CLOSED {
@@ -630,26 +639,7 @@ impl Inner {
         let used = e.used.load(Ordering::Acquire).min(self.geo.seg_bytes);
         self.walk_intact_with(s, used, false, check, |h, _, intact| {
             let os = self.obj_state(h.loc()).load(Ordering::Acquire);
-            if intact && os & OBJ_COMMITTED != 0 && os & OBJ_DEAD == 0 {
-                f(h.loc().get(), h);
-            }
-            true
-        })
-    }
-
-    /// [`walk_segment_with`](Self::walk_segment_with), also calling `f`
-    /// for intact, committed, DEAD objects (stamps and tombstones among
-    /// them: the caller tells them apart by the state word).
-    fn walk_segment_dead(&self, s: usize, check: bool, mut f: impl FnMut(u64, &Obj)) -> SegWalk {
-        let e = self.seg(s);
-        let st = e.state.load(Ordering::Acquire) & 0xFF;
-        if st != SEG_OPEN && st != SEG_CLOSED {
-            return SegWalk::default();
-        }
-        let used = e.used.load(Ordering::Acquire).min(self.geo.seg_bytes);
-        self.walk_intact_with(s, used, false, check, |h, _, intact| {
-            let os = self.obj_state(h.loc()).load(Ordering::Acquire);
-            if intact && os & OBJ_COMMITTED != 0 {
+            if intact && os & OBJ_COMMITTED != 0 && (with_dead || os & OBJ_DEAD == 0) {
                 f(h.loc().get(), h);
             }
             true
@@ -883,7 +873,7 @@ impl Inner {
         self.clear_index();
         if self.recovery_threads() == 1 {
             for s in 0..self.geo.log_segments as usize {
-                self.walk_segment_dead(s, true, |loc, h| {
+                self.walk_segment_with(s, true, true, |loc, h| {
                     if matches!(self.marker(h), Some((Marker::Tombstone, _))) {
                         tombstones.push(loc);
                     }
@@ -946,7 +936,7 @@ impl Inner {
         }
         let mut queue = std::mem::take(&mut acc.queue);
         let mut tombstones = std::mem::take(&mut acc.tombstones);
-        let w = self.walk_segment_dead(s, check, |loc, h| {
+        let w = self.walk_segment_with(s, check, true, |loc, h| {
             if self.obj_state(h.loc()).load(Ordering::Acquire) & OBJ_DEAD != 0 {
                 if matches!(self.marker(h), Some((Marker::Tombstone, _))) {
                     tombstones.push(loc);

@@ -333,66 +333,15 @@ mod tests {
         assert_eq!(mem.warm_blocks(), 0);
     }
 
-    /// Takers that write and check their blocks race with the sweep: it
-    /// never drops a block that is in a segment.
-    #[test]
-    fn sweep_never_drops_a_block_in_use() {
-        let mem = Memory::new(2 * REGION_BYTES, 0, 2).unwrap();
-        let stop = std::sync::atomic::AtomicBool::new(false);
-        let swept = std::sync::atomic::AtomicU64::new(0);
-        let ms = if cfg!(debug_assertions) { 300 } else { 600 };
-        std::thread::scope(|s| {
-            for t in 0..2u8 {
-                let (mem, stop) = (&mem, &stop);
-                s.spawn(move || {
-                    let mut i = 0u8;
-                    while !stop.load(Ordering::Relaxed) {
-                        i = i.wrapping_add(1);
-                        let byte = (t << 7) | (i & 0x7F) | 1;
-                        let Ok(seg) = mem.new_segment(3, false) else {
-                            continue;
-                        };
-                        let blocks = mem.seg(seg).meta.lock().blocks.clone();
-                        for &b in &blocks {
-                            fill(mem, b, byte);
-                        }
-                        std::thread::yield_now();
-                        for &b in &blocks {
-                            assert!(holds(mem, b, byte), "block {b} lost its data");
-                        }
-                        mem.free_segment(seg);
-                        // Back to the buddy allocator, so the sweep has
-                        // blocks to release next to the taken ones.
-                        if i.is_multiple_of(4) {
-                            mem.purge_all();
-                        }
-                    }
-                });
-            }
-            let (mem, stop, swept) = (&mem, &stop, &swept);
-            s.spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    swept.fetch_add(mem.sweep_untaken(), Ordering::Relaxed);
-                }
-            });
-            std::thread::sleep(std::time::Duration::from_millis(ms));
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-            while swept.load(Ordering::Relaxed) == 0 && std::time::Instant::now() < deadline {
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-            stop.store(true, Ordering::Relaxed);
-            assert!(
-                swept.load(Ordering::Relaxed) > 0,
-                "no region was ever swept"
-            );
-        });
-    }
-
-    /// Threads that take blocks, write them and check them race with
-    /// threads that release regions: a release never drops a block that
-    /// is in a segment (a taker waits for a release under way).
-    #[test]
-    fn region_release_never_drops_a_block_in_use() {
+    /// Two takers take segments of `seg_blocks` blocks, write and check
+    /// them and free them (purging their blocks back to the buddy
+    /// allocator every fourth round when `purge`), while a third thread
+    /// runs `release` (which returns how many regions it gave back) in a
+    /// loop. Runs at least a few hundred ms, and on a loaded machine until
+    /// `release` gave back a region at least once (within 20 s), so the
+    /// checks are about correctness, not scheduling luck. Panics if a
+    /// taker finds its data gone or nothing was ever released.
+    fn race_takers_with(seg_blocks: usize, purge: bool, release: impl Fn(&Memory) -> u64 + Sync) {
         let mem = Memory::new(2 * REGION_BYTES, 0, 2).unwrap();
         let stop = std::sync::atomic::AtomicBool::new(false);
         let released = std::sync::atomic::AtomicU64::new(0);
@@ -405,7 +354,7 @@ mod tests {
                     while !stop.load(Ordering::Relaxed) {
                         i = i.wrapping_add(1);
                         let byte = (t << 7) | (i & 0x7F) | 1;
-                        let Ok(seg) = mem.new_segment(2, false) else {
+                        let Ok(seg) = mem.new_segment(seg_blocks, false) else {
                             continue;
                         };
                         let blocks = mem.seg(seg).meta.lock().blocks.clone();
@@ -417,18 +366,18 @@ mod tests {
                             assert!(holds(mem, b, byte), "block {b} lost its data");
                         }
                         mem.free_segment(seg);
+                        if purge && i.is_multiple_of(4) {
+                            mem.purge_all();
+                        }
                     }
                 });
             }
-            let (mem, stop, released) = (&mem, &stop, &released);
+            let (mem, stop, released, release) = (&mem, &stop, &released, &release);
             s.spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    released.fetch_add(mem.purge_cold_regions(u64::MAX), Ordering::Relaxed);
+                    released.fetch_add(release(mem), Ordering::Relaxed);
                 }
             });
-            // Run at least `ms`, and on a loaded machine until the purger
-            // has released a region at least once (within 20 s), so the
-            // check below is about correctness, not scheduling luck.
             std::thread::sleep(std::time::Duration::from_millis(ms));
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
             while released.load(Ordering::Relaxed) == 0 && std::time::Instant::now() < deadline {
@@ -440,5 +389,22 @@ mod tests {
                 "no region was ever released"
             );
         });
+    }
+
+    /// Takers that write and check their blocks race with the sweep: it
+    /// never drops a block that is in a segment. The takers purge their
+    /// blocks back to the buddy allocator now and then, so the sweep has
+    /// blocks to release next to the taken ones.
+    #[test]
+    fn sweep_never_drops_a_block_in_use() {
+        race_takers_with(3, true, |mem| mem.sweep_untaken());
+    }
+
+    /// Threads that take blocks, write them and check them race with
+    /// threads that release regions: a release never drops a block that
+    /// is in a segment (a taker waits for a release under way).
+    #[test]
+    fn region_release_never_drops_a_block_in_use() {
+        race_takers_with(2, false, |mem| mem.purge_cold_regions(u64::MAX));
     }
 }
