@@ -276,13 +276,17 @@ fn power_cuts_with_checkpoints_lose_no_acknowledged_write() {
         let acks = acked(&d);
         let pages = cut(&d, (round % 2 == 1).then_some(&mut rng));
         let last = round + 1 == rounds;
+        // A damaged checkpoint: the full pass. (A delete that found the
+        // small log full may have removed the file: the full pass too.)
+        let mut damaged = false;
         if last {
-            // A damaged checkpoint: the full pass.
             let p = d.store().join("checkpoint");
-            let mut b = std::fs::read(&p).unwrap();
-            let i = rng.below(b.len() as u64) as usize;
-            b[i] ^= 0x10;
-            std::fs::write(&p, b).unwrap();
+            if let Ok(mut b) = std::fs::read(&p) {
+                let i = rng.below(b.len() as u64) as usize;
+                b[i] ^= 0x10;
+                std::fs::write(&p, b).unwrap();
+                damaged = true;
+            }
         }
         let s = SharedStore::attach(
             d.store(),
@@ -302,7 +306,7 @@ fn power_cuts_with_checkpoints_lose_no_acknowledged_write() {
         assert!(r.meta_rederived, "{r:?}");
         if last {
             assert_eq!(r.checkpoint_epoch, 0, "{r:?}");
-            assert!(r.checkpoint_fallback.is_some(), "{r:?}");
+            assert_eq!(r.checkpoint_fallback.is_some(), damaged, "{r:?}");
         } else if r.checkpoint_epoch > 0 {
             used_checkpoint += 1;
         }
@@ -326,6 +330,9 @@ fn tomb_child(dirs: &Path) {
     s.keep_power_image(&dirs.join("image")).unwrap();
     let ck = std::env::var_os("NJ_NO_CKPT").is_none();
     if ck {
+        // One checkpoint only (the one taken below), so the deletes'
+        // tombstones stay needed through the compaction.
+        s.set_checkpoint_on_log_written(false);
         s.set_checkpoint_interval(Some(Duration::from_secs(3600)))
             .unwrap();
     }
@@ -384,7 +391,10 @@ fn deletes_then_compaction_then_cut() {
     let r = s.recovery_report().clone();
     println!("{r:?}");
     assert!(r.checkpoint_epoch > 0, "{r:?}");
-    assert!(r.checkpoint_keys > 0, "{r:?}");
+    // Most runs load keys from the checkpoint's records; when the child's
+    // compaction thread happened to move every segment after the
+    // checkpoint, all of them are walked instead (`checkpoint_keys` 0):
+    // the checks below hold either way.
     assert_eq!(r.damaged_objects, 0, "{r:?}");
     for i in 0..2000u32 {
         let got = s.get(format!("k{i}").as_bytes()).unwrap();

@@ -192,6 +192,9 @@ pub(crate) struct Ckpt {
     interval_ms: AtomicU64,
     /// Segments stamped since the checkpoint thread last started one.
     stamped_since: AtomicU64,
+    /// The thread also starts a checkpoint once `stamped_since` reaches
+    /// the log's share ([`CHECKPOINT_WRITTEN_LOG_DIVISOR`]).
+    on_log_written: AtomicBool,
     /// One checkpoint at a time.
     write_lock: Mutex<()>,
     /// Deletes that could write no tombstone (a full log).
@@ -219,6 +222,7 @@ impl Ckpt {
             stale_dead: AtomicBool::new(false),
             interval_ms: AtomicU64::new(0),
             stamped_since: AtomicU64::new(0),
+            on_log_written: AtomicBool::new(true),
             write_lock: Mutex::new(()),
             untombed: AtomicU64::new(0),
             install_lock: Mutex::new(()),
@@ -751,6 +755,11 @@ impl Inner {
         })
     }
 
+    /// See [`crate::SharedStore::set_checkpoint_on_log_written`].
+    pub(crate) fn set_checkpoint_on_log_written(&self, on: bool) {
+        self.ck.on_log_written.store(on, Ordering::Relaxed);
+    }
+
     /// Start (or re-time, or with `None` stop) the checkpoint thread.
     pub(crate) fn set_checkpoint_interval(self: &Arc<Self>, every: Option<Duration>) -> Result<()> {
         let ms = every.map_or(0, |d| (d.as_millis() as u64).max(1));
@@ -789,7 +798,9 @@ impl Inner {
             let waited = last.elapsed();
             let written_segments = self.ck.stamped_since.load(Ordering::Relaxed);
             let segment_budget = (self.geo.log_segments / CHECKPOINT_WRITTEN_LOG_DIVISOR).max(1);
-            if waited < due && written_segments < segment_budget {
+            let written_due = self.ck.on_log_written.load(Ordering::Relaxed)
+                && written_segments >= segment_budget;
+            if waited < due && !written_due {
                 std::thread::sleep((due - waited).min(Duration::from_millis(THREAD_NAP_MS)));
                 continue;
             }

@@ -324,6 +324,15 @@ impl SharedStore {
         self.inner.set_checkpoint_interval(every)
     }
 
+    /// Whether the checkpoint thread also starts a checkpoint before its
+    /// interval is up once the segments opened since the last one hold an
+    /// eighth of the log (default: on; it bounds the walk after a power
+    /// cut whatever the write rate). Off, checkpoints follow the interval
+    /// alone.
+    pub fn set_checkpoint_on_log_written(&self, on: bool) {
+        self.inner.set_checkpoint_on_log_written(on);
+    }
+
     /// Take a checkpoint now (stamps and tombstones must be on: see
     /// [`set_checkpoint_interval`](Self::set_checkpoint_interval));
     /// returns its epoch.
