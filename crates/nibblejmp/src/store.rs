@@ -60,6 +60,7 @@ pub use checkpoint::CheckpointStats;
 pub(crate) use checkpoint::{
     Loaded, Marker, CHECKPOINT_FILE, SECOND_BUCKET_BIT, SNAPSHOT_WALK_BIT,
 };
+pub use durability::apply_power_cut;
 pub use durability::FlushStats;
 pub use handle::{SharedStore, Stats};
 pub(crate) use integrity::{SealCheck, SegWalk};

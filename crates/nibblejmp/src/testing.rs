@@ -8,6 +8,9 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
+/// The power-loss test layer's cut (see `store/durability.rs`).
+pub use crate::store::apply_power_cut;
+
 /// Where [`crash_at`] makes the process die.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]

@@ -165,25 +165,13 @@ fn spawn_child(d: &Dirs, base: u64) -> Child {
 /// The power cut (see the module doc): the image's last complete
 /// generation over the store's files, plus, with `writeback`, a random
 /// half of the pages that differ.
-fn cut(d: &Dirs, writeback: Option<&mut Rng>) -> usize {
-    let gen = std::fs::read_to_string(d.image().join("current")).unwrap();
-    std::fs::write(d.store().join("boot_id"), "an earlier boot").unwrap();
-    let mut kept = 0;
-    let mut wb = writeback;
-    for f in ["seg.meta", "seg.index", "seg.log"] {
-        let mut durable = std::fs::read(d.image().join(gen.trim()).join(f)).unwrap();
-        if let Some(rng) = wb.as_deref_mut() {
-            let live = std::fs::read(d.store().join(f)).unwrap();
-            for (a, b) in durable.chunks_mut(4096).zip(live.chunks(4096)) {
-                if a != b && rng.below(2) == 0 {
-                    a.copy_from_slice(b);
-                    kept += 1;
-                }
-            }
-        }
-        std::fs::write(d.store().join(f), durable).unwrap();
-    }
-    kept
+fn cut(d: &Dirs, mut writeback: Option<&mut Rng>) -> usize {
+    nibblejmp::testing::apply_power_cut(&d.store(), &d.image(), || {
+        writeback
+            .as_deref_mut()
+            .is_some_and(|rng| rng.below(2) == 0)
+    })
+    .unwrap()
 }
 
 /// Last acknowledged round per writer.

@@ -446,6 +446,40 @@ pub(crate) fn may_lose_power(dir: &Path) -> bool {
     sf.f_type as i64 != TMPFS_MAGIC
 }
 
+/// The power-loss test layer's cut (module essay), for a store no live
+/// process has attached (its processes were killed): the store's files in
+/// `store_dir` become the last complete generation of the image in
+/// `image_dir` ([`SharedStore::keep_power_image`]), except the 4 KiB pages
+/// that differ from it for which `keep_live_page()` answers true (the
+/// kernel may have written any dirty page back before the cut); and the
+/// boot marker names an earlier boot, as after a reboot. Returns the
+/// number of live pages kept.
+pub fn apply_power_cut(
+    store_dir: &Path,
+    image_dir: &Path,
+    mut keep_live_page: impl FnMut() -> bool,
+) -> Result<usize> {
+    let cur = image_dir.join("current");
+    let gen = fs::read_to_string(&cur).map_err(|e| io_err("read", &cur, e))?;
+    let marker = store_dir.join(BOOT_MARKER);
+    fs::write(&marker, "an earlier boot").map_err(|e| io_err("write", &marker, e))?;
+    let mut kept = 0;
+    for seg in [SEG_META, SEG_INDEX, SEG_LOG] {
+        let from = spacejmp::segment::seg_path(&image_dir.join(gen.trim()), seg);
+        let to = spacejmp::segment::seg_path(store_dir, seg);
+        let mut durable = fs::read(&from).map_err(|e| io_err("read", &from, e))?;
+        let live = fs::read(&to).map_err(|e| io_err("read", &to, e))?;
+        for (d, l) in durable.chunks_mut(4096).zip(live.chunks(4096)) {
+            if d != l && keep_live_page() {
+                d.copy_from_slice(l);
+                kept += 1;
+            }
+        }
+        fs::write(&to, durable).map_err(|e| io_err("write", &to, e))?;
+    }
+    Ok(kept)
+}
+
 /// Name the complete generation, atomically (write, then rename).
 fn write_current(dir: &Path, gen: &str) -> Result<()> {
     let tmp = dir.join("current.tmp");

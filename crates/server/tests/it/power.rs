@@ -60,25 +60,12 @@ impl Dirs {
     /// kernel may have written any dirty page back before the cut).
     /// Returns the number of such pages kept.
     fn cut(&self, mut writeback: Option<&mut Rng>) -> usize {
-        let gen = std::fs::read_to_string(self.image.join("current")).unwrap();
-        // A power cut is a reboot: the store's boot marker names an
-        // earlier boot.
-        std::fs::write(self.data.join("boot_id"), "an earlier boot").unwrap();
-        let mut kept = 0;
-        for f in ["seg.meta", "seg.index", "seg.log"] {
-            let mut durable = std::fs::read(self.image.join(gen.trim()).join(f)).unwrap();
-            if let Some(rng) = writeback.as_deref_mut() {
-                let live = std::fs::read(self.data.join(f)).unwrap();
-                for (d, l) in durable.chunks_mut(4096).zip(live.chunks(4096)) {
-                    if d != l && rng.below(2) == 0 {
-                        d.copy_from_slice(l);
-                        kept += 1;
-                    }
-                }
-            }
-            std::fs::write(self.data.join(f), durable).unwrap();
-        }
-        kept
+        nibblejmp::testing::apply_power_cut(&self.data, &self.image, || {
+            writeback
+                .as_deref_mut()
+                .is_some_and(|rng| rng.below(2) == 0)
+        })
+        .unwrap()
     }
 }
 
