@@ -30,25 +30,29 @@ use std::time::Duration;
 
 use nibblejmp::{Options, SharedStore};
 
+mod common;
+
 const WRITERS: u64 = 2;
 const KEYS: u64 = 150;
 const MAX_X: u64 = 3000;
 const CAPACITY_BYTES: u64 = 16 << 20;
 const CHECKPOINT_MS: u64 = 60;
 
+/// The test's directory (removed when dropped): the store, the power
+/// image and the writers' acknowledgements.
 struct Dirs {
     base: PathBuf,
+    _dir: common::TempDir,
 }
 
 impl Dirs {
     fn new(tag: &str) -> Dirs {
-        let base = PathBuf::from(format!(
-            "/dev/shm/nibblejmp-ckpt-test-{}-{tag}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&base);
-        std::fs::create_dir_all(&base).unwrap();
-        Dirs { base }
+        let dir = common::TempDir::new(&format!("ckpt-{tag}"));
+        std::fs::create_dir_all(&dir.0).unwrap();
+        Dirs {
+            base: dir.0.clone(),
+            _dir: dir,
+        }
     }
     fn store(&self) -> PathBuf {
         self.base.join("store")
@@ -58,12 +62,6 @@ impl Dirs {
     }
     fn acks(&self) -> PathBuf {
         self.base.join("acks")
-    }
-}
-
-impl Drop for Dirs {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.base);
     }
 }
 
@@ -276,14 +274,7 @@ fn power_cuts_with_checkpoints_lose_no_acknowledged_write() {
                 damaged = true;
             }
         }
-        let s = SharedStore::attach(
-            d.store(),
-            &Options {
-                compaction_thread: false,
-                ..Options::default()
-            },
-        )
-        .unwrap();
+        let s = SharedStore::attach(d.store(), &common::quiet()).unwrap();
         let r = s.recovery_report().clone();
         println!("round {round}: {r:?}");
         let keys = check(&s, &acks, base, &mut prev);
@@ -368,14 +359,7 @@ fn deletes_then_compaction_then_cut() {
     c.wait().unwrap();
     assert!(d.base.join("ready").exists(), "the child failed");
     cut(&d, None);
-    let s = SharedStore::attach(
-        d.store(),
-        &Options {
-            compaction_thread: false,
-            ..Options::default()
-        },
-    )
-    .unwrap();
+    let s = SharedStore::attach(d.store(), &common::quiet()).unwrap();
     let r = s.recovery_report().clone();
     println!("{r:?}");
     assert!(r.checkpoint_epoch > 0, "{r:?}");
