@@ -45,11 +45,7 @@
 //! for the release to finish before it writes. When the store is idle, and
 //! in `Store::release_memory` (the analogue of `malloc_trim`), every free
 //! block is released and returned to the buddy allocator: memory then
-//! matters more than huge pages. So are the never-used blocks of every
-//! region a block was taken from (`Memory::sweep_untaken`): the first
-//! write into a fresh region faults in its whole 2 MiB huge page, so each
-//! head and compaction destination would otherwise keep up to 2 MiB
-//! resident that holds no data.
+//! matters more than huge pages.
 //! (The release itself is in `memory/release.rs`.)
 //!
 //! Mapping memory in. The pool is reserved, not populated: a block's
@@ -85,7 +81,7 @@
 
 use std::io;
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 use buddy::pool::{FramePool, PoolConfig};
@@ -119,9 +115,6 @@ const REGION_BYTES: usize = 2 << 20;
 const BLOCKS_PER_REGION: usize = REGION_BYTES / BLOCK_BYTES;
 /// Region word: blocks of the region in segments (low bits) ...
 const REGION_TAKEN_MASK: u32 = (1 << 16) - 1;
-/// ... the idle-time sweep released the region's untaken blocks and no
-/// block was taken since (see `Memory::sweep_untaken`) ...
-const REGION_SWEPT: u32 = 1 << 29;
 /// ... some block was taken since the region was last released ...
 const REGION_RESIDENT: u32 = 1 << 30;
 /// ... and a release is under way (takers wait).
@@ -232,9 +225,6 @@ pub(crate) struct Memory {
     block_state: Box<[AtomicU8]>,
     /// Per 2 MiB region: taken count and flags (`REGION_*`).
     regions: Box<[AtomicU32]>,
-    /// The whole pool was populated at creation (`Config::prefault`): the
-    /// idle-time sweep leaves untaken blocks resident, as asked.
-    prefaulted: AtomicBool,
     /// Accessed bits, one per `ACCESS_GRANULE_BYTES` of pool, once the
     /// store may evict (see "Accessed bits").
     accessed: OnceLock<Box<[AtomicU64]>>,
@@ -308,7 +298,6 @@ impl Memory {
             warm_blocks: AtomicU64::new(0),
             warm_released: AtomicU64::new(0),
             blocks_purged: AtomicU64::new(0),
-            prefaulted: AtomicBool::new(false),
             block_state: (0..n).map(|_| AtomicU8::new(block_state::BUDDY)).collect(),
             regions: (0..n.div_ceil(BLOCKS_PER_REGION))
                 .map(|_| AtomicU32::new(0))
@@ -324,7 +313,6 @@ impl Memory {
     /// this changes residency, not the budget.
     pub(crate) fn prefault(&self) {
         const PAGE_BYTES: usize = 4096;
-        self.prefaulted.store(true, Ordering::Relaxed);
         let len = self.blocks_total as usize * BLOCK_BYTES;
         // SAFETY: advice on the pool's own mapping (`base`, `len` bytes),
         // which no object uses yet (the store is being built); populating
@@ -627,25 +615,17 @@ impl Memory {
             }
             match region.compare_exchange_weak(
                 cur,
-                ((cur + 1) | REGION_RESIDENT) & !REGION_SWEPT,
-                Ordering::SeqCst,
+                (cur + 1) | REGION_RESIDENT,
+                Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
                 Ok(_) => break,
                 Err(v) => cur = v,
             }
         }
-        let was = self.block_state[b as usize].swap(block_state::TAKEN, Ordering::SeqCst);
+        let was = self.block_state[b as usize].swap(block_state::TAKEN, Ordering::AcqRel);
         if was == block_state::WARM_RELEASED {
             self.warm_released.fetch_sub(1, Ordering::Relaxed);
-        }
-        // A sweep (`sweep_untaken`) that marked the region after the count
-        // above may have read this block as free before the swap: wait
-        // until its `MADV_DONTNEED` is done. Both sides are SeqCst (a
-        // store then a load each), so either the sweep saw TAKEN or this
-        // load sees its flag.
-        while region.load(Ordering::SeqCst) & REGION_RELEASING != 0 {
-            std::hint::spin_loop();
         }
     }
 

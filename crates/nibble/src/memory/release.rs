@@ -17,11 +17,14 @@ impl Memory {
     fn release_region(&self, b: u32) -> u64 {
         let r = b as usize / BLOCKS_PER_REGION;
         let region = &self.regions[r];
-        let cur = region.load(Ordering::Relaxed);
-        if cur & !REGION_SWEPT != REGION_RESIDENT
-            || region
-                .compare_exchange(cur, REGION_RELEASING, Ordering::SeqCst, Ordering::Relaxed)
-                .is_err()
+        if region
+            .compare_exchange(
+                REGION_RESIDENT,
+                REGION_RELEASING,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_err()
         {
             // Some block is in use, a release is under way, or nothing was
             // touched since the last one.
@@ -123,82 +126,7 @@ impl Memory {
                 .expect("freeing a block this store allocated");
         }
         self.blocks_purged.fetch_add(n, Ordering::Relaxed);
-        self.sweep_untaken();
         n
-    }
-
-    /// Release the free blocks of every region a block was taken from
-    /// since its last release or sweep: the blocks of the buddy allocator
-    /// that are resident only because a neighbour's first write faulted
-    /// in the whole 2 MiB huge page. Every log head and compaction
-    /// destination grows into such a frontier region, so without this a
-    /// store keeps up to 2 MiB per frontier resident that holds no data
-    /// (on a store of 48 MiB, several percent of its RSS). Runs at idle
-    /// time with [`Memory::purge_all`]; a region is swept once until a
-    /// block of it is taken again (`REGION_SWEPT`). Returns the regions
-    /// swept.
-    ///
-    /// A block in the buddy allocator holds no data. Under
-    /// `REGION_RELEASING` a taker waits before it writes (`take_block`):
-    /// one that counted itself into the region before the flag was set
-    /// either marked its block taken before this read the state (it is
-    /// skipped) or sees the flag after its mark and waits for the
-    /// `MADV_DONTNEED` to finish.
-    pub(crate) fn sweep_untaken(&self) -> u64 {
-        if self.prefaulted.load(Ordering::Relaxed) {
-            return 0;
-        }
-        let mut swept = 0;
-        for (r, region) in self.regions.iter().enumerate() {
-            let cur = region.load(Ordering::Relaxed);
-            if cur & REGION_RESIDENT == 0 || cur & (REGION_SWEPT | REGION_RELEASING) != 0 {
-                continue;
-            }
-            // A concurrent take or free changes the word: the region is
-            // swept on a later call.
-            if region
-                .compare_exchange(
-                    cur,
-                    cur | REGION_RELEASING,
-                    Ordering::SeqCst,
-                    Ordering::Relaxed,
-                )
-                .is_err()
-            {
-                continue;
-            }
-            let first = r * BLOCKS_PER_REGION;
-            let end = (first + BLOCKS_PER_REGION).min(self.blocks_total as usize);
-            let mut b = first;
-            while b < end {
-                if self.block_state[b].load(Ordering::SeqCst) != block_state::BUDDY {
-                    b += 1;
-                    continue;
-                }
-                let run = b;
-                while b < end && self.block_state[b].load(Ordering::SeqCst) == block_state::BUDDY {
-                    b += 1;
-                }
-                // SAFETY: blocks `run..b` lie inside the pool's mapping and
-                // are in the buddy allocator: no segment holds them, and a
-                // thread that takes one now waits for REGION_RELEASING to
-                // clear before it writes (see above), so no data is in
-                // these pages. A failure only leaves them resident.
-                unsafe {
-                    libc::madvise(
-                        self.base.add(run << BLOCK_SHIFT) as *mut libc::c_void,
-                        (b - run) << BLOCK_SHIFT,
-                        libc::MADV_DONTNEED,
-                    );
-                }
-            }
-            // Frees may have lowered the count meanwhile; takers waited.
-            let _ = region.fetch_update(Ordering::SeqCst, Ordering::Relaxed, |w| {
-                Some((w & !REGION_RELEASING) | REGION_SWEPT)
-            });
-            swept += 1;
-        }
-        swept
     }
 
     /// Free blocks still resident (the warm cache, less the blocks of
@@ -288,60 +216,11 @@ mod tests {
         assert!(holds(&mem, block_of(&mem, again), 0xCD));
     }
 
-    /// The idle-time sweep gives back the untaken blocks of a region one
-    /// of whose blocks is in a segment (they are resident only through
-    /// the huge page its write faulted in), keeps the block in use, and
-    /// does not look at the region again until a block of it is taken.
+    /// Threads that take blocks, write them and check them race with
+    /// threads that release regions: a release never drops a block that
+    /// is in a segment (a taker waits for a release under way).
     #[test]
-    fn sweep_releases_untaken_blocks_of_a_touched_region() {
-        let mem = Memory::new(2 * REGION_BYTES, 0, 1).unwrap();
-        let seg = mem.new_segment(1, false).unwrap();
-        let used = block_of(&mem, seg);
-        fill(&mem, used, 0xAB);
-        let r = used as usize / BLOCKS_PER_REGION;
-        // Write the region's other blocks behind the allocator's back,
-        // standing in for the pages the huge-page fault mapped.
-        let first = r * BLOCKS_PER_REGION;
-        for b in first..first + BLOCKS_PER_REGION {
-            if b as u32 != used {
-                // SAFETY: the block is in the buddy allocator and this test
-                // is the only thread.
-                unsafe { mem.write((b as u64) << BLOCK_SHIFT, &[0x5A; BLOCK_BYTES]) };
-            }
-        }
-        assert_eq!(mem.sweep_untaken(), 1);
-        assert!(holds(&mem, used, 0xAB), "the block in use lost its data");
-        for b in first..first + BLOCKS_PER_REGION {
-            if b as u32 != used {
-                assert!(holds(&mem, b as u32, 0), "untaken block {b} still resident");
-            }
-        }
-        assert_eq!(mem.sweep_untaken(), 0, "swept twice without a take");
-        let again = mem.new_segment(1, false).unwrap();
-        fill(&mem, block_of(&mem, again), 0xCD);
-        assert!(
-            mem.sweep_untaken() >= 1,
-            "a take makes the region sweepable"
-        );
-        assert!(holds(&mem, block_of(&mem, again), 0xCD));
-        assert!(holds(&mem, used, 0xAB));
-        // A region freed whole after a sweep is still released whole.
-        mem.free_segment(seg);
-        mem.free_segment(again);
-        assert_eq!(mem.warm_blocks(), 2);
-        mem.purge_all();
-        assert_eq!(mem.warm_blocks(), 0);
-    }
-
-    /// Two takers take segments of `seg_blocks` blocks, write and check
-    /// them and free them (purging their blocks back to the buddy
-    /// allocator every fourth round when `purge`), while a third thread
-    /// runs `release` (which returns how many regions it gave back) in a
-    /// loop. Runs at least a few hundred ms, and on a loaded machine until
-    /// `release` gave back a region at least once (within 20 s), so the
-    /// checks are about correctness, not scheduling luck. Panics if a
-    /// taker finds its data gone or nothing was ever released.
-    fn race_takers_with(seg_blocks: usize, purge: bool, release: impl Fn(&Memory) -> u64 + Sync) {
+    fn region_release_never_drops_a_block_in_use() {
         let mem = Memory::new(2 * REGION_BYTES, 0, 2).unwrap();
         let stop = std::sync::atomic::AtomicBool::new(false);
         let released = std::sync::atomic::AtomicU64::new(0);
@@ -354,7 +233,7 @@ mod tests {
                     while !stop.load(Ordering::Relaxed) {
                         i = i.wrapping_add(1);
                         let byte = (t << 7) | (i & 0x7F) | 1;
-                        let Ok(seg) = mem.new_segment(seg_blocks, false) else {
+                        let Ok(seg) = mem.new_segment(2, false) else {
                             continue;
                         };
                         let blocks = mem.seg(seg).meta.lock().blocks.clone();
@@ -366,18 +245,18 @@ mod tests {
                             assert!(holds(mem, b, byte), "block {b} lost its data");
                         }
                         mem.free_segment(seg);
-                        if purge && i.is_multiple_of(4) {
-                            mem.purge_all();
-                        }
                     }
                 });
             }
-            let (mem, stop, released, release) = (&mem, &stop, &released, &release);
+            let (mem, stop, released) = (&mem, &stop, &released);
             s.spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    released.fetch_add(release(mem), Ordering::Relaxed);
+                    released.fetch_add(mem.purge_cold_regions(u64::MAX), Ordering::Relaxed);
                 }
             });
+            // Run at least `ms`, and on a loaded machine until the purger
+            // has released a region at least once (within 20 s), so the
+            // check below is about correctness, not scheduling luck.
             std::thread::sleep(std::time::Duration::from_millis(ms));
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
             while released.load(Ordering::Relaxed) == 0 && std::time::Instant::now() < deadline {
@@ -389,22 +268,5 @@ mod tests {
                 "no region was ever released"
             );
         });
-    }
-
-    /// Takers that write and check their blocks race with the sweep: it
-    /// never drops a block that is in a segment. The takers purge their
-    /// blocks back to the buddy allocator now and then, so the sweep has
-    /// blocks to release next to the taken ones.
-    #[test]
-    fn sweep_never_drops_a_block_in_use() {
-        race_takers_with(3, true, |mem| mem.sweep_untaken());
-    }
-
-    /// Threads that take blocks, write them and check them race with
-    /// threads that release regions: a release never drops a block that
-    /// is in a segment (a taker waits for a release under way).
-    #[test]
-    fn region_release_never_drops_a_block_in_use() {
-        race_takers_with(2, false, |mem| mem.purge_cold_regions(u64::MAX));
     }
 }
