@@ -9,12 +9,18 @@
 #     target/release/nibble --port 7821 --threads 2 --maxmemory 2gb
 #   onekey-callgrind.sh rs 7822 5000 "-r 100000000 HSET h element:__rand_int__ xxx" -- \
 #     redis-server --port 7822 --save '' --appendonly no
+# With PRE="N ARGS" in the environment, `redis-benchmark -c 50 -n N ARGS`
+# runs first, before the counters are zeroed (fill a list, then count
+# the pops): PRE="20000 LPUSH q x" onekey-callgrind.sh ... 20000 "RPOP q" -- ...
 L=$1; P=$2; N=$3; BA=$4; shift 5
 OUT=/tmp/cg.$L
 rm -f $OUT $OUT.*
 valgrind --tool=callgrind --callgrind-out-file=$OUT "$@" > $OUT.log 2>&1 &
 VP=$!
 for i in $(seq 200); do redis-cli -p $P ping 2>/dev/null | grep -q PONG && break; sleep 0.5; done
+if [ -n "$PRE" ]; then
+  redis-benchmark -p $P -c 50 -n ${PRE%% *} ${PRE#* } > /dev/null 2>&1
+fi
 callgrind_control -z $VP > /dev/null
 redis-benchmark -p $P -c 50 -n $N $BA > /dev/null 2>&1
 callgrind_control -d $VP > /dev/null

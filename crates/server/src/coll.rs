@@ -20,7 +20,8 @@
 //!           SET_MAGIC  | n | (len member)*                 set, insertion order  ("listpack")
 //!           INTSET_MAGIC | n | (len member)*               set of integers, ascending ("intset")
 //!   large:  ROOT_MAGIC | kind | id u64 | count u64 | nbuckets u32 | first u32 ("hashtable")
-//!   (a list is always a root and chunks, `crate::list`; same root, same keys)
+//!   (a list is always a root, its two ends inline after these fields, and
+//!   chunks: `crate::list`; same root fields, same keys)
 //!
 //!  internal keys (engine.rs keeps them out of every user key's reach):
 //!   0xFF 0x00 'i' id            ─▶ kind | K             the instance record: who owns id
@@ -248,13 +249,18 @@ pub(crate) const ROOT_BYTES: usize = 2 + 8 + 8 + 4 + 4;
 
 pub(crate) fn encode_root(kind: Kind, r: &Root) -> Vec<u8> {
     let mut v = Vec::with_capacity(ROOT_BYTES);
+    encode_root_into(kind, r, &mut v);
+    v
+}
+
+/// [`encode_root`] appended to `v`.
+pub(crate) fn encode_root_into(kind: Kind, r: &Root, v: &mut Vec<u8>) {
     v.push(ROOT_MAGIC);
     v.push(kind.tag());
     v.extend_from_slice(&r.id.to_le_bytes());
     v.extend_from_slice(&r.count.to_le_bytes());
     v.extend_from_slice(&r.nbuckets.to_le_bytes());
     v.extend_from_slice(&r.first.to_le_bytes());
-    v
 }
 
 pub(crate) fn decode_root(b: &[u8]) -> Option<(Kind, Root)> {
@@ -262,19 +268,20 @@ pub(crate) fn decode_root(b: &[u8]) -> Option<(Kind, Root)> {
         return None;
     }
     let kind = Kind::of_tag(b[1])?;
-    // A zset's root carries its tree's fields after coll's.
-    let want = if kind == Kind::Zset {
-        ROOT_BYTES + 12
-    } else {
-        ROOT_BYTES
+    // A zset's root carries its tree's fields after coll's; a list's, its
+    // two ends (`crate::list`), and it may have no chunk at all.
+    let fits = match kind {
+        Kind::Zset => b.len() == ROOT_BYTES + 12,
+        Kind::List => true,
+        Kind::Hash | Kind::Set => b.len() == ROOT_BYTES,
     };
-    if b.len() != want {
+    if !fits {
         return None;
     }
     let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
     let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or([0; 4]));
     let nbuckets = u32_at(18);
-    (nbuckets > 0).then_some((
+    (nbuckets > 0 || kind == Kind::List).then_some((
         kind,
         Root {
             id: u64_at(2),
@@ -408,7 +415,7 @@ enum Repr {
 /// One collection, opened by one command (under its key's stripe).
 pub struct Coll<'e> {
     store: &'e Engine,
-    key: Vec<u8>,
+    key: &'e [u8],
     kind: Kind,
     limits: Limits,
     /// The root item's version; `None` if the key was absent.
@@ -424,7 +431,7 @@ pub struct Coll<'e> {
 /// WRONGTYPE if the key holds another type.
 pub fn open<'e>(
     store: &'e Engine,
-    key: &[u8],
+    key: &'e [u8],
     kind: Kind,
     limits: Limits,
 ) -> Result<Option<Coll<'e>>, CmdError> {
@@ -466,7 +473,7 @@ pub fn open<'e>(
     };
     Ok(Some(Coll {
         store,
-        key: key.to_vec(),
+        key,
         kind,
         limits,
         version: Some(m.version),
@@ -479,7 +486,7 @@ pub fn open<'e>(
 /// [`open`], or a new empty collection if the key is absent.
 pub fn open_or_new<'e>(
     store: &'e Engine,
-    key: &[u8],
+    key: &'e [u8],
     kind: Kind,
     limits: Limits,
 ) -> Result<Coll<'e>, CmdError> {
@@ -487,7 +494,7 @@ pub fn open_or_new<'e>(
         Some(c) => c,
         None => Coll {
             store,
-            key: key.to_vec(),
+            key,
             kind,
             limits,
             version: None,
@@ -884,7 +891,7 @@ impl Coll<'_> {
                 if v.len() as u64 > store.max_value_bytes() {
                     return Err("ERR collection exceeds the largest value the engine stores".into());
                 }
-                let put = store.put_with(&self.key, &v, opts);
+                let put = store.put_with(self.key, &v, opts);
                 give_buf(v);
                 match put {
                     Ok(_) => Ok(true),
@@ -896,7 +903,7 @@ impl Coll<'_> {
                 let root = *root;
                 if *fresh {
                     let mut rec = vec![self.kind.tag()];
-                    rec.extend_from_slice(&self.key);
+                    rec.extend_from_slice(self.key);
                     store.raw_put_with(&instance_key(root.id), &rec, PutOptions::default())?;
                     *fresh = false;
                     LARGE_CREATED.store(true, Ordering::Relaxed);
@@ -925,8 +932,11 @@ impl Coll<'_> {
                     self.dirty = false;
                     return Ok(true);
                 }
-                let bytes = encode_root(self.kind, &root);
-                match store.put_with(&self.key, &bytes, opts) {
+                let mut bytes = take_buf(ROOT_READ_BYTES);
+                encode_root_into(self.kind, &root, &mut bytes);
+                let put = store.put_with(self.key, &bytes, opts);
+                give_buf(bytes);
+                match put {
                     Ok(ver) => {
                         self.version = Some(ver);
                         self.stored_root = Some(root);
@@ -943,7 +953,7 @@ impl Coll<'_> {
     /// Delete the (now empty) collection: root, then its nodes.
     fn delete_root(&mut self) -> Result<bool, CmdError> {
         if let Some(v) = self.version {
-            match self.store.delete_if(&self.key, Condition::IfVersion(v)) {
+            match self.store.delete_if(self.key, Condition::IfVersion(v)) {
                 Ok(()) => {}
                 Err(e) if crate::commands::is_race(&e) => return Ok(false),
                 Err(e) => return Err(e.into()),

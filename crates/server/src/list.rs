@@ -1,25 +1,39 @@
-//! Lists in the log: a root item at the key and a run of chunk items.
+//! Lists in the log: a root item at the key that holds both ends of the
+//! list inline, and a run of chunk items for the middle.
 //!
 //! ```text
 //!  user key K ── flags LIST_FLAGS ── ROOT_MAGIC | 'l' | id | len | nchunks | first   (coll's root)
-//!  0xFF 0x00 'i' id                ── 'l' | K                    (instance record, as coll's)
-//!  0xFF 0x00 'n' id first          ── chunk: n | (len elem)*     the head of the list
+//!                                    | head bytes u32 | head: n | (len elem)*         the first elements
+//!                                    | tail: n | (len elem)* | spare room (zeros)    the last elements
+//!  0xFF 0x00 'i' id                ── 'l' | K     instance record (coll's), written with the first chunk
+//!  0xFF 0x00 'n' id first          ── chunk: n | (len elem)*     the elements after the head
 //!  0xFF 0x00 'n' id first+1        ── chunk                      ...
-//!  0xFF 0x00 'n' id first+nchunks-1 ─ chunk                      the tail
+//!  0xFF 0x00 'n' id first+nchunks-1 ─ chunk                      the elements before the tail
 //! ```
 //!
-//! Redis's quicklist, with engine items for nodes: chunks are numbered
-//! consecutively, the first of a new list in the middle of the u32 range
-//! ([`FIRST_CHUNK`]), so the list grows either way by a new number. Every
-//! chunk holds at least one element and at most [`CHUNK_MAX_ELEMS`]
-//! elements (or [`CHUNK_MAX_BYTES`] bytes) when it is filled by a push.
+//! Redis's quicklist, with engine items for nodes and the two end nodes
+//! kept in the root: the list is head ++ chunks ++ tail. Chunks are
+//! numbered consecutively, the first of a new list in the middle of the
+//! u32 range ([`FIRST_CHUNK`]), so the middle grows either way by a new
+//! number. An end holds at most [`INLINE_MAX_ELEMS`] elements and
+//! [`INLINE_MAX_BYTES`] bytes; when a push finds its end full, the end
+//! becomes a chunk (at `first - 1` or `first + nchunks`) and the element
+//! starts a new one; when a pop finds its end empty, the nearest chunk
+//! becomes the end (its item is deleted). An element larger than an end
+//! may hold gets a chunk of its own, and a chunk that does not fit an end
+//! (one such element, or a chunk of a store written with larger chunks)
+//! is popped from in place. A root of coll's 26 bytes alone is a list
+//! with empty ends.
 //!
-//! Costs, with c = [`CHUNK_MAX_ELEMS`]:
+//! Costs, with c = [`INLINE_MAX_ELEMS`]:
 //!
-//! * LPUSH/RPUSH/LPOP/RPOP: the root and the end chunk: O(1) items. A
-//!   chunk is stored with spare room (`crate::packed`), so under Nibble-2
-//!   most pushes and pops overwrite it in place rather than append a new
-//!   copy for compaction to clean (as the fixed-size root always is).
+//! * LPUSH/RPUSH/LPOP/RPOP: one root read and one root write, plus one
+//!   chunk write (push) or one chunk read and delete (pop) per c
+//!   operations at that end. The root is stored with spare room, so under
+//!   Nibble-2 most writes overwrite it in place (same size) rather than
+//!   append a new copy for compaction to clean. A list of up to 2c short
+//!   elements is the root alone, as Redis's listpack-encoded list is one
+//!   allocation.
 //! * LINDEX/LSET/LRANGE: walk chunks from the nearer end, O(i / c) item
 //!   reads (Redis: O(i) node hops).
 //! * LTRIM: pops from both ends, O(removed).
@@ -28,41 +42,65 @@
 //!
 //! A list never stored empty: the last pop deletes the root, the chunks
 //! and the instance record. Reclaiming, atomicity and the sweeper are
-//! `coll`'s (same root layout, same node keys): a list command runs under
-//! its key's stripe; the root is written last with `IfVersion`.
+//! `coll`'s (same root fields, same node keys): a list command runs under
+//! its key's stripe; the chunks are written first, the root last with
+//! `IfVersion`, and the instance record before the first chunk.
 
 use std::collections::HashMap;
 
 use nibble::{Condition, Expiry, PutOptions};
 
 use crate::coll::{
-    decode_root, drop_nodes, encode_root, instance_key, new_id, node_key, put_node, Kind, Root,
-    ROOT_READ_BYTES,
+    decode_root, drop_nodes, encode_root_into, instance_key, new_id, node_key, put_node, Kind,
+    Root, ROOT_BYTES,
 };
 use crate::commands::{is_race, CmdError, WRONGTYPE};
 use crate::engine::Engine;
-use crate::packed::{give_buf, take_buf, PairBuf};
+use crate::packed::{
+    give_buf, take_buf, PairBuf, NODE_ROOM_DIVISOR, NODE_ROOM_MAX_BYTES, NODE_ROOM_MIN_BYTES,
+};
 use crate::types::LIST_FLAGS;
 
-/// Most elements a push puts in one chunk.
-pub const CHUNK_MAX_ELEMS: usize = 64;
-/// Most bytes a push puts in one chunk (one larger element gets a chunk
-/// of its own).
-pub const CHUNK_MAX_BYTES: usize = 8 << 10;
+/// Most elements an end of the list (and a chunk filled by pushes) holds.
+pub const INLINE_MAX_ELEMS: usize = 64;
+/// Most element bytes an end of the list (and a chunk filled by pushes)
+/// holds; a larger element gets a chunk of its own. Every push and pop
+/// copies the root, both ends included, in and out of the engine: this
+/// bounds that copy.
+pub const INLINE_MAX_BYTES: usize = 2 << 10;
 /// Number of the first chunk of a new list.
 pub const FIRST_CHUNK: u32 = 1 << 31;
 /// Capacity of a fresh chunk read buffer: a chunk of short elements fits,
 /// so neither the read nor a push reallocates.
 const CHUNK_READ_BYTES: usize = 2048;
+/// Capacity of a fresh root read buffer: a root with two ends of short
+/// elements fits.
+const LIST_ROOT_READ_BYTES: usize = 1024;
+/// Bytes of the head's length field after coll's root fields.
+const HEAD_LEN_BYTES: usize = 4;
+
+/// A part of the list: an inline end or a chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Seg {
+    Head,
+    Chunk(u32),
+    Tail,
+}
 
 /// One list, opened by one command (under its key's stripe).
 pub struct List<'e> {
     store: &'e Engine,
-    key: Vec<u8>,
+    key: &'e [u8],
     version: Option<u64>,
     root: Root,
-    /// The instance record is still to be written.
-    fresh: bool,
+    /// The first elements, stored in the root.
+    head: PairBuf,
+    /// The last elements, stored in the root.
+    tail: PairBuf,
+    /// Length of the stored root item, spare room included (0: none).
+    root_stored_bytes: usize,
+    /// The instance record is known to be written.
+    has_instance: bool,
     /// Chunks read or written (their items' bytes, patched in place:
     /// `crate::packed`), and whether changed.
     cache: HashMap<u32, (PairBuf, bool)>,
@@ -75,27 +113,65 @@ fn corrupt() -> CmdError {
     CmdError::from("ERR corrupt list value")
 }
 
+/// `b` as a pooled [`PairBuf`]; spare room after the last element is
+/// allowed only with `room`.
+fn pairs_of(b: &[u8], room: bool) -> Option<PairBuf> {
+    let mut v = take_buf(b.len());
+    v.extend_from_slice(b);
+    if room {
+        PairBuf::from_bytes(v, false)
+    } else {
+        PairBuf::from_exact_bytes(v, false)
+    }
+}
+
+/// A list root's fields and ends; `None` if `b` is not a list root or its
+/// counts disagree (every chunk holds at least one element).
+fn decode_list_root(b: &[u8]) -> Option<(Root, PairBuf, PairBuf)> {
+    let (_, root) = decode_root(b).filter(|(k, _)| *k == Kind::List)?;
+    let rest = b.get(ROOT_BYTES..)?;
+    let (head, tail) = if rest.is_empty() {
+        (PairBuf::new(false), PairBuf::new(false))
+    } else {
+        let hl = u32::from_le_bytes(rest.get(..HEAD_LEN_BYTES)?.try_into().ok()?) as usize;
+        let split = HEAD_LEN_BYTES.checked_add(hl)?;
+        let head = pairs_of(rest.get(HEAD_LEN_BYTES..split)?, false)?;
+        let tail = pairs_of(rest.get(split..)?, true)?;
+        (head, tail)
+    };
+    let ends = (head.len() + tail.len()) as u64;
+    let ok = if root.nbuckets == 0 {
+        root.count == ends
+    } else {
+        root.count >= ends + u64::from(root.nbuckets)
+    };
+    ok.then_some((root, head, tail))
+}
+
 /// The list at `key`: `Ok(None)` if absent, WRONGTYPE for another type.
-pub fn open<'e>(store: &'e Engine, key: &[u8]) -> Result<Option<List<'e>>, CmdError> {
-    let mut buf = take_buf(ROOT_READ_BYTES);
+pub fn open<'e>(store: &'e Engine, key: &'e [u8]) -> Result<Option<List<'e>>, CmdError> {
+    let mut buf = take_buf(LIST_ROOT_READ_BYTES);
     let Some(m) = store.get_into(key, &mut buf)? else {
         give_buf(buf);
         return Ok(None);
     };
     if m.flags != LIST_FLAGS {
+        give_buf(buf);
         return Err(WRONGTYPE.into());
     }
-    let (kind, root) = decode_root(&buf).ok_or_else(corrupt)?;
+    let decoded = decode_list_root(&buf);
+    let root_stored_bytes = buf.len();
     give_buf(buf);
-    if kind != Kind::List {
-        return Err(corrupt());
-    }
+    let (root, head, tail) = decoded.ok_or_else(corrupt)?;
     Ok(Some(List {
         store,
-        key: key.to_vec(),
+        key,
         version: Some(m.version),
         root,
-        fresh: false,
+        head,
+        tail,
+        root_stored_bytes,
+        has_instance: root.nbuckets > 0,
         cache: HashMap::new(),
         dropped: Vec::new(),
         dirty: false,
@@ -103,12 +179,12 @@ pub fn open<'e>(store: &'e Engine, key: &[u8]) -> Result<Option<List<'e>>, CmdEr
 }
 
 /// [`open`], or a new empty list.
-pub fn open_or_new<'e>(store: &'e Engine, key: &[u8]) -> Result<List<'e>, CmdError> {
+pub fn open_or_new<'e>(store: &'e Engine, key: &'e [u8]) -> Result<List<'e>, CmdError> {
     Ok(match open(store, key)? {
         Some(l) => l,
         None => List {
             store,
-            key: key.to_vec(),
+            key,
             version: None,
             root: Root {
                 id: new_id(),
@@ -116,7 +192,10 @@ pub fn open_or_new<'e>(store: &'e Engine, key: &[u8]) -> Result<List<'e>, CmdErr
                 nbuckets: 0,
                 first: FIRST_CHUNK,
             },
-            fresh: true,
+            head: PairBuf::new(false),
+            tail: PairBuf::new(false),
+            root_stored_bytes: 0,
+            has_instance: false,
             cache: HashMap::new(),
             dropped: Vec::new(),
             dirty: false,
@@ -125,11 +204,13 @@ pub fn open_or_new<'e>(store: &'e Engine, key: &[u8]) -> Result<List<'e>, CmdErr
 }
 
 impl Drop for List<'_> {
-    /// The chunks' buffers go back to the thread's pool.
+    /// The ends' and chunks' buffers go back to the thread's pool.
     fn drop(&mut self) {
         for (_, (items, _)) in self.cache.drain() {
             give_buf(items.into_bytes());
         }
+        give_buf(self.head.take_bytes());
+        give_buf(self.tail.take_bytes());
     }
 }
 
@@ -145,7 +226,9 @@ impl List<'_> {
     }
 
     fn last(&self) -> u32 {
-        self.root.first.wrapping_add(self.root.nbuckets - 1)
+        self.root
+            .first
+            .wrapping_add(self.root.nbuckets.wrapping_sub(1))
     }
 
     /// Chunk `c`, loaded into the cache.
@@ -167,8 +250,40 @@ impl List<'_> {
         }
     }
 
-    fn room(items: &PairBuf, e: &[u8]) -> bool {
-        items.len() < CHUNK_MAX_ELEMS && items.payload_bytes() + e.len() <= CHUNK_MAX_BYTES
+    /// The elements of part `s`; a chunk is marked changed if `write`.
+    fn seg(&mut self, s: Seg, write: bool) -> Result<&mut PairBuf, CmdError> {
+        Ok(match s {
+            Seg::Head => &mut self.head,
+            Seg::Tail => &mut self.tail,
+            Seg::Chunk(c) => {
+                let (items, dirty) = self.chunk(c)?;
+                *dirty |= write;
+                items
+            }
+        })
+    }
+
+    /// The part after `s`, head to tail.
+    fn next_seg(&self, s: Seg) -> Option<Seg> {
+        match s {
+            Seg::Head if self.root.nbuckets > 0 => Some(Seg::Chunk(self.root.first)),
+            Seg::Head => Some(Seg::Tail),
+            Seg::Chunk(c) if c == self.last() => Some(Seg::Tail),
+            Seg::Chunk(c) => Some(Seg::Chunk(c.wrapping_add(1))),
+            Seg::Tail => None,
+        }
+    }
+
+    /// Whether `e` joins an end holding `items`.
+    fn fits(items: &PairBuf, e: &[u8]) -> bool {
+        e.len() <= INLINE_MAX_BYTES
+            && items.len() < INLINE_MAX_ELEMS
+            && items.payload_bytes() + e.len() <= INLINE_MAX_BYTES
+    }
+
+    /// Whether a chunk holding `items` may become an end.
+    fn inlinable(items: &PairBuf) -> bool {
+        items.len() <= INLINE_MAX_ELEMS && items.payload_bytes() <= INLINE_MAX_BYTES
     }
 
     fn chunk_of(e: &[u8]) -> PairBuf {
@@ -177,23 +292,45 @@ impl List<'_> {
         c
     }
 
+    /// A new chunk before the first one.
+    fn add_front_chunk(&mut self, items: PairBuf) {
+        self.root.first = self.root.first.wrapping_sub(1);
+        self.root.nbuckets += 1;
+        self.cache.insert(self.root.first, (items, true));
+    }
+
+    /// A new chunk after the last one.
+    fn add_back_chunk(&mut self, items: PairBuf) {
+        self.root.nbuckets += 1;
+        let last = self.last();
+        self.cache.insert(last, (items, true));
+    }
+
+    /// Forget chunk `c` (emptied or moved into an end): its item is
+    /// deleted at commit.
+    fn drop_chunk(&mut self, c: u32) -> Option<PairBuf> {
+        self.dropped.push(c);
+        self.root.nbuckets -= 1;
+        self.cache.remove(&c).map(|(items, _)| items)
+    }
+
     /// LPUSH one element.
     pub fn push_front(&mut self, e: &[u8]) -> Result<(), CmdError> {
         self.dirty = true;
         self.root.count += 1;
-        if self.root.nbuckets > 0 {
-            let first = self.root.first;
-            let (items, dirty) = self.chunk(first)?;
-            if Self::room(items, e) {
-                items.push_front(e, &[]);
-                *dirty = true;
-                return Ok(());
-            }
-            self.root.first = first.wrapping_sub(1);
+        if Self::fits(&self.head, e) {
+            self.head.push_front(e, &[]);
+            return Ok(());
         }
-        self.root.nbuckets += 1;
-        self.cache
-            .insert(self.root.first, (Self::chunk_of(e), true));
+        if !self.head.is_empty() {
+            let full = std::mem::replace(&mut self.head, PairBuf::new(false));
+            self.add_front_chunk(full);
+        }
+        if e.len() > INLINE_MAX_BYTES {
+            self.add_front_chunk(Self::chunk_of(e));
+        } else {
+            self.head.push_front(e, &[]);
+        }
         Ok(())
     }
 
@@ -201,18 +338,19 @@ impl List<'_> {
     pub fn push_back(&mut self, e: &[u8]) -> Result<(), CmdError> {
         self.dirty = true;
         self.root.count += 1;
-        if self.root.nbuckets > 0 {
-            let last = self.last();
-            let (items, dirty) = self.chunk(last)?;
-            if Self::room(items, e) {
-                items.push(e, &[]);
-                *dirty = true;
-                return Ok(());
-            }
+        if Self::fits(&self.tail, e) {
+            self.tail.push(e, &[]);
+            return Ok(());
         }
-        self.root.nbuckets += 1;
-        let last = self.last();
-        self.cache.insert(last, (Self::chunk_of(e), true));
+        if !self.tail.is_empty() {
+            let full = std::mem::replace(&mut self.tail, PairBuf::new(false));
+            self.add_back_chunk(full);
+        }
+        if e.len() > INLINE_MAX_BYTES {
+            self.add_back_chunk(Self::chunk_of(e));
+        } else {
+            self.tail.push(e, &[]);
+        }
         Ok(())
     }
 
@@ -223,17 +361,30 @@ impl List<'_> {
         }
         self.dirty = true;
         self.root.count -= 1;
-        let first = self.root.first;
-        let (items, dirty) = self.chunk(first)?;
-        let e = items.take_nth(0).ok_or_else(corrupt)?;
-        *dirty = true;
-        if items.is_empty() {
-            self.cache.remove(&first);
-            self.dropped.push(first);
+        if self.head.is_empty() && self.root.nbuckets > 0 {
+            let first = self.root.first;
+            let (items, dirty) = self.chunk(first)?;
+            if !Self::inlinable(items) {
+                let e = items.take_nth(0).ok_or_else(corrupt)?;
+                *dirty = true;
+                if items.is_empty() {
+                    self.root.first = first.wrapping_add(1);
+                    if let Some(b) = self.drop_chunk(first) {
+                        give_buf(b.into_bytes());
+                    }
+                }
+                return Ok(Some(e));
+            }
             self.root.first = first.wrapping_add(1);
-            self.root.nbuckets -= 1;
+            let items = self.drop_chunk(first).ok_or_else(corrupt)?;
+            give_buf(std::mem::replace(&mut self.head, items).into_bytes());
         }
-        Ok(Some(e))
+        let end = if self.head.is_empty() {
+            &mut self.tail
+        } else {
+            &mut self.head
+        };
+        end.take_nth(0).ok_or_else(corrupt).map(Some)
     }
 
     /// RPOP one element.
@@ -243,41 +394,67 @@ impl List<'_> {
         }
         self.dirty = true;
         self.root.count -= 1;
-        let last = self.last();
-        let (items, dirty) = self.chunk(last)?;
-        let e = items
-            .take_nth(items.len().wrapping_sub(1))
-            .ok_or_else(corrupt)?;
-        *dirty = true;
-        if items.is_empty() {
-            self.cache.remove(&last);
-            self.dropped.push(last);
-            self.root.nbuckets -= 1;
+        if self.tail.is_empty() && self.root.nbuckets > 0 {
+            let last = self.last();
+            let (items, dirty) = self.chunk(last)?;
+            if !Self::inlinable(items) {
+                let e = items
+                    .take_nth(items.len().wrapping_sub(1))
+                    .ok_or_else(corrupt)?;
+                *dirty = true;
+                if items.is_empty() {
+                    if let Some(b) = self.drop_chunk(last) {
+                        give_buf(b.into_bytes());
+                    }
+                }
+                return Ok(Some(e));
+            }
+            let items = self.drop_chunk(last).ok_or_else(corrupt)?;
+            give_buf(std::mem::replace(&mut self.tail, items).into_bytes());
         }
-        Ok(Some(e))
+        let end = if self.tail.is_empty() {
+            &mut self.head
+        } else {
+            &mut self.tail
+        };
+        end.take_nth(end.len().wrapping_sub(1))
+            .ok_or_else(corrupt)
+            .map(Some)
     }
 
-    /// The chunk and offset of element `i` (< len), walking from the
-    /// nearer end.
-    fn locate(&mut self, i: u64) -> Result<(u32, usize), CmdError> {
+    /// The part and offset of element `i` (< len); the chunks are walked
+    /// from the nearer end.
+    fn locate(&mut self, i: u64) -> Result<(Seg, usize), CmdError> {
+        if i >= self.root.count {
+            return Err(corrupt());
+        }
+        let (h, t) = (self.head.len() as u64, self.tail.len() as u64);
+        if i < h {
+            return Ok((Seg::Head, i as usize));
+        }
+        let mid = self.root.count.checked_sub(h + t).ok_or_else(corrupt)?;
+        if i >= h + mid {
+            return Ok((Seg::Tail, (i - h - mid) as usize));
+        }
+        let j = i - h;
         let n = self.root.nbuckets;
-        if i < self.root.count / 2 {
-            let mut left = i;
+        if j < mid / 2 {
+            let mut left = j;
             for k in 0..n {
                 let c = self.root.first.wrapping_add(k);
                 let len = self.chunk(c)?.0.len() as u64;
                 if left < len {
-                    return Ok((c, left as usize));
+                    return Ok((Seg::Chunk(c), left as usize));
                 }
                 left -= len;
             }
         } else {
-            let mut right = self.root.count - 1 - i;
+            let mut right = mid - 1 - j;
             for k in (0..n).rev() {
                 let c = self.root.first.wrapping_add(k);
                 let len = self.chunk(c)?.0.len() as u64;
                 if right < len {
-                    return Ok((c, (len - 1 - right) as usize));
+                    return Ok((Seg::Chunk(c), (len - 1 - right) as usize));
                 }
                 right -= len;
             }
@@ -290,16 +467,16 @@ impl List<'_> {
         if i >= self.root.count {
             return Ok(None);
         }
-        let (c, o) = self.locate(i)?;
-        Ok(Some(self.chunk(c)?.0.nth(o).ok_or_else(corrupt)?.to_vec()))
+        let (s, o) = self.locate(i)?;
+        Ok(Some(
+            self.seg(s, false)?.nth(o).ok_or_else(corrupt)?.to_vec(),
+        ))
     }
 
     /// Replace element `i` (< len).
     pub fn set(&mut self, i: u64, e: &[u8]) -> Result<(), CmdError> {
-        let (c, o) = self.locate(i)?;
-        let (items, dirty) = self.chunk(c)?;
-        items.set_nth(o, e).ok_or_else(corrupt)?;
-        *dirty = true;
+        let (s, o) = self.locate(i)?;
+        self.seg(s, true)?.set_nth(o, e).ok_or_else(corrupt)?;
         self.dirty = true;
         Ok(())
     }
@@ -307,20 +484,19 @@ impl List<'_> {
     /// Elements `start..=stop` (both < len, start <= stop).
     pub fn range(&mut self, start: u64, stop: u64) -> Result<Vec<Vec<u8>>, CmdError> {
         let mut out = Vec::with_capacity((stop - start + 1).min(1 << 20) as usize);
-        let (mut c, mut o) = self.locate(start)?;
+        let (mut s, mut o) = self.locate(start)?;
         let mut left = stop - start + 1;
-        while left > 0 {
-            let items = &self.chunk(c)?.0;
+        loop {
+            let items = self.seg(s, false)?;
             let take = (items.len().saturating_sub(o) as u64).min(left) as usize;
-            if take == 0 {
-                return Err(corrupt());
-            }
             out.extend(items.iter().skip(o).take(take).map(|(a, _)| a.to_vec()));
             left -= take as u64;
-            c = c.wrapping_add(1);
+            if left == 0 {
+                return Ok(out);
+            }
+            s = self.next_seg(s).ok_or_else(corrupt)?;
             o = 0;
         }
-        Ok(out)
     }
 
     /// Every element, head first.
@@ -331,35 +507,68 @@ impl List<'_> {
         self.range(0, self.root.count - 1)
     }
 
-    /// Make the list `elems` (full chunks from [`FIRST_CHUNK`]).
+    /// Make the list `elems`: the root alone if they fit one end, else
+    /// full chunks from [`FIRST_CHUNK`] and empty ends.
     pub fn replace_all(&mut self, elems: Vec<Vec<u8>>) {
         for k in 0..self.root.nbuckets {
             self.dropped.push(self.root.first.wrapping_add(k));
         }
-        self.cache.clear();
+        for (_, (items, _)) in self.cache.drain() {
+            give_buf(items.into_bytes());
+        }
         self.dirty = true;
         self.root.first = FIRST_CHUNK;
         self.root.count = elems.len() as u64;
         self.root.nbuckets = 0;
+        let mut parts: Vec<PairBuf> = Vec::new();
         let mut cur = PairBuf::new(false);
         for e in elems {
-            if !cur.is_empty() && !Self::room(&cur, &e) {
-                let c = FIRST_CHUNK.wrapping_add(self.root.nbuckets);
-                let full = std::mem::replace(&mut cur, PairBuf::new(false));
-                self.cache.insert(c, (full, true));
-                self.root.nbuckets += 1;
+            if !cur.is_empty() && !Self::fits(&cur, &e) {
+                parts.push(std::mem::replace(&mut cur, PairBuf::new(false)));
             }
             cur.push(&e, &[]);
         }
         if !cur.is_empty() {
-            let c = FIRST_CHUNK.wrapping_add(self.root.nbuckets);
-            self.cache.insert(c, (cur, true));
-            self.root.nbuckets += 1;
+            parts.push(cur);
+        }
+        self.head = PairBuf::new(false);
+        self.tail = PairBuf::new(false);
+        if parts.len() == 1 && Self::inlinable(&parts[0]) {
+            self.head = parts.remove(0);
+        }
+        for p in parts {
+            self.add_back_chunk(p);
         }
     }
 
-    /// Write what changed: chunks, then the root last (or delete it all if
-    /// empty). `Ok(false)`: the root changed under us; rerun.
+    /// The root's bytes into `out`: coll's fields, the head's length, the
+    /// head, the tail, then (where the engine overwrites in place) spare
+    /// room as `crate::packed` gives a node, so that most pushes and pops
+    /// keep the item's size.
+    fn encode_root_into(&self, out: &mut Vec<u8>) {
+        encode_root_into(Kind::List, &self.root, out);
+        out.extend_from_slice(&(self.head.bytes().len() as u32).to_le_bytes());
+        out.extend_from_slice(self.head.bytes());
+        out.extend_from_slice(self.tail.bytes());
+        if !self.store.overwrites_in_place() {
+            return;
+        }
+        let len = out.len();
+        let stored = self.root_stored_bytes;
+        let want = if len <= stored && len >= stored / 2 {
+            stored
+        } else {
+            len + (len / NODE_ROOM_DIVISOR).clamp(NODE_ROOM_MIN_BYTES, NODE_ROOM_MAX_BYTES)
+        };
+        let max = usize::try_from(self.store.max_value_bytes()).unwrap_or(usize::MAX);
+        if want <= max {
+            out.resize(want, 0);
+        }
+    }
+
+    /// Write what changed: the instance record (with the first chunk),
+    /// chunks, then the root last (or delete it all if empty).
+    /// `Ok(false)`: the root changed under us; rerun.
     pub fn commit(&mut self) -> Result<bool, CmdError> {
         if !self.dirty {
             return Ok(true);
@@ -367,7 +576,7 @@ impl List<'_> {
         let store = self.store;
         if self.root.count == 0 {
             if let Some(v) = self.version {
-                match store.delete_if(&self.key, Condition::IfVersion(v)) {
+                match store.delete_if(self.key, Condition::IfVersion(v)) {
                     Ok(()) => {}
                     Err(e) if is_race(&e) => return Ok(false),
                     Err(e) => return Err(e.into()),
@@ -380,11 +589,12 @@ impl List<'_> {
             self.dirty = false;
             return Ok(true);
         }
-        if self.fresh {
+        if self.root.nbuckets > 0 && !self.has_instance {
             let mut rec = vec![Kind::List.tag()];
-            rec.extend_from_slice(&self.key);
+            rec.extend_from_slice(self.key);
             store.raw_put_with(&instance_key(self.root.id), &rec, PutOptions::default())?;
-            self.fresh = false;
+            crate::coll::note_large_created();
+            self.has_instance = true;
         }
         for c in self.dropped.drain(..) {
             if !self.cache.contains_key(&c) {
@@ -405,9 +615,15 @@ impl List<'_> {
             expiry: Expiry::Keep,
             flags: LIST_FLAGS,
         };
-        match store.put_with(&self.key, &encode_root(Kind::List, &self.root), opts) {
+        let mut buf = take_buf(LIST_ROOT_READ_BYTES);
+        self.encode_root_into(&mut buf);
+        let put = store.put_with(self.key, &buf, opts);
+        let stored = buf.len();
+        give_buf(buf);
+        match put {
             Ok(ver) => {
                 self.version = Some(ver);
+                self.root_stored_bytes = stored;
                 self.dirty = false;
                 Ok(true)
             }
@@ -429,6 +645,24 @@ pub fn modify<T>(
         let out = f(&mut l)?;
         if l.commit()? {
             return Ok(out);
+        }
+    }
+}
+
+/// [`modify`] of the list at `key` if present (`Ok(None)` if absent):
+/// one root read for a command that creates nothing (a pop).
+pub fn modify_existing<T>(
+    store: &Engine,
+    key: &[u8],
+    mut f: impl FnMut(&mut List) -> Result<T, CmdError>,
+) -> Result<Option<T>, CmdError> {
+    loop {
+        let Some(mut l) = open(store, key)? else {
+            return Ok(None);
+        };
+        let out = f(&mut l)?;
+        if l.commit()? {
+            return Ok(Some(out));
         }
     }
 }
@@ -463,6 +697,7 @@ pub fn create(store: &Engine, key: &[u8], elems: &[Vec<u8>]) -> Result<(), CmdEr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::coll::encode_root;
     use std::collections::VecDeque;
 
     /// Random pushes, pops, sets, rewrites against a `VecDeque` model,
@@ -487,6 +722,8 @@ mod tests {
                 let key = format!("l{}", round.get()).into_bytes();
                 let mut model: VecDeque<Vec<u8>> = VecDeque::new();
                 for &(o, x, size) in &ops {
+                    // Now and then an element larger than an end holds.
+                    let size = if x % 17 == 0 { size * 15 } else { size };
                     let e = vec![b'a' + (x % 26) as u8; size];
                     let mut l = open_or_new(store, &key).unwrap();
                     match o {
@@ -530,5 +767,175 @@ mod tests {
                 Ok(())
             })
             .unwrap();
+    }
+
+    /// Internal keys in `store` (chunks and instance records).
+    fn internal_keys(store: &Engine) -> usize {
+        let (_, keys) = store.raw_scan(0, 1 << 16).unwrap();
+        keys.iter()
+            .filter(|k| crate::engine::is_internal_key(k))
+            .count()
+    }
+
+    /// A short list is its root alone; pushes past both ends' room spill
+    /// chunks, pops take them back, and popping everything leaves no
+    /// internal item.
+    #[test]
+    fn ends_live_in_the_root_and_spill_into_chunks() {
+        for store in &crate::coll::tests::both_modes() {
+            let key = b"ends".to_vec();
+            let mut model: VecDeque<Vec<u8>> = VecDeque::new();
+            for i in 0..2 * INLINE_MAX_ELEMS {
+                let e = format!("e{i}").into_bytes();
+                modify(store, &key, |l| {
+                    if i % 2 == 0 {
+                        l.push_front(&e)
+                    } else {
+                        l.push_back(&e)
+                    }
+                })
+                .unwrap();
+                if i % 2 == 0 {
+                    model.push_front(e);
+                } else {
+                    model.push_back(e);
+                }
+            }
+            assert_eq!(internal_keys(store), 0, "two ends' worth is the root alone");
+            for i in 0..10 * INLINE_MAX_ELEMS {
+                let e = format!("f{i}").into_bytes();
+                modify(store, &key, |l| l.push_front(&e)).unwrap();
+                model.push_front(e);
+            }
+            // Chunks and the instance record.
+            assert!(internal_keys(store) > 10);
+            let want: Vec<_> = model.iter().cloned().collect();
+            assert_eq!(load_all(store, &key).unwrap().unwrap(), want);
+            let mut n = 0;
+            while let Some(e) = modify_existing(store, &key, |l| {
+                if n % 3 == 0 {
+                    l.pop_front()
+                } else {
+                    l.pop_back()
+                }
+            })
+            .unwrap()
+            .flatten()
+            {
+                let m = if n % 3 == 0 {
+                    model.pop_front()
+                } else {
+                    model.pop_back()
+                };
+                assert_eq!(Some(e), m);
+                n += 1;
+            }
+            assert!(model.is_empty());
+            assert!(open(store, &key).unwrap().is_none());
+            assert_eq!(internal_keys(store), 0);
+            assert_eq!(
+                modify_existing(store, &key, |l| l.pop_front()).unwrap(),
+                None
+            );
+        }
+    }
+
+    /// A root of coll's fields alone over chunks larger than an end (as
+    /// a store written with 64-element chunks of up to 8 KiB holds) reads
+    /// as a list with empty ends, and pops from both ends match a model.
+    #[test]
+    fn a_root_without_ends_reads_and_pops_in_place() {
+        for store in &crate::coll::tests::both_modes() {
+            let key = b"old".to_vec();
+            let id = new_id();
+            let mut model: VecDeque<Vec<u8>> = VecDeque::new();
+            let mut rec = vec![Kind::List.tag()];
+            rec.extend_from_slice(&key);
+            store
+                .raw_put_with(&instance_key(id), &rec, PutOptions::default())
+                .unwrap();
+            let chunks = 3u32;
+            for c in 0..chunks {
+                let mut items = PairBuf::new(false);
+                for j in 0..INLINE_MAX_ELEMS + 10 {
+                    let e = format!("c{c}-{j}-{}", "x".repeat(40)).into_bytes();
+                    items.push(&e, &[]);
+                    model.push_back(e);
+                }
+                put_node(store, &node_key(id, FIRST_CHUNK + c), &mut items).unwrap();
+            }
+            let root = Root {
+                id,
+                count: model.len() as u64,
+                nbuckets: chunks,
+                first: FIRST_CHUNK,
+            };
+            let opts = PutOptions {
+                flags: LIST_FLAGS,
+                ..PutOptions::default()
+            };
+            store
+                .put_with(&key, &encode_root(Kind::List, &root), opts)
+                .unwrap();
+            let want: Vec<_> = model.iter().cloned().collect();
+            assert_eq!(load_all(store, &key).unwrap().unwrap(), want);
+            let mut n = 0u32;
+            while !model.is_empty() {
+                let front = n.is_multiple_of(2);
+                let got = modify_existing(store, &key, |l| {
+                    if front {
+                        l.pop_front()
+                    } else {
+                        l.pop_back()
+                    }
+                })
+                .unwrap()
+                .flatten();
+                let m = if front {
+                    model.pop_front()
+                } else {
+                    model.pop_back()
+                };
+                assert_eq!(got, m);
+                if n.is_multiple_of(25) && !model.is_empty() {
+                    let want: Vec<_> = model.iter().cloned().collect();
+                    assert_eq!(load_all(store, &key).unwrap().unwrap(), want);
+                }
+                n += 1;
+            }
+            assert!(open(store, &key).unwrap().is_none());
+            assert_eq!(internal_keys(store), 0);
+        }
+    }
+
+    /// Roots that are not lists, or whose counts disagree, are refused.
+    #[test]
+    fn bad_roots_are_corrupt_not_panics() {
+        let r = Root {
+            id: 1,
+            count: 3,
+            nbuckets: 0,
+            first: FIRST_CHUNK,
+        };
+        let mut b = encode_root(Kind::List, &r);
+        assert!(decode_list_root(&b).is_none(), "3 elements, none stored");
+        let mut head = PairBuf::new(false);
+        head.push(b"a", &[]);
+        b.extend_from_slice(&(head.bytes().len() as u32).to_le_bytes());
+        b.extend_from_slice(head.bytes());
+        let mut tail = PairBuf::new(false);
+        tail.push(b"b", &[]);
+        tail.push(b"c", &[]);
+        b.extend_from_slice(tail.bytes());
+        b.extend_from_slice(&[0; 40]);
+        let (root, h, t) = decode_list_root(&b).unwrap();
+        assert_eq!((root.count, h.len(), t.len()), (3, 1, 2));
+        for cut in 0..b.len() - 40 {
+            let _ = decode_list_root(&b[..cut]);
+        }
+        let mut bad = b.clone();
+        bad[ROOT_BYTES] = 200;
+        assert!(decode_list_root(&bad).is_none());
+        assert!(decode_list_root(&encode_root(Kind::Set, &r)).is_none());
     }
 }

@@ -114,7 +114,7 @@ pub const NODE_ROOM_MIN_BYTES: usize = 64;
 pub const NODE_ROOM_MAX_BYTES: usize = 1024;
 /// A bucket written at a new size gets `len / NODE_ROOM_DIVISOR` spare
 /// bytes (within the bounds above).
-const NODE_ROOM_DIVISOR: usize = 4;
+pub const NODE_ROOM_DIVISOR: usize = 4;
 
 /// Read buffers a thread keeps for reuse (see [`take_buf`]).
 const POOL_BUFFERS: usize = 8;
@@ -229,6 +229,14 @@ impl PairBuf {
     /// The buffer, for [`give_buf`].
     pub fn into_bytes(self) -> Vec<u8> {
         self.data
+    }
+
+    /// The buffer, for [`give_buf`], from a bucket about to be dropped
+    /// (an owner's `Drop`): what is left is hollow, owns no memory, reads
+    /// as empty and must not be written.
+    pub fn take_bytes(&mut self) -> Vec<u8> {
+        self.stored_bytes = 0;
+        std::mem::take(&mut self.data)
     }
 
     /// The length to store the pairs with: the stored item's length while

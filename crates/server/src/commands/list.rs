@@ -1,5 +1,6 @@
-//! List commands over `crate::list` (a root and chunk items; O(1) items
-//! per push or pop at either end, whatever the length).
+//! List commands over `crate::list` (a root holding both ends, and chunk
+//! items; a push or pop at either end is one root read and one root
+//! write, plus one chunk item per 64 operations, whatever the length).
 //!
 //! Every command runs under its keys' stripes (LMOVE and RPOPLPUSH name
 //! both keys in the table), so a move between two lists is atomic.
@@ -65,13 +66,6 @@ fn pop(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply, left: bool) -> CmdResult {
         None
     };
     let store = &ctx.shared.store;
-    if list::open(store, a[1])?.is_none() {
-        match count {
-            None => r.null(),
-            Some(_) => r.null_array(),
-        }
-        return Ok(());
-    }
     let take = |l: &mut List| -> Result<Option<Vec<u8>>, CmdError> {
         if left {
             l.pop_front()
@@ -79,7 +73,7 @@ fn pop(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply, left: bool) -> CmdResult {
             l.pop_back()
         }
     };
-    let out = list::modify(store, a[1], |l| {
+    let out = list::modify_existing(store, a[1], |l| {
         let n = count.unwrap_or(1);
         let mut out = Vec::new();
         for _ in 0..n {
@@ -90,9 +84,11 @@ fn pop(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply, left: bool) -> CmdResult {
         }
         Ok(out)
     })?;
-    match count {
-        None => r.opt_bulk(out.first().map(|e| &e[..])),
-        Some(_) => r.bulks(out.iter()),
+    match (out, count) {
+        (None, None) => r.null(),
+        (None, Some(_)) => r.null_array(),
+        (Some(out), None) => r.opt_bulk(out.first().map(|e| &e[..])),
+        (Some(out), Some(_)) => r.bulks(out.iter()),
     }
     Ok(())
 }
