@@ -308,7 +308,6 @@ impl ErrorSlot {
 /// The per-core MMU of one address space (module essay).
 pub struct PercoreMmu {
     frames: Arc<Frames>,
-    memfd: i32,
     arena: usize,
     /// Shadow of each worker's real table.
     tables: Box<[PageTable]>,
@@ -372,12 +371,12 @@ impl PercoreMmu {
     /// caches; reserves the arena in this process (the workers forked
     /// later inherit it).
     pub fn new(frames: &Arc<Frames>, per_cpu_tables: bool) -> io::Result<PercoreMmu> {
-        let memfd = frames.memfd().ok_or_else(|| {
-            io::Error::new(
+        if frames.file_of(0).is_none() {
+            return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "the per-core MMU needs a memfd frame pool (Frames::new_memfd)",
-            )
-        })?;
+            ));
+        }
         crate::mmu::probe::install_handlers()?;
         install_ipi_handler()?;
         // SAFETY: a fresh private PROT_NONE reservation (at the hint, or
@@ -397,7 +396,6 @@ impl PercoreMmu {
         }
         Ok(PercoreMmu {
             frames: frames.clone(),
-            memfd,
             arena: arena as usize,
             tables: (0..MAX_CPUS).map(|_| PageTable::new()).collect(),
             shared: (!per_cpu_tables).then(PageTable::new),
@@ -442,12 +440,16 @@ impl PercoreMmu {
 
     /// Installs `pages` pages from `vpn` in this process's real table,
     /// mapping consecutive frames from `first.frame()` with `first`'s
-    /// rights: one `mmap` of the memfd range, into a hole that
+    /// rights: one `mmap` of the range of the memfd that holds them (the
+    /// callers keep a run inside one file), into a hole that
     /// [`PercoreMmu::zap`] left or over the arena's reservation,
     /// populated at once (`MAP_POPULATE` measured cheaper than a minor
     /// fault at the retried access).
     fn install_frames(&self, vpn: u64, pages: u64, first: Pte) {
         let at = self.page_addr(vpn) as *mut libc::c_void;
+        let Some((fd, offset)) = self.frames.file_of(first.frame()) else {
+            self.fail("the frame pool has no memfd");
+        };
         // SAFETY: pages of our arena (checked by the callers against
         // ARENA_BYTES; no other mapping lies in its holes, see
         // ARENA_HINT_ADDR) replaced by a shared mapping of live frames of
@@ -459,8 +461,8 @@ impl PercoreMmu {
                 (pages * PAGE_SIZE_BYTES) as usize,
                 prot_of(first),
                 libc::MAP_SHARED | libc::MAP_FIXED | libc::MAP_POPULATE,
-                self.memfd,
-                (first.frame() * PAGE_SIZE_BYTES) as libc::off_t,
+                fd,
+                offset as libc::off_t,
             )
         };
         if p != at {
@@ -752,13 +754,17 @@ impl Mmu for PercoreMmu {
 
     fn install_run(&self, table: usize, first_vpn: u64, ptes: &[Pte]) {
         let pages = ptes.len() as u64;
-        let one_mapping = self.shared.is_none()
+        let file_frames = self.frames.file_frames();
+        let one_mapping = !ptes.is_empty()
+            && self.shared.is_none()
             && me() == Some(table)
             && first_vpn + pages <= ARENA_BYTES / PAGE_SIZE_BYTES
             && ptes.iter().all(|p| p.present())
             && ptes
                 .windows(2)
-                .all(|w| w[1].frame() == w[0].frame() + 1 && prot_of(w[1]) == prot_of(w[0]));
+                .all(|w| w[1].frame() == w[0].frame() + 1 && prot_of(w[1]) == prot_of(w[0]))
+            // Consecutive frames in one memfd (a buddy block always is).
+            && ptes[0].frame() / file_frames == (ptes[0].frame() + pages - 1) / file_frames;
         if !one_mapping {
             for (vpn, &pte) in (first_vpn..).zip(ptes) {
                 self.update_pte(table, vpn, &mut |_| pte);
