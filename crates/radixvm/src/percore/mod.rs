@@ -15,9 +15,13 @@
 //! allocates everything from [`heap::SharedHeap`], one `MAP_SHARED` region
 //! at a fixed address; the parent builds the address space (design, frame
 //! pool, this MMU) and then forks the workers ([`run`]), which follow the
-//! same pointers. Frames come from the `buddy` pool over one memfd
-//! ([`Frames::new_memfd`]), mapped shared in every process, so a worker
-//! maps frame `f` into its own table as the memfd's page `f`.
+//! same pointers. Frames come from the `buddy` pool over one memfd per
+//! buddy heap, that is per core ([`Frames::new_memfd`]), mapped shared in
+//! every process: frame `f` is page `f % part` of memfd `f / part`
+//! ([`Frames::file_of`]), and a worker maps it into its own table from
+//! that file, whichever core allocated it (the same page either way).
+//! A core allocates from its own heap, so the frames it maps are mostly
+//! in its own memfd.
 //!
 //! *Arena.* The designs' address range ([`ARENA_BYTES`]) is reserved
 //! `PROT_NONE` (private, `MAP_NORESERVE`) in the parent before the fork,
@@ -30,9 +34,9 @@
 //! worker, as a kernel handles a fault on the faulting CPU.
 //!
 //! * install (the owner's table only): `mmap(va, 4096, prot,
-//!   MAP_SHARED | MAP_FIXED | MAP_POPULATE, memfd, frame * 4096)`; a
-//!   fault-around run of consecutive frames (below) is one `mmap` of the
-//!   run;
+//!   MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd, offset)` with the frame's
+//!   memfd and offset; a fault-around run of consecutive frames (below)
+//!   is one `mmap` of the run (a buddy block never crosses two memfds);
 //! * clear: `munmap(va, len)`: the kernel removes the entries and
 //!   flushes the TLB of the one CPU that runs this mm, leaving a hole in
 //!   the reservation that the next install fills without splitting it.
@@ -113,7 +117,7 @@
 //! *What two workers share* (why 2 workers are not quite 2x one; the
 //! figures are in docs/BENCHMARKS.md). Per-worker CPU time per
 //! iteration of the local workload rose from 1 to 2 workers; a profile
-//! per iteration named three kinds of cost, each now cut:
+//! per iteration named these costs, and each is cut:
 //! * cache lines every allocation wrote: the shared heap's free-list
 //!   heads (one CAS per allocation and per free of the designs'
 //!   metadata) — each worker now allocates from its own cache
@@ -129,13 +133,14 @@
 //!   frames still in its L2 (zeroing them, and the kernel's look at their
 //!   `struct page` in the install, missed the cache, more so with two
 //!   workers filling the shared L3);
-//! * what remains shared is the kernel's view of the one memfd: the
-//!   file's reference count (every `mmap` and `munmap`), its
-//!   `i_mmap_rwsem` and the interval tree of its mappings (every install
-//!   and unmap, from every worker), about 1 µs per 4-page iteration at 2
-//!   workers in the profile. A memfd per core would remove it; a plain C
-//!   loop of the same system calls (`results/percore-scale.c`) scales
-//!   1.9-2.2x from 1 to 2 processes with one shared memfd, so it is left.
+//! * the kernel's view of the frames' file: its reference count (every
+//!   `mmap` and `munmap`), its `i_mmap_rwsem` and the interval tree of
+//!   its mappings (every install and unmap). With one memfd for the whole
+//!   pool these are shared by all workers: about 1 µs per 4-page
+//!   iteration at 2 workers in a profile, more at one page per fault,
+//!   with `rwsem_spin_on_owner` at 2 workers only. A memfd per buddy
+//!   heap makes them per core (a plain C loop of the same system calls,
+//!   `results/percore-scale.c`, scales 1.9-2.2x from 1 to 2 processes).
 //!
 //! *Hazards of fork* (see also [`heap`]): statics are per-process copies.
 //! The parent must not register with Refcache before forking (a
