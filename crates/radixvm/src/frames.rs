@@ -90,7 +90,8 @@ impl Frames {
     /// page `f % part` of memfd `f / part` ([`Frames::file_of`]), so
     /// another address space can map it with `mmap(fd, offset)`; the
     /// per-core MMU ([`crate::percore`]) does. The pool is rounded down to
-    /// equal parts of whole ownership chunks.
+    /// equal parts of whole ownership chunks, losing at most an eighth of
+    /// it.
     pub fn new_memfd(bytes: usize) -> io::Result<Arc<Frames>> {
         let heaps = BuddyConfig::default().heaps_or_cpus();
         Frames::new_memfds(bytes, heaps)
@@ -100,9 +101,15 @@ impl Frames {
     /// number of CPUs.
     pub fn new_memfds(bytes: usize, heaps: usize) -> io::Result<Arc<Frames>> {
         let frames = (bytes as u64 / PAGE_SIZE_BYTES).max(1);
-        let max_order = buddy::default_max_order(frames, heaps);
+        // The largest chunk (at most the allocator's default) that leaves
+        // at most an eighth of each heap's share unused.
+        let share_frames = frames / heaps as u64;
+        let mut max_order = buddy::default_max_order(frames, heaps);
+        while max_order > 0 && share_frames % (1u64 << max_order) > share_frames / 8 {
+            max_order -= 1;
+        }
         let chunk_frames = 1u64 << max_order;
-        let part_frames = frames / heaps as u64 / chunk_frames * chunk_frames;
+        let part_frames = share_frames / chunk_frames * chunk_frames;
         if part_frames == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -325,7 +332,14 @@ mod tests {
     /// divide the pool evenly and ones that do not.
     #[test]
     fn memfd_per_heap_matches_the_heaps_ownership() {
-        for (bytes, heaps) in [(64 << 20, 2), (100 << 20, 3), (40 << 20, 5), (8 << 20, 1)] {
+        for (bytes, heaps) in [
+            (64 << 20, 2),
+            (100 << 20, 3),
+            (1 << 30, 3),
+            (40 << 20, 5),
+            (1 << 30, 6),
+            (8 << 20, 1),
+        ] {
             let frames = Frames::new_memfds(bytes, heaps).unwrap();
             let part = frames.file_frames();
             assert_eq!(
@@ -333,7 +347,8 @@ mod tests {
                 part * heaps as u64,
                 "{bytes} {heaps}"
             );
-            assert!(frames.capacity_frames() * PAGE_SIZE_BYTES <= bytes as u64);
+            let cap_bytes = frames.capacity_frames() * PAGE_SIZE_BYTES;
+            assert!(cap_bytes <= bytes as u64 && cap_bytes >= bytes as u64 / 8 * 7);
             let mut fds = Vec::new();
             for k in 0..heaps as u64 {
                 let edges = [k * part, k * part + 1, (k + 1) * part - 1];
