@@ -139,8 +139,15 @@
 //!   pool these are shared by all workers: about 1 µs per 4-page
 //!   iteration at 2 workers in a profile, more at one page per fault,
 //!   with `rwsem_spin_on_owner` at 2 workers only. A memfd per buddy
-//!   heap makes them per core (a plain C loop of the same system calls,
-//!   `results/percore-scale.c`, scales 1.9-2.2x from 1 to 2 processes).
+//!   heap makes them per core: their share of the workers' time at 2
+//!   workers is then that at 1 (~3%, against ~8% with one memfd; a plain
+//!   C loop of the same system calls, `results/percore-scale.c`, scales
+//!   1.9-2.2x from 1 to 2 processes).
+//!
+//! What is left is spread thinly: CPU time per iteration still grows
+//! ~15% from 1 to 2 workers (one page per fault), a few tenths of a µs
+//! each in the shared heap's spills, Refcache's flush, the unmap and the
+//! fault and signal path.
 //!
 //! *Hazards of fork* (see also [`heap`]): statics are per-process copies.
 //! The parent must not register with Refcache before forking (a
