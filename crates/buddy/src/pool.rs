@@ -6,6 +6,15 @@
 //! back it), or shared over a memfd, a file on hugetlbfs, or an ordinary
 //! file, so that other processes can map the same frames.
 //!
+//! A shared pool can also be cut into several memfds ([`Backing::Memfds`]):
+//! `n` files of `frames / n` frames each, mapped back to back, so the pool
+//! is still one range of addresses and frame `f` lives in file
+//! `f / (frames / n)` at page `f % (frames / n)` ([`FramePool::file_of`]).
+//! When the parts coincide with the distributed allocator's ownership
+//! ranges, each CPU's heap has a file of its own, and the kernel's per-file
+//! state (the file's mapping tree and its lock) is not shared by processes
+//! that map mostly their own heap's frames.
+//!
 //! [`PooledAllocator`] pairs a pool with any [`FrameAllocator`] and hands out
 //! [`Block`]s that carry their address.
 
@@ -32,6 +41,10 @@ pub enum Backing {
     Anonymous,
     /// A memfd, shared; its fd can be passed to another process.
     Memfd,
+    /// This many memfds, shared, each holding an equal part of the frames
+    /// (the frame count must be a multiple of it): file `k` holds frames
+    /// `[k * part, (k + 1) * part)`, mapped back to back.
+    Memfds(usize),
     /// A file created at this path on a hugetlbfs mount (2 MiB pages).
     HugeTlbfs(PathBuf),
     /// A file at this path on any file system, mapped shared.
@@ -55,7 +68,10 @@ pub struct FramePool {
     frames: u64,
     map_addr: *mut libc::c_void,
     map_len: usize,
-    _fd: Option<OwnedFd>,
+    /// The files backing the pool, in frame order (none when anonymous).
+    fds: Vec<OwnedFd>,
+    /// Frames per file (the whole pool when there is one file).
+    file_frames: u64,
     backing: Backing,
 }
 
@@ -88,17 +104,8 @@ impl FramePool {
         };
         match &config.backing {
             Backing::Anonymous => Self::map_anonymous(len, frames, populate),
-            Backing::Memfd => {
-                let name = CString::new("buddy-pool").expect("static name has no NUL");
-                // SAFETY: `name` is a valid NUL-terminated string for the call.
-                let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-                if fd < 0 {
-                    return Err(last_os_error("memfd_create"));
-                }
-                // SAFETY: `fd` was just returned by memfd_create and is owned by nobody else.
-                let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-                Self::map_fd(fd, len, frames, populate, Backing::Memfd)
-            }
+            Backing::Memfd => Self::map_fd(new_memfd()?, len, frames, populate, Backing::Memfd),
+            &Backing::Memfds(files) => Self::map_memfds(files, len, frames, populate),
             Backing::HugeTlbfs(path) | Backing::File(path) => {
                 let file = OpenOptions::new()
                     .read(true)
@@ -153,7 +160,8 @@ impl FramePool {
             frames,
             map_addr: aligned as *mut libc::c_void,
             map_len: len,
-            _fd: None,
+            fds: Vec::new(),
+            file_frames: frames,
             backing: Backing::Anonymous,
         })
     }
@@ -188,8 +196,78 @@ impl FramePool {
             frames,
             map_addr: p,
             map_len: len,
-            _fd: Some(fd),
+            fds: vec![fd],
+            file_frames: frames,
             backing,
+        })
+    }
+
+    /// `files` memfds of `frames / files` frames each, mapped back to back
+    /// into one reservation.
+    fn map_memfds(files: usize, len: usize, frames: u64, populate: i32) -> io::Result<Self> {
+        if files == 0 || !frames.is_multiple_of(files as u64) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{frames} frames do not split into {files} equal memfds"),
+            ));
+        }
+        let file_frames = frames / files as u64;
+        let file_len = file_frames as usize * FRAME_SIZE_BYTES;
+        let fds = (0..files)
+            .map(|_| {
+                let fd = new_memfd()?;
+                // SAFETY: `fd` is a valid open descriptor we own.
+                if unsafe { libc::ftruncate(fd.as_raw_fd(), file_len as libc::off_t) } != 0 {
+                    return Err(last_os_error("ftruncate(pool memfd)"));
+                }
+                Ok(fd)
+            })
+            .collect::<io::Result<Vec<OwnedFd>>>()?;
+        // SAFETY: a fresh private PROT_NONE reservation at a kernel-chosen
+        // address aliases nothing; the files are mapped over it below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(last_os_error("mmap(pool reservation)"));
+        }
+        for (k, fd) in fds.iter().enumerate() {
+            let at = (p as usize + k * file_len) as *mut libc::c_void;
+            // SAFETY: `at..at + file_len` lies inside the reservation made
+            // above, which nothing else uses; MAP_FIXED replaces that part
+            // of it with a shared mapping of our own file.
+            let q = unsafe {
+                libc::mmap(
+                    at,
+                    file_len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_FIXED | populate,
+                    fd.as_raw_fd(),
+                    0,
+                )
+            };
+            if q != at {
+                let e = last_os_error("mmap(pool memfd)");
+                // SAFETY: the reservation made above, used by nobody.
+                unsafe { libc::munmap(p, len) };
+                return Err(e);
+            }
+        }
+        Ok(FramePool {
+            base: NonNull::new(p as *mut u8).expect("mmap never returns null on success"),
+            frames,
+            map_addr: p,
+            map_len: len,
+            fds,
+            file_frames,
+            backing: Backing::Memfds(files),
         })
     }
 
@@ -208,9 +286,31 @@ impl FramePool {
         &self.backing
     }
 
-    /// The file descriptor of a shared pool (memfd or file), if any.
+    /// The file descriptor of a shared pool held in one file (memfd or
+    /// file), if any; `None` for an anonymous pool or one cut into several
+    /// files ([`FramePool::file_of`] names the file of each frame).
     pub fn fd(&self) -> Option<i32> {
-        self._fd.as_ref().map(|f| f.as_raw_fd())
+        match self.fds.as_slice() {
+            [fd] => Some(fd.as_raw_fd()),
+            _ => None,
+        }
+    }
+
+    /// Frames per backing file (the whole pool when it has one file or
+    /// none).
+    pub fn file_frames(&self) -> u64 {
+        self.file_frames
+    }
+
+    /// The file holding frame `f` and the byte offset of `f` in it, for a
+    /// shared pool; `None` for an anonymous pool.
+    ///
+    /// # Panics
+    /// If `f` is not a frame of this pool.
+    pub fn file_of(&self, f: FrameNo) -> Option<(i32, u64)> {
+        assert!(f < self.frames, "frame {f} outside pool of {}", self.frames);
+        let fd = self.fds.get((f / self.file_frames) as usize)?;
+        Some((fd.as_raw_fd(), (f % self.file_frames) << FRAME_SHIFT))
     }
 
     /// Address of frame `f`.
@@ -238,6 +338,18 @@ impl Drop for FramePool {
             libc::munmap(self.map_addr, self.map_len);
         }
     }
+}
+
+/// A new memfd, closed on exec.
+fn new_memfd() -> io::Result<OwnedFd> {
+    let name = CString::new("buddy-pool").expect("static name has no NUL");
+    // SAFETY: `name` is a valid NUL-terminated string for the call.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(last_os_error("memfd_create"));
+    }
+    // SAFETY: `fd` was just returned by memfd_create and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// A block handed out by a [`PooledAllocator`].

@@ -40,6 +40,66 @@ fn memfd_pool() {
 }
 
 #[test]
+fn memfds_pool() {
+    roundtrip(Backing::Memfds(4));
+}
+
+/// Reads page `offset` of file `fd` (pread, not through the pool's mapping).
+fn file_byte(fd: i32, offset: u64) -> u8 {
+    let mut b = 0u8;
+    // SAFETY: one byte into a valid local; `fd` is an open file of the pool.
+    let n = unsafe { libc::pread(fd, (&mut b as *mut u8).cast(), 1, offset as libc::off_t) };
+    assert_eq!(n, 1, "pread at {offset}");
+    b
+}
+
+#[test]
+fn memfds_pool_places_frames_by_number() {
+    let files = 4usize;
+    let pool = FramePool::new(&PoolConfig {
+        bytes: 16 << 20,
+        backing: Backing::Memfds(files),
+        populate: false,
+    })
+    .unwrap();
+    let part = pool.frames() / files as u64;
+    assert_eq!(pool.file_frames(), part);
+    assert_eq!(pool.fd(), None, "several files: no single fd");
+    let mut fds = Vec::new();
+    // The first and last frame of every part, and its neighbours across
+    // the edges.
+    for k in 0..files as u64 {
+        for (f, page) in [(k * part, 0), (k * part + part - 1, part - 1)] {
+            let (fd, offset) = pool.file_of(f).unwrap();
+            assert_eq!(offset, page * FRAME_SIZE_BYTES as u64, "frame {f}");
+            let tag = (f % 251) as u8 + 1;
+            // SAFETY: the frame lies inside the live mapping; nobody else
+            // uses it.
+            unsafe { pool.frame_ptr(f).as_ptr().add(7).write_volatile(tag) };
+            assert_eq!(file_byte(fd, offset + 7), tag, "frame {f} in file {k}");
+            fds.push(fd);
+        }
+        assert_eq!(fds[fds.len() - 1], fds[fds.len() - 2], "one file per part");
+    }
+    fds.dedup();
+    assert_eq!(fds.len(), files, "a file per part");
+    let e = FramePool::new(&PoolConfig {
+        bytes: 3 * FRAME_SIZE_BYTES,
+        backing: Backing::Memfds(2),
+        populate: false,
+    })
+    .err()
+    .unwrap();
+    assert!(e.to_string().contains("equal memfds"), "{e}");
+    let anon = FramePool::new(&PoolConfig {
+        bytes: 1 << 20,
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(anon.file_of(0), None);
+}
+
+#[test]
 fn file_pool() {
     let path = std::env::temp_dir().join(format!("buddy-pool-test-{}", std::process::id()));
     roundtrip(Backing::File(path.clone()));

@@ -13,9 +13,19 @@
 //! violations. Live-frame counts are per CPU (cache-padded) so that
 //! counting costs no shared cache line.
 //!
-//! The pool is anonymous memory by default, or one memfd
+//! The pool is anonymous memory by default, or memfds
 //! ([`Frames::new_memfd`]) so that other address spaces (the per-core
-//! workers of [`crate::percore`]) can map a frame by its file offset.
+//! workers of [`crate::percore`]) can map a frame by file and offset.
+//! A memfd pool is one file per buddy heap (per CPU): the distributed
+//! allocator gives heap `k` the frames `[k * part, (k + 1) * part)`, and
+//! the pool is cut at exactly those edges, so frame `f` lies in memfd
+//! `f / part` at page `f % part` ([`Frames::file_of`]). A core allocates
+//! from its own heap, so the frames it maps are mostly in its own file,
+//! and the kernel's per-file state that every `mmap` and `munmap` of a
+//! shared file updates (the file's reference count, its `i_mmap_rwsem`
+//! and the interval tree of its mappings) is per core as well. A frame
+//! that another core allocated is mapped from that core's file: the same
+//! page either way.
 //!
 //! A [`Segment`] is a file of frames: its pages are allocated on first
 //! use, shared by every mapping of it, and freed when the last `Arc` to
@@ -74,19 +84,54 @@ impl Frames {
         )
     }
 
-    /// A pool of `bytes` over one memfd, mapped shared, with the
-    /// distributed buddy allocator: frame `f` is the file's page `f`
-    /// (offset `f * 4096`), so another address space can map it with
-    /// `mmap(fd, f * 4096)` ([`Frames::memfd`]); the per-core MMU
-    /// ([`crate::percore`]) does.
+    /// A pool of at most `bytes` over one memfd per buddy heap (one heap
+    /// per CPU), mapped shared, with the distributed buddy allocator:
+    /// heap `k` owns exactly the frames of memfd `k`, and frame `f` is
+    /// page `f % part` of memfd `f / part` ([`Frames::file_of`]), so
+    /// another address space can map it with `mmap(fd, offset)`; the
+    /// per-core MMU ([`crate::percore`]) does. The pool is rounded down to
+    /// equal parts of whole ownership chunks, losing at most an eighth of
+    /// it.
     pub fn new_memfd(bytes: usize) -> io::Result<Arc<Frames>> {
-        Frames::with_pool(
+        let heaps = BuddyConfig::default().heaps_or_cpus();
+        Frames::new_memfds(bytes, heaps)
+    }
+
+    /// [`Frames::new_memfd`] with `heaps` heaps (and files) whatever the
+    /// number of CPUs.
+    pub fn new_memfds(bytes: usize, heaps: usize) -> io::Result<Arc<Frames>> {
+        let frames = (bytes as u64 / PAGE_SIZE_BYTES).max(1);
+        // The largest chunk (at most the allocator's default) that leaves
+        // at most an eighth of each heap's share unused.
+        let share_frames = frames / heaps as u64;
+        let mut max_order = buddy::default_max_order(frames, heaps);
+        while max_order > 0 && share_frames % (1u64 << max_order) > share_frames / 8 {
+            max_order -= 1;
+        }
+        let chunk_frames = 1u64 << max_order;
+        let part_frames = share_frames / chunk_frames * chunk_frames;
+        if part_frames == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a pool of {bytes} bytes gives {heaps} heaps no frame each"),
+            ));
+        }
+        // Equal parts of whole chunks: the allocator's ownership ranges
+        // (chunk i * chunks / heaps onwards for heap i) fall on the files'
+        // edges.
+        Frames::with_config(
             PoolConfig {
-                bytes,
-                backing: Backing::Memfd,
+                bytes: (part_frames * heaps as u64 * PAGE_SIZE_BYTES) as usize,
+                backing: Backing::Memfds(heaps),
                 ..PoolConfig::default()
             },
             AllocatorKind::Distributed,
+            BuddyConfig {
+                heaps: Some(heaps),
+                max_order: Some(max_order),
+                check_frees: false,
+                ..BuddyConfig::default()
+            },
         )
     }
 
@@ -95,6 +140,14 @@ impl Frames {
             check_frees: false,
             ..BuddyConfig::default()
         };
+        Frames::with_config(pool, kind, config)
+    }
+
+    fn with_config(
+        pool: PoolConfig,
+        kind: AllocatorKind,
+        config: BuddyConfig,
+    ) -> io::Result<Arc<Frames>> {
         let alloc = PooledAllocator::new(&pool, kind, &config)?;
         let frames = alloc.pool().frames() as usize;
         Ok(Arc::new(Frames {
@@ -170,13 +223,17 @@ impl Frames {
         self.alloc.pool().frame_ptr(frame).as_ptr()
     }
 
-    /// The memfd holding the frames (frame `f` at offset `f * 4096`), for
-    /// a pool made by [`Frames::new_memfd`].
-    pub fn memfd(&self) -> Option<i32> {
-        match self.alloc.pool().backing() {
-            Backing::Memfd => self.alloc.pool().fd(),
-            _ => None,
-        }
+    /// The memfd holding `frame` and the byte offset of its page there,
+    /// for a pool made by [`Frames::new_memfd`] (`None` for an anonymous
+    /// pool).
+    pub fn file_of(&self, frame: FrameNo) -> Option<(i32, u64)> {
+        self.alloc.pool().file_of(frame)
+    }
+
+    /// Frames per backing file: the run of frames one `mmap` of a file can
+    /// cover (the whole pool when it is not cut into files).
+    pub fn file_frames(&self) -> u64 {
+        self.alloc.pool().file_frames()
     }
 
     /// Frames allocated and not freed.
@@ -254,5 +311,83 @@ impl Drop for Segment {
                 self.frames.free(0, word - 1);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The byte at `offset` of file `fd`, read with `pread`.
+    fn file_byte(fd: i32, offset: u64) -> u8 {
+        let mut b = 0u8;
+        // SAFETY: one byte into a valid local; `fd` is an open memfd.
+        let n = unsafe { libc::pread(fd, (&mut b as *mut u8).cast(), 1, offset as libc::off_t) };
+        assert_eq!(n, 1, "pread at {offset}");
+        b
+    }
+
+    /// Heap `k` hands out only frames of memfd `k`, and frame numbers map
+    /// to (file, offset) at every edge between parts, for heap counts that
+    /// divide the pool evenly and ones that do not.
+    #[test]
+    fn memfd_per_heap_matches_the_heaps_ownership() {
+        for (bytes, heaps) in [
+            (64 << 20, 2),
+            (100 << 20, 3),
+            (1 << 30, 3),
+            (40 << 20, 5),
+            (1 << 30, 6),
+            (8 << 20, 1),
+        ] {
+            let frames = Frames::new_memfds(bytes, heaps).unwrap();
+            let part = frames.file_frames();
+            assert_eq!(
+                frames.capacity_frames(),
+                part * heaps as u64,
+                "{bytes} {heaps}"
+            );
+            let cap_bytes = frames.capacity_frames() * PAGE_SIZE_BYTES;
+            assert!(cap_bytes <= bytes as u64 && cap_bytes >= bytes as u64 / 8 * 7);
+            let mut fds = Vec::new();
+            for k in 0..heaps as u64 {
+                let edges = [k * part, k * part + 1, (k + 1) * part - 1];
+                for f in edges {
+                    let (fd, offset) = frames.file_of(f).unwrap();
+                    assert_eq!(offset, (f - k * part) * PAGE_SIZE_BYTES, "frame {f}");
+                    let tag = (f % 250) as u8 + 1;
+                    // SAFETY: a frame of the pool nobody else uses.
+                    unsafe { frames.ptr(f).add(3).write_volatile(tag) };
+                    assert_eq!(file_byte(fd, offset + 3), tag, "frame {f} of heap {k}");
+                    fds.push(fd);
+                }
+                // What heap k hands out lies in its own file.
+                let alloc = frames.alloc.allocator();
+                let got: Vec<FrameNo> = (0..8)
+                    .map(|_| alloc.alloc_on(k as usize, 0).unwrap())
+                    .collect();
+                for &f in &got {
+                    assert_eq!(
+                        f / part,
+                        k,
+                        "heap {k} handed out frame {f} of file {}",
+                        f / part
+                    );
+                    alloc.free_on(k as usize, f, 0).unwrap();
+                }
+                let block = alloc.alloc_on(k as usize, 2).unwrap();
+                assert_eq!(
+                    block / part,
+                    (block + 3) / part,
+                    "a block stays in one file"
+                );
+                alloc.free_on(k as usize, block, 2).unwrap();
+            }
+            fds.dedup();
+            assert_eq!(fds.len(), heaps, "one memfd per heap");
+        }
+        let e = Frames::new_memfds(4 * PAGE_SIZE_BYTES as usize, 8).unwrap_err();
+        assert!(e.to_string().contains("no frame each"), "{e}");
+        assert_eq!(Frames::new(1 << 20).unwrap().file_of(0), None);
     }
 }

@@ -92,6 +92,19 @@ fn map_touch_unmap_stress_keeps_real_tables_equal_to_shadows() {
 }
 
 #[test]
+fn a_frame_of_one_cores_memfd_is_one_page_for_every_core() {
+    for design in ["radixvm", "bonsai", "linux"] {
+        for workers in ["2", "3"] {
+            let t = passes(&["cross", "--design", design, "--workers", workers]);
+            assert!(
+                t.contains(" 0 wrong values, 0 frames the tables"),
+                "{design}: {t}"
+            );
+        }
+    }
+}
+
+#[test]
 fn a_dead_worker_ends_the_run_with_its_name() {
     let (out, took) = selftest(&["death"], &[]);
     if unavailable(&out) {

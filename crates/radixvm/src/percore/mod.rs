@@ -15,9 +15,13 @@
 //! allocates everything from [`heap::SharedHeap`], one `MAP_SHARED` region
 //! at a fixed address; the parent builds the address space (design, frame
 //! pool, this MMU) and then forks the workers ([`run`]), which follow the
-//! same pointers. Frames come from the `buddy` pool over one memfd
-//! ([`Frames::new_memfd`]), mapped shared in every process, so a worker
-//! maps frame `f` into its own table as the memfd's page `f`.
+//! same pointers. Frames come from the `buddy` pool over one memfd per
+//! buddy heap, that is per core ([`Frames::new_memfd`]), mapped shared in
+//! every process: frame `f` is page `f % part` of memfd `f / part`
+//! ([`Frames::file_of`]), and a worker maps it into its own table from
+//! that file, whichever core allocated it (the same page either way).
+//! A core allocates from its own heap, so the frames it maps are mostly
+//! in its own memfd.
 //!
 //! *Arena.* The designs' address range ([`ARENA_BYTES`]) is reserved
 //! `PROT_NONE` (private, `MAP_NORESERVE`) in the parent before the fork,
@@ -30,9 +34,9 @@
 //! worker, as a kernel handles a fault on the faulting CPU.
 //!
 //! * install (the owner's table only): `mmap(va, 4096, prot,
-//!   MAP_SHARED | MAP_FIXED | MAP_POPULATE, memfd, frame * 4096)`; a
-//!   fault-around run of consecutive frames (below) is one `mmap` of the
-//!   run;
+//!   MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd, offset)` with the frame's
+//!   memfd and offset; a fault-around run of consecutive frames (below)
+//!   is one `mmap` of the run (a buddy block never crosses two memfds);
 //! * clear: `munmap(va, len)`: the kernel removes the entries and
 //!   flushes the TLB of the one CPU that runs this mm, leaving a hole in
 //!   the reservation that the next install fills without splitting it.
@@ -113,7 +117,7 @@
 //! *What two workers share* (why 2 workers are not quite 2x one; the
 //! figures are in docs/BENCHMARKS.md). Per-worker CPU time per
 //! iteration of the local workload rose from 1 to 2 workers; a profile
-//! per iteration named three kinds of cost, each now cut:
+//! per iteration named these costs, and each is cut:
 //! * cache lines every allocation wrote: the shared heap's free-list
 //!   heads (one CAS per allocation and per free of the designs'
 //!   metadata) — each worker now allocates from its own cache
@@ -129,13 +133,21 @@
 //!   frames still in its L2 (zeroing them, and the kernel's look at their
 //!   `struct page` in the install, missed the cache, more so with two
 //!   workers filling the shared L3);
-//! * what remains shared is the kernel's view of the one memfd: the
-//!   file's reference count (every `mmap` and `munmap`), its
-//!   `i_mmap_rwsem` and the interval tree of its mappings (every install
-//!   and unmap, from every worker), about 1 µs per 4-page iteration at 2
-//!   workers in the profile. A memfd per core would remove it; a plain C
-//!   loop of the same system calls (`results/percore-scale.c`) scales
-//!   1.9-2.2x from 1 to 2 processes with one shared memfd, so it is left.
+//! * the kernel's view of the frames' file: its reference count (every
+//!   `mmap` and `munmap`), its `i_mmap_rwsem` and the interval tree of
+//!   its mappings (every install and unmap). With one memfd for the whole
+//!   pool these are shared by all workers: about 1 µs per 4-page
+//!   iteration at 2 workers in a profile, more at one page per fault,
+//!   with `rwsem_spin_on_owner` at 2 workers only. A memfd per buddy
+//!   heap makes them per core: their share of the workers' time at 2
+//!   workers is then that at 1 (~3%, against ~8% with one memfd; a plain
+//!   C loop of the same system calls, `results/percore-scale.c`, scales
+//!   1.9-2.2x from 1 to 2 processes).
+//!
+//! What is left is spread thinly: CPU time per iteration still grows
+//! ~15% from 1 to 2 workers (one page per fault), a few tenths of a µs
+//! each in the shared heap's spills, Refcache's flush, the unmap and the
+//! fault and signal path.
 //!
 //! *Hazards of fork* (see also [`heap`]): statics are per-process copies.
 //! The parent must not register with Refcache before forking (a
@@ -308,7 +320,6 @@ impl ErrorSlot {
 /// The per-core MMU of one address space (module essay).
 pub struct PercoreMmu {
     frames: Arc<Frames>,
-    memfd: i32,
     arena: usize,
     /// Shadow of each worker's real table.
     tables: Box<[PageTable]>,
@@ -372,12 +383,12 @@ impl PercoreMmu {
     /// caches; reserves the arena in this process (the workers forked
     /// later inherit it).
     pub fn new(frames: &Arc<Frames>, per_cpu_tables: bool) -> io::Result<PercoreMmu> {
-        let memfd = frames.memfd().ok_or_else(|| {
-            io::Error::new(
+        if frames.file_of(0).is_none() {
+            return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "the per-core MMU needs a memfd frame pool (Frames::new_memfd)",
-            )
-        })?;
+            ));
+        }
         crate::mmu::probe::install_handlers()?;
         install_ipi_handler()?;
         // SAFETY: a fresh private PROT_NONE reservation (at the hint, or
@@ -397,7 +408,6 @@ impl PercoreMmu {
         }
         Ok(PercoreMmu {
             frames: frames.clone(),
-            memfd,
             arena: arena as usize,
             tables: (0..MAX_CPUS).map(|_| PageTable::new()).collect(),
             shared: (!per_cpu_tables).then(PageTable::new),
@@ -442,12 +452,16 @@ impl PercoreMmu {
 
     /// Installs `pages` pages from `vpn` in this process's real table,
     /// mapping consecutive frames from `first.frame()` with `first`'s
-    /// rights: one `mmap` of the memfd range, into a hole that
+    /// rights: one `mmap` of the range of the memfd that holds them (the
+    /// callers keep a run inside one file), into a hole that
     /// [`PercoreMmu::zap`] left or over the arena's reservation,
     /// populated at once (`MAP_POPULATE` measured cheaper than a minor
     /// fault at the retried access).
     fn install_frames(&self, vpn: u64, pages: u64, first: Pte) {
         let at = self.page_addr(vpn) as *mut libc::c_void;
+        let Some((fd, offset)) = self.frames.file_of(first.frame()) else {
+            self.fail("the frame pool has no memfd");
+        };
         // SAFETY: pages of our arena (checked by the callers against
         // ARENA_BYTES; no other mapping lies in its holes, see
         // ARENA_HINT_ADDR) replaced by a shared mapping of live frames of
@@ -459,8 +473,8 @@ impl PercoreMmu {
                 (pages * PAGE_SIZE_BYTES) as usize,
                 prot_of(first),
                 libc::MAP_SHARED | libc::MAP_FIXED | libc::MAP_POPULATE,
-                self.memfd,
-                (first.frame() * PAGE_SIZE_BYTES) as libc::off_t,
+                fd,
+                offset as libc::off_t,
             )
         };
         if p != at {
@@ -752,13 +766,17 @@ impl Mmu for PercoreMmu {
 
     fn install_run(&self, table: usize, first_vpn: u64, ptes: &[Pte]) {
         let pages = ptes.len() as u64;
-        let one_mapping = self.shared.is_none()
+        let file_frames = self.frames.file_frames();
+        let one_mapping = !ptes.is_empty()
+            && self.shared.is_none()
             && me() == Some(table)
             && first_vpn + pages <= ARENA_BYTES / PAGE_SIZE_BYTES
             && ptes.iter().all(|p| p.present())
             && ptes
                 .windows(2)
-                .all(|w| w[1].frame() == w[0].frame() + 1 && prot_of(w[1]) == prot_of(w[0]));
+                .all(|w| w[1].frame() == w[0].frame() + 1 && prot_of(w[1]) == prot_of(w[0]))
+            // Consecutive frames in one memfd (a buddy block always is).
+            && ptes[0].frame() / file_frames == (ptes[0].frame() + pages - 1) / file_frames;
         if !one_mapping {
             for (vpn, &pte) in (first_vpn..).zip(ptes) {
                 self.update_pte(table, vpn, &mut |_| pte);

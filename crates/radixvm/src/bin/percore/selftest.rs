@@ -14,6 +14,10 @@
 //!   each checkpoint every worker checks its real page table against its
 //!   shadow (no stale and no lost translation, and the real page is the
 //!   frame the shadow names). `RADIXVM_STRESS_ROUNDS` sets the length.
+//! * `cross` — a frame that one core allocated (from its heap's memfd)
+//!   and another core maps is the same memory: a store on either core is
+//!   seen by the other, by the pool's own mapping, and by a `pread` of the
+//!   memfd at the offset [`Frames::file_of`] names for the frame.
 //! * `death` — a worker kills itself mid-run; the run must end with an
 //!   error naming it, not hang. `--hang`: it stops answering instead.
 //! * `heap` — the shared heap across processes: workers allocate and free
@@ -61,6 +65,7 @@ pub fn run(args: Vec<String>) -> Result<(), String> {
         "stale" => stale(&*space, mmu, flag("--broken"), pages),
         "targets" => targets(&*space, workers),
         "stress" => stress(&*space, mmu, workers),
+        "cross" => cross(&*space, workers),
         "death" => death(&*space, flag("--hang")),
         "heap" => heap(&*space, workers),
         other => Err(format!("unknown selftest {other}")),
@@ -160,6 +165,101 @@ fn stale(
             "expected one message per round, got {}",
             counters.total(Counter::ShootdownTargets)
         ));
+    }
+    Ok(())
+}
+
+/// The byte at `offset` of file `fd`, read with `pread` (not through any
+/// mapping).
+fn file_byte(fd: i32, offset: u64) -> Option<u8> {
+    let mut b = 0u8;
+    // SAFETY: one byte into a valid local; `fd` is an open memfd of the
+    // frame pool.
+    let n = unsafe { libc::pread(fd, (&mut b as *mut u8).cast(), 1, offset as libc::off_t) };
+    (n == 1).then_some(b)
+}
+
+/// Round `r`: worker `r % workers` maps a page and stores to it (its
+/// fault allocates the frame on its core, from its heap's memfd); worker
+/// `(r + 1) % workers` reads the value and stores another, which the
+/// first reads back. Both tables must name one frame, and the pool's
+/// mapping and the frame's memfd (`pread` at [`Frames::file_of`]) must
+/// hold the last value.
+fn cross(space: &dyn AddressSpace, workers: usize) -> Result<(), String> {
+    const ROUNDS: u64 = 200;
+    if workers < 2 {
+        return Err("cross needs two workers or more".into());
+    }
+    let run = percore::run(space, workers, None, &|cpu: &Cpu<'_>, w: &Worker<'_>| {
+        // Per worker: wrong values seen, frames the two tables disagreed
+        // on, frames (allocated by this worker) in another core's memfd.
+        let mut bad = [0u64; 4];
+        let frames = w.mmu().frames();
+        let files = frames.capacity_frames() / frames.file_frames();
+        for r in 0..ROUNDS {
+            let addr = BASE_BYTES + r * PAGE_SIZE_BYTES;
+            let (a, b) = ((r as usize) % workers, (r as usize + 1) % workers);
+            let (first, second) = ((r % 200) as u8 + 1, (r % 200) as u8 + 50);
+            if w.id == a {
+                cpu.mmap(
+                    MapAt::Fixed(addr),
+                    PAGE_SIZE_BYTES,
+                    Prot::READ_WRITE,
+                    Backing::Anonymous,
+                )
+                .expect("mmap");
+                cpu.write(addr + 9, first).expect("write in a");
+                let frame = w.mmu().shadow(w.id, vpn_of(addr)).frame();
+                if frame / frames.file_frames() != topology::current_cpu() as u64 % files {
+                    bad[2] += 1;
+                }
+            }
+            w.barrier();
+            if w.id == b {
+                if cpu.read(addr + 9).expect("read in b") != first {
+                    bad[0] += 1;
+                }
+                cpu.write(addr + 10, second).expect("write in b");
+            }
+            w.barrier();
+            if w.id == a {
+                if cpu.read(addr + 10).expect("read in a") != second {
+                    bad[0] += 1;
+                }
+                let frame = w.mmu().shadow(a, vpn_of(addr)).frame();
+                if !w.mmu().present_in(b, vpn_of(addr))
+                    || w.mmu().shadow(b, vpn_of(addr)).frame() != frame
+                {
+                    bad[1] += 1;
+                }
+                let pool = frames.ptr(frame);
+                // SAFETY: a live frame of the pool (mapped in this space),
+                // read only.
+                let via_pool =
+                    unsafe { [pool.add(9).read_volatile(), pool.add(10).read_volatile()] };
+                let (fd, offset) = frames.file_of(frame).expect("a memfd pool");
+                let via_file = [file_byte(fd, offset + 9), file_byte(fd, offset + 10)];
+                if via_pool != [first, second] || via_file != [Some(first), Some(second)] {
+                    bad[0] += 1;
+                }
+                cpu.munmap(addr, PAGE_SIZE_BYTES).expect("munmap");
+                bad[3] += 1;
+            }
+            w.barrier();
+        }
+        bad
+    })?;
+    let sum = |k: usize| run.results.iter().map(|r| r[k]).sum::<u64>();
+    println!(
+        "cross: {workers} workers, {} pages shared between cores: {} wrong values, \
+         {} frames the tables disagree on; {} frames from another core's memfd",
+        sum(3),
+        sum(0),
+        sum(1),
+        sum(2)
+    );
+    if sum(0) + sum(1) != 0 {
+        return Err("a page shared between cores is not one frame".into());
     }
     Ok(())
 }
