@@ -17,8 +17,10 @@
 //!
 //! Rows: `evict-miss` (`miss_ratio`, `lru_miss_ratio` of an LRU holding
 //! as many items as that store did, `items`, `evicted`) and `evict-tput`
-//! (`ops_per_sec`, the median of `--repeat` runs, `evicted`, `ratio` =
-//! over the non-evicting store's median).
+//! (`ops_per_sec`, the median of `--repeat` runs, `evicted`,
+//! `write_waits` and `write_wait_ms`: writes that found the log full and
+//! the time they waited, of the last run; `ratio` = over the
+//! non-evicting store's median).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -244,13 +246,16 @@ pub fn run(o: &EvictOpts, rep: &mut Reporter) -> std::io::Result<()> {
                     .set_f("ratio", 1.0, 3),
             )?;
             for policy in POLICIES {
-                let mut evicted = 0;
+                let (mut evicted, mut waits, mut wait_us) = (0, 0, 0);
                 let ops = median(o.repeat, || {
                     let s = store(mode, cap, policy);
                     replay(&s, &trace[..warm], 0, &value);
-                    let before = s.stats().evicted_items;
+                    let before = s.stats();
                     let ops = throughput(&s, &zipf, threads, o.seconds, &value);
-                    evicted = s.stats().evicted_items - before;
+                    let after = s.stats();
+                    evicted = after.evicted_items - before.evicted_items;
+                    waits = after.write_waits - before.write_waits;
+                    wait_us = after.write_wait_us - before.write_wait_us;
                     ops
                 });
                 rep.emit(
@@ -258,6 +263,8 @@ pub fn run(o: &EvictOpts, rep: &mut Reporter) -> std::io::Result<()> {
                         .set("policy", policy.name())
                         .set_f("ops_per_sec", ops, 0)
                         .set("evicted", evicted)
+                        .set("write_waits", waits)
+                        .set_f("write_wait_ms", wait_us as f64 / 1000.0, 1)
                         .set_f("ratio", ops / base, 3),
                 )?;
             }

@@ -22,6 +22,10 @@ pub(crate) struct CompactionCounters {
     pub evicted_bytes: AtomicU64,
     /// Eviction passes that freed segments.
     pub eviction_passes: AtomicU64,
+    /// Writes that found the log full and waited for space.
+    pub write_waits: AtomicU64,
+    /// Time those writes waited, microseconds in all.
+    pub write_wait_us: AtomicU64,
     /// Expired objects dropped that no GET had read (counted while
     /// accessed bits are kept, i.e. once the store may evict).
     pub expired_unfetched: AtomicU64,
@@ -106,6 +110,11 @@ pub struct Stats {
     pub evicted_bytes: u64,
     /// Eviction passes that freed segments.
     pub eviction_passes: u64,
+    /// Writes that found the log full and waited for compaction or
+    /// eviction to free space.
+    pub write_waits: u64,
+    /// Time those writes waited, microseconds in all.
+    pub write_wait_us: u64,
     /// Expired objects reclaimed that no GET had read (memcached's
     /// `expired_unfetched`; counted once the store may evict, 0 before).
     pub expired_unfetched: u64,
@@ -229,6 +238,8 @@ impl Store {
             evicted_items: c.evicted.load(Ordering::Relaxed),
             evicted_bytes: c.evicted_bytes.load(Ordering::Relaxed),
             eviction_passes: c.eviction_passes.load(Ordering::Relaxed),
+            write_waits: c.write_waits.load(Ordering::Relaxed),
+            write_wait_us: c.write_wait_us.load(Ordering::Relaxed),
             expired_unfetched: c.expired_unfetched.load(Ordering::Relaxed),
             expired_segments: c.expired_segments.load(Ordering::Relaxed),
             expiry_bytes_read: c.expiry_bytes_read.load(Ordering::Relaxed),

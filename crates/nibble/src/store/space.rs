@@ -10,7 +10,8 @@
 //! to do, has made no progress for a while, or the configured wait
 //! (`Config::max_write_wait_ms`) is over ([`Inner::wait_for_space`]).
 //! In cache mode the worker step a waiting writer runs also evicts
-//! (`compaction::evict`), so a write waits only for that step.
+//! (`compaction::evict`), so a write waits only for that step. Every
+//! wait is counted (`Stats::write_waits`, `write_wait_us`).
 //! Also here: the prefetches that start a write's cache misses early.
 use super::*;
 
@@ -199,8 +200,10 @@ impl Inner {
     }
 }
 
-/// A write's wait for space (see `Inner::wait_for_space`).
-pub(super) struct SpaceWait {
+/// A write's wait for space (see `Inner::wait_for_space`). Counted in
+/// the statistics (`write_waits`, `write_wait_us`) when dropped.
+pub(super) struct SpaceWait<'s> {
+    inner: &'s Inner,
     /// Rounds waited.
     rounds: u32,
     /// When the wait began.
@@ -215,10 +218,11 @@ pub(super) struct SpaceWait {
     since_compacted: u64,
 }
 
-impl SpaceWait {
+impl<'s> SpaceWait<'s> {
     /// A wait that starts now.
-    pub(super) fn new(inner: &Inner) -> SpaceWait {
+    pub(super) fn new(inner: &'s Inner) -> SpaceWait<'s> {
         SpaceWait {
+            inner,
             rounds: 0,
             start: std::time::Instant::now(),
             stalled: 0,
@@ -226,5 +230,14 @@ impl SpaceWait {
             since_pass: inner.stats.passes.load(Ordering::Acquire),
             since_compacted: inner.stats.segments_compacted.load(Ordering::Acquire),
         }
+    }
+}
+
+impl Drop for SpaceWait<'_> {
+    fn drop(&mut self) {
+        let c = &self.inner.stats;
+        c.write_waits.fetch_add(1, Ordering::Relaxed);
+        c.write_wait_us
+            .fetch_add(self.start.elapsed().as_micros() as u64, Ordering::Relaxed);
     }
 }
