@@ -25,6 +25,10 @@ static CLOCK: Mutex<()> = Mutex::new(());
 
 const CAPACITY_BYTES: usize = 32 << 20;
 
+/// TTL of the fill's expiring objects: well beyond how long the fill
+/// takes, even in a debug build on a loaded machine.
+const FILL_TTL_MS: u64 = 600_000;
+
 fn store(mode: Mode, ttl_placement: bool) -> Store {
     let mut cfg = Config::new(CAPACITY_BYTES);
     cfg.mode = mode;
@@ -66,8 +70,10 @@ fn ttl(at_ms: u64) -> PutOptions {
     }
 }
 
-/// 20,000 objects with a 1 s TTL and 2,000 without, interleaved; the
-/// clock moves 2 s; one expiry pass. Returns the store's statistics and
+/// 20,000 objects with a TTL and 2,000 without, interleaved; the clock
+/// moves past the TTL; one expiry pass. The TTL (`FILL_TTL_MS`) is far
+/// longer than the fill takes on a slow machine, so nothing expires before
+/// the clock moves. Returns the store's statistics and
 /// the bytes the TTL objects held.
 fn expire_mixed_fill(mode: Mode, placement: bool) -> (Store, nibble::Stats, u64) {
     let s = store(mode, placement);
@@ -78,12 +84,12 @@ fn expire_mixed_fill(mode: Mode, placement: bool) -> (Store, nibble::Stats, u64)
         if i % 11 == 0 {
             s.put(&key(i), &v).unwrap();
         } else {
-            s.put_with(&key(i), &v, ttl(start + 1000)).unwrap();
+            s.put_with(&key(i), &v, ttl(start + FILL_TTL_MS)).unwrap();
             ttl_bytes += (key(i).len() + v.len() + nibble::object::HEADER_MIN_BYTES) as u64;
         }
     }
     assert_eq!(s.stats().expired_segments, 0, "nothing expired yet");
-    skew_clock_ms(2000);
+    skew_clock_ms(FILL_TTL_MS + 1000);
     s.expire_now();
     let st = s.stats();
     eprintln!(
