@@ -3,8 +3,12 @@
 //! 2.5 × the data, Nibble-2 by default. Prints the wall time, minor page
 //! faults per record and the index's size, so faults and index growth can
 //! be told apart (`perf record`, `valgrind --tool=callgrind` run it as is).
+//! With `gets` > 0, each thread then makes that many GETs of keys drawn
+//! uniformly (a xorshift generator), timed apart: the read path's cost
+//! per operation (callgrind: `Store::get_into`'s inclusive count ÷ the
+//! GETs).
 //!
-//! `cargo run --release -p nibble --example load_profile -- [records] [value] [threads] [nibble|nibble2] [prefault]`
+//! `cargo run --release -p nibble --example load_profile -- [records] [value] [threads] [nibble|nibble2] [prefault|-] [gets]`
 
 use std::time::Instant;
 
@@ -31,6 +35,7 @@ fn main() {
     let mut cfg = nibble::Config::new(capacity);
     cfg.mode = mode;
     cfg.prefault = a.get(5).is_some_and(|s| s == "prefault");
+    let gets = arg(6, 0);
     let f0 = minflt();
     let t_new = Instant::now();
     let cfg_prefault = cfg.prefault;
@@ -63,6 +68,26 @@ fn main() {
     });
     let secs = start.elapsed().as_secs_f64();
     let f2 = minflt();
+    let get_start = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..threads as u64 {
+            let store = &store;
+            s.spawn(move || {
+                let mut buf = Vec::with_capacity(value);
+                let mut x = 0x9e37_79b9_7f4a_7c15 ^ (t + 1);
+                for _ in 0..gets {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let i = x % records;
+                    let key = format!("user{}", i.wrapping_mul(0x100000001b3) ^ 0xcbf29ce484222325);
+                    let found = store.get_into(key.as_bytes(), &mut buf).expect("get");
+                    assert!(found.is_some(), "record {i} missing");
+                }
+            });
+        }
+    });
+    let get_secs = get_start.elapsed().as_secs_f64();
     let st = store.stats();
     println!(
         "mode {}{} records {records} value {value} threads {threads} capacity {} MiB: new {:.1} ms ({} faults), load {:.1} ms = {:.0} k/s, {:.3} faults/record, index {} KiB",
@@ -76,4 +101,12 @@ fn main() {
         (f2 - f1) as f64 / records as f64,
         st.index_bytes >> 10
     );
+    if gets > 0 {
+        let n = gets * threads as u64;
+        println!(
+            "gets {n}: {:.1} ms = {:.0} ns per get per thread (key formatting included)",
+            get_secs * 1e3,
+            get_secs * 1e9 * threads as f64 / n as f64
+        );
+    }
 }

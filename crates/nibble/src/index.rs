@@ -126,6 +126,11 @@ pub const DEFAULT_INITIAL_BUCKETS_PER_SUBTABLE: usize = 32;
 /// space (63 M entries); only touched pages cost memory.
 pub const DEFAULT_MAX_BUCKETS_PER_SUBTABLE: usize = 1 << 22;
 
+/// How many buckets ahead of its rehash a resize prefetches the objects
+/// of ([`Index::set_rehash_prefetch`]): two buckets, up to 30 objects in
+/// flight, about what one core's miss queue holds.
+pub const REHASH_PREFETCH_BUCKETS: usize = 2;
+
 /// Default load (entries / slots) past which a subtable grows proactively.
 pub const DEFAULT_GROW_LOAD_FACTOR: f64 = 0.85;
 
@@ -300,6 +305,11 @@ enum Trigger {
 /// given a location, hash the key stored there (see [`Index::new`]).
 pub type RehashFn = Box<dyn Fn(Loc) -> u64 + Send + Sync>;
 
+/// The owner's hint that a resize will soon [`RehashFn`] the object at a
+/// location: start loading its header and key (see
+/// [`Index::set_rehash_prefetch`]).
+pub type RehashPrefetchFn = Box<dyn Fn(Loc) + Send + Sync>;
+
 /// Where an index that outgrew its own byte budget borrows more (the
 /// store: its log's free blocks).
 pub trait IndexOverflow: Send + Sync {
@@ -332,6 +342,9 @@ pub struct Index {
     borrowed_bytes: AtomicU64,
     overflow: std::sync::OnceLock<Box<dyn IndexOverflow>>,
     rehash: RehashFn,
+    /// Called on entries a few buckets ahead of the resize's rehash
+    /// ([`Index::set_rehash_prefetch`]).
+    rehash_prefetch: std::sync::OnceLock<RehashPrefetchFn>,
 }
 
 impl fmt::Debug for Index {
@@ -461,6 +474,7 @@ impl Index {
             borrowed_bytes: AtomicU64::new(0),
             overflow: std::sync::OnceLock::new(),
             rehash: Box::new(rehash),
+            rehash_prefetch: std::sync::OnceLock::new(),
         })
     }
 
@@ -635,6 +649,16 @@ impl Index {
     /// Bytes borrowed beyond `max_bytes` from the [`IndexOverflow`].
     pub fn borrowed_bytes(&self) -> u64 {
         self.borrowed_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Set the resize's prefetch hint: `prefetch(loc)` starts loading
+    /// what `rehash(loc)` will read, and a resize calls it on the entries
+    /// of the bucket [`REHASH_PREFETCH_BUCKETS`] ahead of the one it
+    /// rehashes, so the rehash's reads of objects scattered over the log
+    /// overlap instead of missing one after another. Only a hint: it must
+    /// not fault or touch the index. False if one was set already.
+    pub fn set_rehash_prefetch(&self, prefetch: impl Fn(Loc) + Send + Sync + 'static) -> bool {
+        self.rehash_prefetch.set(Box::new(prefetch)).is_ok()
     }
 
     /// Let the index grow past `max_bytes` by borrowing from `overflow`.

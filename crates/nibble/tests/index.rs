@@ -749,3 +749,37 @@ fn concurrent_readers_during_shrink_and_growth() {
         assert_eq!(t.get(k), Some(loc_for(k, 0)));
     }
 }
+
+/// Inserts after a miss pick their slots from the free slots the miss
+/// recorded: through one guard, 30 inserts fill both buckets with distinct
+/// entries, the 31st is refused, and an insert after a removal takes the
+/// freed slot; every entry is then found by an optimistic read.
+#[test]
+fn inserts_through_one_guard_after_a_miss() {
+    const HASH: u64 = 0xabcd_0000_0000_0005;
+    let index = Index::new(
+        &IndexConfig {
+            grow_load_factor: 1.0,
+            ..cfg(1, 2, 2)
+        },
+        |_| HASH,
+    )
+    .unwrap();
+    let mut g = index.lock(HASH);
+    assert!(g.find(|_| false).is_none());
+    let mut slots = Vec::new();
+    for key in 0..2 * ENTRIES_PER_BUCKET as u64 {
+        let slot = g.insert(loc_for(key, 0)).expect("room for 30 entries");
+        assert!(!slots.contains(&slot), "slot {slot:?} handed out twice");
+        slots.push(slot);
+    }
+    assert!(matches!(g.insert(loc_for(99, 0)), Err(IndexError::Full)));
+    let gone = g.find_any(|l| l == loc_for(5, 0)).expect("key 5 is there");
+    assert_eq!(g.remove(gone), loc_for(5, 0));
+    assert_eq!(g.insert(loc_for(100, 0)).unwrap(), gone);
+    drop(g);
+    for key in (0..2 * ENTRIES_PER_BUCKET as u64).chain([100]) {
+        let found = index.read(HASH, |l| (key_of(l) == key).then_some(l));
+        assert_eq!(found, (key != 5).then(|| loc_for(key, 0)), "key {key}");
+    }
+}

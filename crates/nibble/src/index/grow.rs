@@ -7,7 +7,10 @@
 //! overflow) and publishes `2n` with a release store before it unlocks.
 //! Entries keep only 16 hash bits, so the resizer asks the store for each
 //! moved key's full hash (`rehash`); if that panics, the copies are
-//! unpublished and the budget is given back.
+//! unpublished and the budget is given back. The keys are scattered over
+//! the log, so each rehash is a cache miss: the resizer hints the objects
+//! of the bucket [`REHASH_PREFETCH_BUCKETS`] ahead to the owner
+//! (`rehash_prefetch`), and those misses overlap.
 
 use super::*;
 
@@ -84,7 +87,27 @@ impl Index {
         // can never overflow. Only user code (`rehash`) can panic here;
         // until pass 2 the old half is intact and the copies invisible.
         let mut mismatches = 0u64;
+        // The objects of the first buckets, then each step the bucket
+        // `REHASH_PREFETCH_BUCKETS` ahead: hints only, read from locked
+        // buckets.
+        let prefetch = self.rehash_prefetch.get();
+        let prefetch_bucket = |g: &bucket::BucketGuard<'_, ENTRIES_PER_BUCKET>| {
+            if let Some(p) = prefetch {
+                for i in 0..ENTRIES_PER_BUCKET {
+                    let e = g.load(i);
+                    if e != 0 {
+                        p(e & LOC_MASK);
+                    }
+                }
+            }
+        };
+        for g in &guards[..REHASH_PREFETCH_BUCKETS.min(n)] {
+            prefetch_bucket(g);
+        }
         for c in 0..n {
+            if let Some(g) = guards[..n].get(c + REHASH_PREFETCH_BUCKETS) {
+                prefetch_bucket(g);
+            }
             for i in 0..ENTRIES_PER_BUCKET {
                 let e = guards[c].load(i);
                 if e == 0 {

@@ -6,8 +6,13 @@
 //! after re-checking the subtable size it locked under. Through the guard
 //! it finds the key's entry, replaces it, removes it or inserts one: home
 //! while the home bucket has [`HOME_SPARE_SLOTS`] free entries, else the
-//! emptier bucket. Dropping the guard unlocks both buckets, which bumps
-//! their versions and so publishes the change to optimistic readers.
+//! emptier bucket. A find that misses has read all 30 entries, so it keeps
+//! the free slots as two bit masks, and the insert that follows (the write
+//! of a new key) picks its slot from them without reading an entry again.
+//! Dropping the guard unlocks both buckets, which bumps their versions and
+//! so publishes the change to optimistic readers.
+
+use core::cell::Cell;
 
 use super::*;
 
@@ -47,6 +52,7 @@ impl Index {
                     st,
                     buckets,
                     tag: tag_bits(hash),
+                    free: Cell::new(None),
                 };
             }
         }
@@ -55,9 +61,13 @@ impl Index {
 
 /// Free entry slots of a locked bucket.
 pub(super) fn free_slots(bucket: &bucket::BucketGuard<'_, ENTRIES_PER_BUCKET>) -> usize {
-    (0..ENTRIES_PER_BUCKET)
-        .filter(|&i| bucket.load(i) == 0)
-        .count()
+    free_mask(bucket).count_ones() as usize
+}
+
+/// The free entry slots of a locked bucket as a bit mask (bit `i`: entry
+/// `i` is empty).
+fn free_mask(bucket: &bucket::BucketGuard<'_, ENTRIES_PER_BUCKET>) -> u16 {
+    (0..ENTRIES_PER_BUCKET).fold(0, |m, i| m | u16::from(bucket.load(i) == 0) << i)
 }
 
 /// A position in a locked neighbourhood, from [`WriteGuard::find`] or
@@ -76,6 +86,12 @@ pub struct WriteGuard<'a> {
     /// `[home, neighbour]`.
     buckets: [bucket::BucketGuard<'a, ENTRIES_PER_BUCKET>; NEIGHBOURHOOD_BUCKETS],
     tag: u64,
+    /// The free slots of both buckets (bit masks, as [`free_mask`]) once a
+    /// [`WriteGuard::find`] has read every entry: the insert that follows
+    /// a miss, the usual write of a new key, then reads no entry again.
+    /// `None` until known; kept exact by every change made through the
+    /// guard (nobody else changes these buckets while it is held).
+    free: Cell<Option<[u16; NEIGHBOURHOOD_BUCKETS]>>,
 }
 
 impl fmt::Debug for WriteGuard<'_> {
@@ -97,11 +113,16 @@ fn check_loc(loc: Loc) {
 impl WriteGuard<'_> {
     /// The first entry whose tag matches and for which `is_key` says yes
     /// (home bucket first). Only tag-matching entries are offered.
+    /// A miss has read every entry, so it also records the free slots
+    /// for the [`WriteGuard::insert`] that usually follows it.
     pub fn find(&self, mut is_key: impl FnMut(Loc) -> bool) -> Option<Slot> {
+        let mut free = [0u16; NEIGHBOURHOOD_BUCKETS];
         for (b, guard) in self.buckets.iter().enumerate() {
             for i in 0..ENTRIES_PER_BUCKET {
                 let e = guard.load(i);
-                if e != 0 && tag_bits(e) == self.tag && is_key(e & LOC_MASK) {
+                if e == 0 {
+                    free[b] |= 1 << i;
+                } else if tag_bits(e) == self.tag && is_key(e & LOC_MASK) {
                     return Some(Slot {
                         bucket: b as u8,
                         entry: i as u8,
@@ -109,6 +130,7 @@ impl WriteGuard<'_> {
                 }
             }
         }
+        self.free.set(Some(free));
         None
     }
 
@@ -164,6 +186,10 @@ impl WriteGuard<'_> {
     pub fn remove(&mut self, slot: Slot) -> Loc {
         let loc = self.loc(slot);
         self.buckets[slot.bucket as usize].store(slot.entry as usize, 0);
+        if let Some(mut free) = self.free.get() {
+            free[slot.bucket as usize] |= 1 << slot.entry;
+            self.free.set(Some(free));
+        }
         self.st.counters.entries.fetch_sub(1, Ordering::Relaxed);
         loc
     }
@@ -180,7 +206,11 @@ impl WriteGuard<'_> {
     /// [`find`]: WriteGuard::find
     pub fn insert(&mut self, loc: Loc) -> Result<Slot, IndexError> {
         check_loc(loc);
-        let free = [free_slots(&self.buckets[0]), free_slots(&self.buckets[1])];
+        let mut masks = self
+            .free
+            .get()
+            .unwrap_or_else(|| [free_mask(&self.buckets[0]), free_mask(&self.buckets[1])]);
+        let free = masks.map(|m| m.count_ones() as usize);
         if free == [0, 0] {
             self.st
                 .counters
@@ -197,11 +227,11 @@ impl WriteGuard<'_> {
         } else {
             usize::from(free[1] > free[0])
         };
-        let guard = &mut self.buckets[b];
-        let i = (0..ENTRIES_PER_BUCKET)
-            .find(|&i| guard.load(i) == 0)
-            .ok_or(IndexError::Full)?;
-        guard.store(i, self.tag | loc);
+        // The first free slot (`free[b] > 0`, so the mask has a bit).
+        let i = masks[b].trailing_zeros() as usize;
+        self.buckets[b].store(i, self.tag | loc);
+        masks[b] &= !(1 << i);
+        self.free.set(Some(masks));
         let counters = &self.st.counters;
         counters.entries.fetch_add(1, Ordering::Relaxed);
         if b == 1 {

@@ -3,8 +3,10 @@
 //! A read takes no lock: it pins the epoch, reads the key's buckets
 //! optimistically ([`crate::index::Index::read`]), copies the object out
 //! while it checks the key, and keeps the copy only if the bucket
-//! versions did not move meanwhile. Every length read from the log is
-//! bounded before use, since a racing Nibble-2 overwrite can tear it.
+//! versions did not move meanwhile. The header and the key come in one
+//! copy of the object's first 64 bytes ([`ObjectPrefix`]) for the usual
+//! object. Every length read from the log is bounded before use, since a
+//! racing Nibble-2 overwrite can tear it.
 use super::*;
 
 /// Most value bytes a GET prefetches ahead of reading the header.
@@ -16,11 +18,7 @@ impl Store {
         let mem = &self.inner.mem;
         self.inner
             .index
-            .read(hash, |l| {
-                let off = off_of(l);
-                let h = mem.header(off)?;
-                (h.key_len as usize == key.len() && mem.key_bytes_equal(off, &h, key)).then_some(h)
-            })
+            .read(hash, |l| header_if_key(mem, off_of(l), key))
             .filter(|h| !h.expired())
     }
 
@@ -43,10 +41,7 @@ impl Store {
             // through L2/L3 it would evict index buckets that later reads
             // need.
             mem.prefetch_once(off, expect);
-            let h = mem.header(off)?;
-            if h.key_len as usize != key.len() || !mem.key_bytes_equal(off, &h, key) {
-                return None;
-            }
+            let h = header_if_key(mem, off, key)?;
             // Bound lengths read from racing memory before using them.
             let n = (h.value_len.min(h.value_cap) as usize).min(max_value);
             buf.resize(n, 0);

@@ -121,12 +121,11 @@ impl Store {
             Mode::Nibble2 => crate::object::HEADER_MIN_BYTES + key.len() + value.len(),
             Mode::Nibble => crate::object::HEADER_MIN_BYTES + key.len(),
         };
+        // A key the peek does not see is probably new (a load) and will be
+        // appended: its destination's lines are already coming, since
+        // this thread's previous append prefetched its head's next object
+        // (`Log::append`).
         let seen = inner.prefetch_old(hash, old_bytes);
-        if !seen && inner.cfg.mode == Mode::Nibble2 {
-            // Probably a new key (a load): it will be appended, so start
-            // the append's lines as Nibble mode does in `start_put`.
-            inner.prefetch_append(h.object_bytes());
-        }
         if opts.condition != Condition::Always {
             // Cheap optimistic check first, so a failing condition does not
             // leave a dead object in the log.
@@ -184,11 +183,15 @@ impl Store {
     ) -> Result<Option<u64>, Error> {
         let mem = &self.inner.mem;
         let g = self.inner.index.lock(hash);
-        let Some(slot) = g.find(|l| mem.key_equals(off_of(l), key)) else {
+        let mut old = None;
+        let Some(slot) = g.find(|l| {
+            old = header_if_key(mem, off_of(l), key);
+            old.is_some()
+        }) else {
             return Ok(None);
         };
         let off = off_of(g.loc(slot));
-        let Some(old) = mem.header(off) else {
+        let Some(old) = old else {
             return Ok(None);
         };
         let live = !old.expired();
@@ -284,10 +287,14 @@ impl Store {
         let new_loc = loc_of(app.off);
         loop {
             let mut g = inner.index.lock(hash);
-            match g.find(|l| mem.key_equals(off_of(l), key)) {
+            let mut old = None;
+            match g.find(|l| {
+                old = header_if_key(mem, off_of(l), key);
+                old.is_some()
+            }) {
                 Some(slot) => {
                     let old_off = off_of(g.loc(slot));
-                    let old = mem.header(old_off).unwrap_or_default();
+                    let old = old.unwrap_or_default();
                     let live = !old.expired();
                     check_condition(opts.condition, live.then_some(&old))?;
                     let version = crate::object::log_version_after(h.version, old.version);
