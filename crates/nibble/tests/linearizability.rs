@@ -134,6 +134,18 @@ fn history(mode: Mode) -> Vec<Op> {
             ops
         }));
     }
+    // The idle release (every free block, the never-used spares of regions
+    // taken whole included, goes back to the OS) runs in a tight loop
+    // beside the clients: it must never zero a block a value lives in.
+    let releaser = {
+        let s = store.clone();
+        std::thread::spawn(move || {
+            while Instant::now() < deadline {
+                s.release_memory();
+                std::thread::yield_now();
+            }
+        })
+    };
     barrier.wait();
     // Force compaction so reads race with relocation.
     while Instant::now() < deadline && !handles.iter().all(|h| h.is_finished()) {
@@ -144,6 +156,7 @@ fn history(mode: Mode) -> Vec<Op> {
         .into_iter()
         .flat_map(|h| h.join().unwrap())
         .collect();
+    releaser.join().unwrap();
     assert!(store.stats().segments_compacted > 0, "compaction never ran");
     ops
 }
