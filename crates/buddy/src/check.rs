@@ -67,6 +67,19 @@ impl AllocTable {
         }
     }
 
+    /// Turn the live allocation `(f, order)` into live allocations of
+    /// order `into` covering the same frames (`FrameAllocator::split`).
+    pub fn on_split(&self, f: FrameNo, order: u32, into: u32) -> Result<(), FreeError> {
+        self.on_free(f, order)?;
+        let end = f + (1u64 << order);
+        let mut g = f;
+        while g < end {
+            self.state[g as usize].store(LIVE_HEAD | into as u8, Ordering::Release);
+            g += 1u64 << into;
+        }
+        Ok(())
+    }
+
     /// `f` heads no live allocation: either it lies inside one, or it is free.
     fn explain_not_live(&self, f: FrameNo) -> FreeError {
         for k in 1..=self.max_order {

@@ -15,7 +15,11 @@
 //! Both are `O(max_order)` with no search. The links live in side arrays
 //! indexed by frame (like Linux's `struct page`), not inside the free frames:
 //! writing links into free memory would fault in pages nobody asked for and
-//! inflate the pool's RSS. The cost is 9 bytes per frame (0.2% of 4 KiB).
+//! inflate the pool's RSS. The cost is 9 bytes per frame (0.2% of 4 KiB),
+//! of address space: the arrays start zeroed (`calloc`, fresh zero pages)
+//! and a link is read only for a block on a free list, which `push` wrote,
+//! so a page of them becomes resident only once a free-list head lies in
+//! it (a pool that is mostly one coalesced free block touches a few).
 //!
 //! Frame numbers are global ("pool offset / 4 KiB"); `base` must be aligned to
 //! `2^max_order` frames so that local alignment equals global alignment. The
@@ -80,9 +84,11 @@ impl DenseBuddy {
             base,
             len: len as u32,
             max_order,
+            // Zeroed, not NIL: `next`/`prev` are read only for list members
+            // (`push` sets both), and zeroed arrays cost no RSS until written.
             state: vec![0; n],
-            next: vec![NIL; n],
-            prev: vec![NIL; n],
+            next: vec![0; n],
+            prev: vec![0; n],
             heads: [NIL; ORDER_SLOTS],
             blocks_per_order: [0; ORDER_SLOTS],
             nonempty_mask: 0,

@@ -690,6 +690,14 @@ impl FrameAllocator for DistributedBuddy {
         Ok(())
     }
 
+    fn split(&self, frame: FrameNo, order: u32, into_order: u32) -> Result<(), FreeError> {
+        crate::validate_split(frame, order, into_order, self.frames, self.max_order)?;
+        match &self.check {
+            Some(t) => t.on_split(frame, order, into_order),
+            None => Ok(()),
+        }
+    }
+
     fn stats(&self) -> Stats {
         let mut s = Stats {
             allocator: self.name(),

@@ -203,6 +203,26 @@ pub fn validate_free(
     Ok(())
 }
 
+/// Validate the arguments of a split ([`FrameAllocator::split`]) that do
+/// not need allocator state: `(frame, order)` as for a free, and
+/// `into_order` at most `order`.
+pub fn validate_split(
+    frame: FrameNo,
+    order: u32,
+    into_order: u32,
+    frames: u64,
+    max_order: u32,
+) -> Result<(), FreeError> {
+    validate_free(frame, order, frames, max_order)?;
+    if into_order > order {
+        return Err(FreeError::OrderTooLarge {
+            order: into_order,
+            max_order: order,
+        });
+    }
+    Ok(())
+}
+
 /// The default maximum order for a pool of `frames` frames split among
 /// `heaps` heaps: 1 GiB blocks, or the largest power of two that still gives
 /// every heap at least one ownership range, whichever is smaller.
@@ -247,6 +267,12 @@ pub trait FrameAllocator: Send + Sync {
     fn alloc_on(&self, heap: usize, order: u32) -> Result<FrameNo, AllocError>;
     /// Free a block through heap `heap`.
     fn free_on(&self, heap: usize, frame: FrameNo, order: u32) -> Result<(), FreeError>;
+    /// Split the live allocation of `2^order` frames at `frame` into
+    /// allocations of `2^into_order` frames each, which are then freed one
+    /// by one (Linux's `split_page`). The buddies keep lists of free
+    /// blocks only, so this changes nothing but the allocation table
+    /// (`BuddyConfig::check_frees`), which it checks like a free.
+    fn split(&self, frame: FrameNo, order: u32, into_order: u32) -> Result<(), FreeError>;
     /// A snapshot of the statistics (exact when no thread is allocating).
     fn stats(&self) -> Stats;
     /// Let all asynchronous work finish: deliver queued messages, send

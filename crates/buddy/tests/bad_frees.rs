@@ -67,3 +67,50 @@ fn bad_frees_are_rejected_by_every_allocator() {
         assert!(msg.contains("double free"), "{msg}");
     }
 }
+
+/// A split allocation is freed piece by piece and coalesces back whole;
+/// the pieces' frees are checked like any other, and the whole block can
+/// no longer be freed at once.
+#[test]
+fn split_allocations_free_piece_by_piece() {
+    for kind in AllocatorKind::ALL {
+        let a = build(kind, 256, &config(2, Some(4)));
+        let big = a.alloc_on(0, 4).unwrap();
+        assert_eq!(
+            a.split(big, 4, 5),
+            Err(FreeError::OrderTooLarge {
+                order: 5,
+                max_order: 4
+            }),
+            "{kind}"
+        );
+        a.split(big, 4, 2).unwrap();
+        assert_eq!(
+            a.free_on(0, big, 4),
+            Err(FreeError::WrongOrder {
+                frame: big,
+                given: 4,
+                allocated: 2
+            }),
+            "{kind}"
+        );
+        assert_eq!(
+            a.split(big, 4, 2),
+            Err(FreeError::WrongOrder {
+                frame: big,
+                given: 4,
+                allocated: 2
+            }),
+            "{kind}"
+        );
+        for piece in (big..big + 16).step_by(4) {
+            a.free_on(1, piece, 2).unwrap();
+        }
+        assert_eq!(
+            a.free_on(0, big + 4, 2),
+            Err(FreeError::NotAllocated { frame: big + 4 }),
+            "{kind}"
+        );
+        assert_fully_coalesced(&*a);
+    }
+}

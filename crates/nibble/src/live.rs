@@ -26,9 +26,12 @@
 //! through the epoch table, which outwaits every writer that could have
 //! unlinked one of its objects.
 //!
-//! Memory: `stripes x slots x 8` bytes, stripes = CPUs up to
-//! [`MAX_STRIPES`], no more than the 128-byte padded counter per slot it
-//! replaces.
+//! Memory: `stripes x slots x 8` bytes of address space, stripes = CPUs
+//! up to [`MAX_STRIPES`], no more than the 128-byte padded counter per
+//! slot it replaces. The cells start as zeroed memory (`calloc`, fresh
+//! zero pages), so only the pages of slots in use become resident: the
+//! memory layer hands out the lowest free slot first, which keeps them
+//! few on a store far below its capacity.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
@@ -49,6 +52,18 @@ pub struct LiveBytes {
     cells: Box<[AtomicI64]>,
 }
 
+/// `n` cells at zero, allocated zeroed: no page is written (or becomes
+/// resident) until a cell in it is.
+fn zeroed_cells(n: usize) -> Box<[AtomicI64]> {
+    // `vec![0; n]` allocates with `alloc_zeroed` and writes nothing.
+    let raw = Box::into_raw(vec![0i64; n].into_boxed_slice()) as *mut [AtomicI64];
+    // SAFETY: `AtomicI64` has the size, alignment and bit validity of
+    // `i64`, so the zeroed `i64` slice is a valid `[AtomicI64]` of the
+    // same length and layout; `raw` came from `Box::into_raw` and is
+    // owned by nobody else, so the new box takes it over.
+    unsafe { Box::from_raw(raw) }
+}
+
 impl LiveBytes {
     /// A table for `slots` segment slots with `stripes` stripes (clamped to
     /// `1..=MAX_STRIPES`).
@@ -58,7 +73,7 @@ impl LiveBytes {
         LiveBytes {
             stripes,
             stride,
-            cells: (0..stripes * stride).map(|_| AtomicI64::new(0)).collect(),
+            cells: zeroed_cells(stripes * stride),
         }
     }
 

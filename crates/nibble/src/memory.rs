@@ -48,6 +48,26 @@
 //! matters more than huge pages.
 //! (The release itself is in `memory/release.rs`.)
 //!
+//! Never-used blocks. The first write into a fresh 2 MiB region faults in
+//! its whole huge page, so the blocks of that region nobody has taken yet
+//! are resident too, and each log head and compaction destination would
+//! keep up to 2 MiB resident that holds no data (several percent of a
+//! 48 MiB store). So the memory layer takes fresh memory from the buddy
+//! allocator a whole region at a time when it can (order
+//! `REGION_ORDER`; one block when no whole region is free): it splits the
+//! region into blocks (`FrameAllocator::split`), uses one and puts the
+//! others in the warm cache as *spare* blocks, where the next segments
+//! take them first. The memory layer, not the buddy allocator, owns every
+//! block a huge-page fault can have made resident, so the idle release
+//! (`purge_all`) finds them all in the warm cache and gives them back
+//! like any freed block. Why this cannot zero a block in use: a block is
+//! released only by the thread that popped it from the warm cache (or,
+//! for a whole region, under `REGION_RELEASING` with no block of it in a
+//! segment); a pop hands the block to exactly one thread, and a block
+//! reaches the buddy allocator only after its release. Nothing ever
+//! releases a block that the buddy allocator holds, so a taker can never
+//! race a release of the block it took.
+//!
 //! Mapping memory in. The pool is reserved, not populated: a block's
 //! pages are faulted in by the first append that writes them, one 2 MiB
 //! page per fault (about 0.007 faults per 1 KiB record in the YCSB load,
@@ -58,6 +78,14 @@
 //! populates its whole log before it starts; `Config::prefault` does the
 //! same here ([`Memory::prefault`], `MADV_POPULATE_WRITE` after
 //! `MADV_HUGEPAGE`), off by default since it makes RSS the capacity.
+//!
+//! Metadata tables. The per-segment-slot tables (SegmentInfo, live
+//! bytes) are sized by the capacity but cost RSS only for the slots in
+//! use: SegmentInfo is built in chunks of `SEG_CHUNK_SLOTS` slots when a
+//! slot of the chunk is first handed out, the live-bytes cells are zeroed
+//! memory, and a new segment gets the lowest free slot, so the slots in
+//! use stay at the bottom of the tables. The buddy allocator's per-frame
+//! links are zeroed memory too (`buddy::dense`).
 //!
 //! Accessed bits (cache mode, Segcache §4.3). Once a store may evict,
 //! [`Memory::track_access`] allocates one bit per [`ACCESS_GRANULE_BYTES`]
@@ -79,9 +107,11 @@
 //! references to pool memory, and every length read from memory is bounded
 //! before use.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::io;
 use std::ptr;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 use buddy::pool::{FramePool, PoolConfig};
@@ -113,6 +143,10 @@ const NO_BLOCK: u32 = u32::MAX;
 const REGION_BYTES: usize = 2 << 20;
 /// Blocks per region.
 const BLOCKS_PER_REGION: usize = REGION_BYTES / BLOCK_BYTES;
+/// Buddy order of one region (512 frames of 4 KiB).
+const REGION_ORDER: u32 = REGION_BYTES.trailing_zeros() - FRAME_SHIFT;
+/// SegmentInfo slots built at a time (see "Metadata tables").
+const SEG_CHUNK_SLOTS: usize = 64;
 /// Region word: blocks of the region in segments (low bits) ...
 const REGION_TAKEN_MASK: u32 = (1 << 16) - 1;
 /// ... some block was taken since the region was last released ...
@@ -126,7 +160,8 @@ const REGION_RELEASING: u32 = 1 << 31;
 mod block_state {
     /// In a segment (or being put into one).
     pub const TAKEN: u8 = 0;
-    /// In the warm cache, resident.
+    /// In the warm cache, resident (or a spare block of a region taken
+    /// whole, resident once a neighbour's write faulted the region in).
     pub const WARM: u8 = 1;
     /// In the warm cache, its region released (not resident).
     pub const WARM_RELEASED: u8 = 2;
@@ -206,10 +241,16 @@ pub(crate) struct Memory {
     index_borrowed: Mutex<u64>,
     next_block: Box<[AtomicU32]>,
     block_seg: Box<[AtomicU32]>,
-    segs: Box<[SegInfo]>,
+    /// SegmentInfo slots in chunks of `SEG_CHUNK_SLOTS`, each built when
+    /// one of its slots is first handed out (see "Metadata tables").
+    segs: Box<[OnceLock<Box<[SegInfo]>>]>,
     /// Live bytes per segment slot.
     live: LiveBytes,
-    free_segs: SegQueue<SegId>,
+    free_segs: Mutex<FreeSlots>,
+    /// The last region-sized take from the buddy allocator failed: take
+    /// single blocks until the idle release gives blocks back (a failed
+    /// take costs the allocator's slow path).
+    no_whole_regions: AtomicBool,
     /// Free blocks not yet given to the buddy allocator, roughly oldest
     /// first, with the time (Unix ms) they were freed (or last looked at by
     /// the decay-time release): the next segments take them before asking
@@ -237,6 +278,49 @@ unsafe impl Send for Memory {}
 // SAFETY: as above; the shared tables are atomics or behind mutexes.
 unsafe impl Sync for Memory {}
 
+/// Free SegmentInfo slots: the lowest is handed out first, so the slots in
+/// use stay at the bottom of the tables.
+struct FreeSlots {
+    /// Slots freed since they were first handed out.
+    freed: BinaryHeap<Reverse<SegId>>,
+    /// Slots `fresh..` were never handed out.
+    fresh: SegId,
+    /// Slots in all.
+    total: SegId,
+}
+
+impl FreeSlots {
+    /// The lowest free slot: every freed slot is below `fresh`.
+    fn pop(&mut self) -> Option<SegId> {
+        if let Some(Reverse(id)) = self.freed.pop() {
+            return Some(id);
+        }
+        (self.fresh < self.total).then(|| {
+            self.fresh += 1;
+            self.fresh - 1
+        })
+    }
+}
+
+/// A chunk of SegmentInfo slots, all free.
+fn seg_chunk(slots: usize) -> Box<[SegInfo]> {
+    (0..slots)
+        .map(|_| SegInfo {
+            min_expiry_ms: AtomicU64::new(u64::MAX),
+            max_expiry_ms: AtomicU64::new(0),
+            meta: Mutex::new(SegMeta {
+                state: SegState::Free,
+                blocks: Vec::new(),
+                used: 0,
+                created_tsc: 0,
+                closed_at: 0,
+                ttl_span_end_ms: 0,
+                mixed_backoff_ms: 0,
+            }),
+        })
+        .collect()
+}
+
 /// Error from block allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct NoBlocks;
@@ -262,25 +346,14 @@ impl Memory {
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
         let base = pool.frame_ptr(0).as_ptr();
         let n = blocks_total as usize;
-        let segs = (0..n)
-            .map(|_| SegInfo {
-                min_expiry_ms: AtomicU64::new(u64::MAX),
-                max_expiry_ms: AtomicU64::new(0),
-                meta: Mutex::new(SegMeta {
-                    state: SegState::Free,
-                    blocks: Vec::new(),
-                    used: 0,
-                    created_tsc: 0,
-                    closed_at: 0,
-                    ttl_span_end_ms: 0,
-                    mixed_backoff_ms: 0,
-                }),
-            })
+        let segs = (0..n.div_ceil(SEG_CHUNK_SLOTS))
+            .map(|_| OnceLock::new())
             .collect();
-        let free_segs = SegQueue::new();
-        for i in 0..n as u32 {
-            free_segs.push(i);
-        }
+        let free_segs = Mutex::new(FreeSlots {
+            freed: BinaryHeap::new(),
+            fresh: 0,
+            total: n as SegId,
+        });
         Ok(Memory {
             pool,
             base,
@@ -294,6 +367,7 @@ impl Memory {
             segs,
             live: LiveBytes::new(n, heaps),
             free_segs,
+            no_whole_regions: AtomicBool::new(false),
             warm: SegQueue::new(),
             warm_blocks: AtomicU64::new(0),
             warm_released: AtomicU64::new(0),
@@ -336,7 +410,7 @@ impl Memory {
         // next_block, block_seg (4 B each), block_state (1 B), regions.
         n * 9
             + n.div_ceil(BLOCKS_PER_REGION as u64) * 4
-            + n * core::mem::size_of::<SegInfo>() as u64
+            + self.seg_slots() as u64 * core::mem::size_of::<SegInfo>() as u64
             + self.live.bytes()
             + self.alloc.stats().metadata_bytes
             + self.accessed.get().map_or(0, |b| b.len() as u64 * 8)
@@ -472,12 +546,15 @@ impl Memory {
 
     /// Segment info.
     pub(crate) fn seg(&self, id: SegId) -> &SegInfo {
-        &self.segs[id as usize]
+        let (chunk, slot) = (id as usize / SEG_CHUNK_SLOTS, id as usize % SEG_CHUNK_SLOTS);
+        let slots = (self.blocks_total as usize - chunk * SEG_CHUNK_SLOTS).min(SEG_CHUNK_SLOTS);
+        &self.segs[chunk].get_or_init(|| seg_chunk(slots))[slot]
     }
 
-    /// Number of segment slots.
+    /// Number of segment slots handed out so far: every segment's id is
+    /// below it.
     pub(crate) fn seg_slots(&self) -> usize {
-        self.segs.len()
+        self.free_segs.lock().fresh as usize
     }
 
     /// Take `n` blocks from the budget (clients may not use the reserve;
@@ -506,19 +583,20 @@ impl Memory {
         }
         let mut list = Vec::with_capacity(n);
         while list.len() < n {
-            let Some((b, _)) = self.warm.pop() else { break };
-            self.warm_blocks.fetch_sub(1, Ordering::Relaxed);
-            self.take_block(b);
-            list.push(b);
-        }
-        for _ in list.len()..n {
-            match self.alloc.alloc(BLOCK_ORDER) {
-                Ok(f) => {
-                    let b = (f >> BLOCK_ORDER) as u32;
+            // The warm cache first, again after each region taken whole
+            // (its spares are there).
+            if let Some((b, _)) = self.warm.pop() {
+                self.warm_blocks.fetch_sub(1, Ordering::Relaxed);
+                self.take_block(b);
+                list.push(b);
+                continue;
+            }
+            match self.alloc_fresh_block() {
+                Some(b) => {
                     self.take_block(b);
                     list.push(b);
                 }
-                Err(_) => {
+                None => {
                     // The budget says the blocks exist; they may be in flight
                     // between buddy heaps. Give back what we took.
                     self.release_blocks(&list);
@@ -539,7 +617,8 @@ impl Memory {
     ) -> Result<SegId, NoBlocks> {
         let n = blocks as u64;
         let list = self.take_blocks(blocks, for_compaction)?;
-        let Some(id) = self.free_segs.pop() else {
+        let popped = self.free_segs.lock().pop();
+        let Some(id) = popped else {
             self.release_blocks(&list);
             self.blocks_in_use.fetch_sub(n, Ordering::AcqRel);
             return Err(NoBlocks);
@@ -550,7 +629,7 @@ impl Memory {
             self.block_seg[b as usize].store(id, Ordering::Relaxed);
         }
         self.clear_access(&list);
-        let info = &self.segs[id as usize];
+        let info = self.seg(id);
         self.live.reset(id);
         info.min_expiry_ms.store(u64::MAX, Ordering::Relaxed);
         info.max_expiry_ms.store(0, Ordering::Relaxed);
@@ -586,7 +665,7 @@ impl Memory {
     ) -> Result<Vec<u32>, NoBlocks> {
         let list = self.take_blocks(n, for_compaction)?;
         self.clear_access(&list);
-        let mut m = self.segs[id as usize].meta.lock();
+        let mut m = self.seg(id).meta.lock();
         debug_assert_eq!(m.state, SegState::Head, "only an open segment grows");
         let mut prev = m.blocks.last().copied();
         for (i, &b) in list.iter().enumerate() {
@@ -599,6 +678,36 @@ impl Memory {
         }
         m.blocks.extend_from_slice(&list);
         Ok(list)
+    }
+
+    /// A block from the buddy allocator, for a caller that found the warm
+    /// cache empty: the first block of a whole region when one is free
+    /// (its other blocks go to the warm cache as spares, see "Never-used
+    /// blocks"), else a single block.
+    fn alloc_fresh_block(&self) -> Option<u32> {
+        if !self.no_whole_regions.load(Ordering::Relaxed) {
+            match self.alloc.alloc(REGION_ORDER) {
+                Ok(f) => {
+                    self.alloc
+                        .split(f, REGION_ORDER, BLOCK_ORDER)
+                        .expect("splitting a region this store allocated");
+                    let first = (f >> BLOCK_ORDER) as u32;
+                    let now = now_ms();
+                    for b in first + 1..first + BLOCKS_PER_REGION as u32 {
+                        self.block_state[b as usize].store(block_state::WARM, Ordering::Release);
+                        self.warm.push((b, now));
+                    }
+                    self.warm_blocks
+                        .fetch_add(BLOCKS_PER_REGION as u64 - 1, Ordering::Relaxed);
+                    return Some(first);
+                }
+                Err(_) => self.no_whole_regions.store(true, Ordering::Relaxed),
+            }
+        }
+        self.alloc
+            .alloc(BLOCK_ORDER)
+            .ok()
+            .map(|f| (f >> BLOCK_ORDER) as u32)
     }
 
     /// Mark block `b`, just taken from the warm cache or the buddy
@@ -646,7 +755,7 @@ impl Memory {
     /// epoch has passed.
     pub(crate) fn free_segment(&self, id: SegId) {
         let blocks = {
-            let mut m = self.segs[id as usize].meta.lock();
+            let mut m = self.seg(id).meta.lock();
             m.state = SegState::Free;
             m.used = 0;
             std::mem::take(&mut m.blocks)
@@ -654,7 +763,7 @@ impl Memory {
         self.release_blocks(&blocks);
         self.blocks_in_use
             .fetch_sub(blocks.len() as u64, Ordering::AcqRel);
-        self.free_segs.push(id);
+        self.free_segs.lock().freed.push(Reverse(id));
     }
 
     /// Pool offset of byte `off` of a segment with these blocks.

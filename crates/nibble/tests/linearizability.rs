@@ -134,6 +134,24 @@ fn history(mode: Mode) -> Vec<Op> {
             ops
         }));
     }
+    // With NIBBLE_STRESS_RELEASE=1 the full release (`release_memory`:
+    // every free block, the never-used spares of regions taken whole
+    // included, goes back to the OS) runs every 100 µs beside the clients,
+    // which it must never disturb. On this tree 1-2 of 30 such runs (1 s
+    // each) fail with a torn or vanished value, as on the tree before the
+    // spares (2d199ab), while 30 of 30 runs without it pass: the full
+    // release racing running clients is an open bug, so the stress is
+    // opt-in until it is fixed.
+    let release_stress = std::env::var("NIBBLE_STRESS_RELEASE").is_ok_and(|v| v == "1");
+    let releaser = {
+        let s = store.clone();
+        std::thread::spawn(move || {
+            while release_stress && Instant::now() < deadline {
+                s.release_memory();
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        })
+    };
     barrier.wait();
     // Force compaction so reads race with relocation.
     while Instant::now() < deadline && !handles.iter().all(|h| h.is_finished()) {
@@ -144,6 +162,7 @@ fn history(mode: Mode) -> Vec<Op> {
         .into_iter()
         .flat_map(|h| h.join().unwrap())
         .collect();
+    releaser.join().unwrap();
     assert!(store.stats().segments_compacted > 0, "compaction never ran");
     ops
 }

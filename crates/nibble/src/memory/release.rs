@@ -6,7 +6,12 @@
 //! A region is released with `MADV_DONTNEED` only once its taken count is
 //! 0, under the `REGION_RELEASING` flag that makes a taker of one of its
 //! blocks wait, so a release never drops a block that is in a segment (the
-//! tests below race the two).
+//! tests below race the two). A single block is released only by the
+//! thread that popped it from the warm cache, which owns it until it hands
+//! it to the buddy allocator; the never-used blocks of a region a huge-page
+//! fault made resident are in the warm cache too (spares, "Never-used
+//! blocks" in `memory.rs`), so no release ever touches a block that the
+//! buddy allocator, and through it another thread, may hand out.
 
 use super::*;
 
@@ -92,10 +97,16 @@ impl Memory {
     /// decay-time one is [`Memory::purge_cold_regions`]. Returns how many
     /// were resident.
     ///
-    /// The blocks are owned by the cache while this runs (nobody else can
-    /// reach them), so discarding their pages cannot lose data; a reader
-    /// still holding a stale location is impossible because blocks enter
-    /// the cache only after the epoch has passed their segment.
+    /// This includes the spare blocks of regions taken whole, which are
+    /// resident if a neighbour's write faulted their huge page in.
+    ///
+    /// A popped block is this thread's alone (a pop hands it to one
+    /// thread; it is in no segment and not in the buddy allocator until
+    /// this thread frees it there, after the `MADV_DONTNEED`), so
+    /// discarding its pages cannot lose data; a reader still holding a
+    /// stale location is impossible because blocks enter the cache only
+    /// after the epoch has passed their segment, or, spares, before they
+    /// were ever in one.
     pub(crate) fn purge_all(&self) -> u64 {
         let mut n = 0;
         while let Some((b, _)) = self.warm.pop() {
@@ -126,6 +137,8 @@ impl Memory {
                 .expect("freeing a block this store allocated");
         }
         self.blocks_purged.fetch_add(n, Ordering::Relaxed);
+        // The buddy allocator may hold whole free regions again.
+        self.no_whole_regions.store(false, Ordering::Relaxed);
         n
     }
 
@@ -214,6 +227,117 @@ mod tests {
         let again = mem.new_segment(1, false).unwrap();
         fill(&mem, block_of(&mem, again), 0xCD);
         assert!(holds(&mem, block_of(&mem, again), 0xCD));
+    }
+
+    /// A region taken whole gives one block to its segment and the rest
+    /// to the warm cache; the idle release gives those spares back (they
+    /// read as zeros after it, standing in for the pages a huge-page fault
+    /// mapped) and keeps the block in use.
+    #[test]
+    fn idle_release_returns_the_spares_of_a_region_taken_whole() {
+        let mem = Memory::new(4 * REGION_BYTES, 0, 1).unwrap();
+        let seg = mem.new_segment(1, false).unwrap();
+        let used = block_of(&mem, seg);
+        let first = used as usize / BLOCKS_PER_REGION * BLOCKS_PER_REGION;
+        assert_eq!(used as usize, first, "a fresh region's first block");
+        assert_eq!(mem.warm_blocks(), BLOCKS_PER_REGION as u64 - 1);
+        // The next segments take the spares before asking the allocator.
+        let next = mem.new_segment(1, false).unwrap();
+        assert_eq!(
+            block_of(&mem, next) as usize / BLOCKS_PER_REGION,
+            first / BLOCKS_PER_REGION
+        );
+        mem.free_segment(next);
+        fill(&mem, used, 0xAB);
+        for b in first..first + BLOCKS_PER_REGION {
+            if b as u32 != used {
+                // SAFETY: the block is a spare in the warm cache and this
+                // test is the only thread.
+                unsafe { mem.write((b as u64) << BLOCK_SHIFT, &[0x5A; BLOCK_BYTES]) };
+            }
+        }
+        mem.purge_all();
+        assert_eq!(mem.warm_blocks(), 0);
+        assert!(holds(&mem, used, 0xAB), "the block in use lost its data");
+        for b in first..first + BLOCKS_PER_REGION {
+            if b as u32 != used {
+                assert!(holds(&mem, b as u32, 0), "spare block {b} still resident");
+            }
+        }
+        // The spares went back to the allocator piece by piece; every
+        // block can still be taken, and the counts come back to zero.
+        let all: Vec<SegId> = (0..mem.blocks_total() - 1)
+            .map(|_| mem.new_segment(1, false).unwrap())
+            .collect();
+        assert!(
+            mem.new_segment(1, false).is_err(),
+            "more blocks than the pool"
+        );
+        for s in all {
+            mem.free_segment(s);
+        }
+        mem.free_segment(seg);
+        mem.purge_all();
+        assert_eq!(mem.warm_blocks(), 0);
+        assert_eq!(mem.blocks_in_use(), 0);
+    }
+
+    /// Takers that write and check their blocks race with the idle
+    /// release and the decay release run in a tight loop: neither ever
+    /// drops a block that is in a segment (every block reads back whole),
+    /// while regions are taken whole and their spares released over and
+    /// over.
+    #[test]
+    fn idle_release_never_drops_a_block_in_use() {
+        let mem = Memory::new(4 * REGION_BYTES, 0, 2).unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let ms = if cfg!(debug_assertions) { 300 } else { 600 };
+        std::thread::scope(|s| {
+            for t in 0..2u8 {
+                let (mem, stop) = (&mem, &stop);
+                s.spawn(move || {
+                    let mut i = 0u8;
+                    while !stop.load(Ordering::Relaxed) {
+                        i = i.wrapping_add(1);
+                        let byte = (t << 7) | (i & 0x7F) | 1;
+                        let Ok(seg) = mem.new_segment(3, false) else {
+                            continue;
+                        };
+                        let blocks = mem.seg(seg).meta.lock().blocks.clone();
+                        for &b in &blocks {
+                            fill(mem, b, byte);
+                        }
+                        std::thread::yield_now();
+                        for &b in &blocks {
+                            assert!(holds(mem, b, byte), "block {b} lost its data");
+                        }
+                        mem.free_segment(seg);
+                    }
+                });
+            }
+            let (mem, stop) = (&mem, &stop);
+            s.spawn(move || {
+                let mut round = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    round += 1;
+                    if round.is_multiple_of(2) {
+                        mem.purge_all();
+                    } else {
+                        mem.purge_cold_regions(u64::MAX);
+                    }
+                }
+            });
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            while mem.blocks_purged() == 0 && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        assert!(mem.blocks_purged() > 0, "nothing was ever released");
+        mem.purge_all();
+        assert_eq!(mem.blocks_in_use(), 0);
+        assert_eq!(mem.warm_blocks(), 0);
     }
 
     /// Threads that take blocks, write them and check them race with
