@@ -16,11 +16,11 @@
 //! ```
 //!
 //! * `shape` (u32): bits 0-7 the key length's low byte, bits 8-27 the
-//!   value length's low 20 bits, and three bits that say which slots
+//!   value capacity's low 20 bits, and three bits that say which slots
 //!   follow: bit 28 a 4-byte `flags` slot (memcached's opaque client
 //!   flags), bit 29 a 2-byte `cap_slack` slot, bit 30 a 4-byte `long` slot
 //!   holding the high bits (bits 0-7 the key length's high byte, bits 8-17
-//!   the value length's bits 20-29). An object has the long slot when its
+//!   the value capacity's bits 20-29). An object has the long slot when its
 //!   key is longer than 255 bytes or its value capacity is 1 MiB or more,
 //!   so keys are 0 to 65 535 bytes (Redis allows the empty key) and values
 //!   below 1 GiB ([`MAX_VALUE_BYTES`]); the slot costs big objects 4
@@ -45,13 +45,20 @@
 //!   is `value_len` when appended; Nibble-2's in-place overwrite may store a
 //!   shorter value in the same space (at most 65 535 bytes shorter) if the
 //!   object has this slot, so scans use `value_cap` to find the next
-//!   object. Nibble-2 gives the slot to an object that replaces one of a
+//!   object, and `value_len` is `value_cap - cap_slack`. Nibble-2 gives the slot to an object that replaces one of a
 //!   different size (the key's values vary, so a later shorter value can
 //!   stay in place); objects without it are overwritten in place only by a
 //!   value of exactly their size.
 //!
 //! The layout (`key_len`, `value_cap`, which slots exist) never changes
 //! after the append, so the key and value stay where a scan expects them;
+//! and the bytes that encode it (`shape`, the long slot) are never
+//! rewritten: an in-place overwrite changes only `cap_slack`, version,
+//! expiry and flags. Compaction's scan reads headers without the bucket
+//! lock; a header it reads while a writer rewrites it may mix old and new
+//! fields, and the object's size must not depend on which it got, or the
+//! scan loses its place in the segment, takes the bytes of live objects
+//! for headers and retires the segment with those objects still linked.
 //! the rest (`value_len` within the capacity, version, expiry, flags) may
 //! change only under the object's bucket lock. The in-memory log has no
 //! per-object checksum: it is not a durable format (the server's AOF and
@@ -285,7 +292,9 @@ impl Header {
         debug_assert!(self.fits_flags(self.flags));
         let mut b = [0u8; HEADER_MAX_BYTES];
         let key = self.key_len.min(u16::MAX as u32);
-        let value = self.value_len & VALUE_LEN_MASK;
+        // The capacity, not the length: these bits are never rewritten
+        // (module essay, "The layout").
+        let value = self.value_cap & VALUE_LEN_MASK;
         let long = self.long_slot();
         let mut shape =
             (key & SHORT_KEY_MAX_BYTES) | (value & SHORT_VALUE_MAX_BYTES) << SHAPE_KEY_BITS;
@@ -331,6 +340,7 @@ impl Header {
     #[inline]
     pub fn decode_base(b: &[u8; HEADER_MIN_BYTES]) -> (Header, usize) {
         let shape = u32_at(b, 0);
+        // The capacity; `decode_slots` subtracts the slack, if any.
         let value_len = (shape >> SHAPE_KEY_BITS) & SHORT_VALUE_MAX_BYTES;
         let expiry = u48_at(b, EXPIRY_OFFSET);
         let h = Header {
@@ -365,9 +375,9 @@ impl Header {
         if b.len() >= fixed + LONG_SLOT_BYTES {
             let high = u32_at(b, 0);
             self.key_len |= (high & SHORT_KEY_MAX_BYTES) << SHAPE_KEY_BITS;
-            self.value_len |= (high >> SHAPE_KEY_BITS) << SHAPE_VALUE_BITS;
-            self.value_len &= VALUE_LEN_MASK;
-            self.value_cap = self.value_len;
+            self.value_cap |= (high >> SHAPE_KEY_BITS) << SHAPE_VALUE_BITS;
+            self.value_cap &= VALUE_LEN_MASK;
+            self.value_len = self.value_cap;
             at += LONG_SLOT_BYTES;
         }
         if self.flags_slot {
@@ -375,7 +385,7 @@ impl Header {
             at += FLAGS_SLOT_BYTES;
         }
         if self.slack_slot {
-            self.value_cap = self.value_len.saturating_add(u16_at(b, at) as u32);
+            self.value_len = self.value_cap.saturating_sub(u16_at(b, at) as u32);
         }
     }
 
@@ -509,6 +519,51 @@ mod tests {
             flags_slot: true,
             slack_slot: true,
             pinned: false,
+        }
+    }
+
+    /// Compaction's scan reads headers without the bucket lock while a
+    /// Nibble-2 overwrite rewrites them in place: whatever mix of the old
+    /// and the new header bytes it reads, the object's size (where the
+    /// next object starts) is the one the append fixed.
+    #[test]
+    fn a_header_read_mid_overwrite_keeps_the_object_size() {
+        for (key_len, cap, long) in [(20, 700, false), (300, 2 << 20, true)] {
+            let old = Header {
+                key_len,
+                value_len: cap,
+                value_cap: cap,
+                flags: 0,
+                version: 77,
+                expiry_ms: 0,
+                flags_slot: false,
+                slack_slot: true,
+                pinned: false,
+            };
+            assert_eq!(old.long_slot(), long);
+            for new_len in [cap - 1, cap - 684, cap.saturating_sub(MAX_CAP_SLACK_BYTES)] {
+                assert!(old.can_hold(new_len as usize));
+                let new = Header {
+                    value_len: new_len,
+                    version: 78,
+                    ..old
+                };
+                let (a, b) = (old.encode(), new.encode());
+                let (a, b) = (a.as_bytes(), b.as_bytes());
+                assert_eq!(a.len(), b.len(), "an overwrite keeps the header size");
+                for cut in 0..=a.len() {
+                    for (first, second) in [(a, b), (b, a)] {
+                        let mut torn = first[..cut].to_vec();
+                        torn.extend_from_slice(&second[cut..]);
+                        let h = Header::decode(&torn).expect("a whole header");
+                        assert_eq!(
+                            h.object_bytes(),
+                            old.object_bytes(),
+                            "cap {cap}, new length {new_len}, cut at byte {cut}"
+                        );
+                    }
+                }
+            }
         }
     }
 

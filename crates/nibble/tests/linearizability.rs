@@ -134,19 +134,18 @@ fn history(mode: Mode) -> Vec<Op> {
             ops
         }));
     }
-    // With NIBBLE_STRESS_RELEASE=1 the full release (`release_memory`:
-    // every free block, the never-used spares of regions taken whole
-    // included, goes back to the OS) runs every 100 µs beside the clients,
-    // which it must never disturb. On this tree 1-2 of 30 such runs (1 s
-    // each) fail with a torn or vanished value, as on the tree before the
-    // spares (2d199ab), while 30 of 30 runs without it pass: the full
-    // release racing running clients is an open bug, so the stress is
-    // opt-in until it is fixed.
-    let release_stress = std::env::var("NIBBLE_STRESS_RELEASE").is_ok_and(|v| v == "1");
+    // The full release (`release_memory`: every free block, the never-used
+    // spares of regions taken whole included, goes back to the OS) runs
+    // every 100 µs beside the clients, which it must never disturb. It
+    // turns a block freed too early into zeros at once, where stale bytes
+    // would hide it: a segment retired with live objects (compaction's
+    // lock-free scan losing its place on a header that a Nibble-2
+    // overwrite rewrites, see the layout essay in `object.rs`) reads back
+    // as a vanished value or one whose tail is zeros.
     let releaser = {
         let s = store.clone();
         std::thread::spawn(move || {
-            while release_stress && Instant::now() < deadline {
+            while Instant::now() < deadline {
                 s.release_memory();
                 std::thread::sleep(Duration::from_micros(100));
             }
