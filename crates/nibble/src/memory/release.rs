@@ -282,6 +282,29 @@ mod tests {
         assert_eq!(mem.blocks_in_use(), 0);
     }
 
+    /// A taker thread of the race tests: until `stop`, take a segment of
+    /// `blocks` blocks, fill them with a byte of its own (`t` tells the
+    /// two takers apart), yield, check every byte, free the segment.
+    fn take_write_check(mem: &Memory, stop: &std::sync::atomic::AtomicBool, t: u8, blocks: usize) {
+        let mut i = 0u8;
+        while !stop.load(Ordering::Relaxed) {
+            i = i.wrapping_add(1);
+            let byte = (t << 7) | (i & 0x7F) | 1;
+            let Ok(seg) = mem.new_segment(blocks, false) else {
+                continue;
+            };
+            let list = mem.seg(seg).meta.lock().blocks.clone();
+            for &b in &list {
+                fill(mem, b, byte);
+            }
+            std::thread::yield_now();
+            for &b in &list {
+                assert!(holds(mem, b, byte), "block {b} lost its data");
+            }
+            mem.free_segment(seg);
+        }
+    }
+
     /// Takers that write and check their blocks race with the idle
     /// release and the decay release run in a tight loop: neither ever
     /// drops a block that is in a segment (every block reads back whole),
@@ -295,25 +318,7 @@ mod tests {
         std::thread::scope(|s| {
             for t in 0..2u8 {
                 let (mem, stop) = (&mem, &stop);
-                s.spawn(move || {
-                    let mut i = 0u8;
-                    while !stop.load(Ordering::Relaxed) {
-                        i = i.wrapping_add(1);
-                        let byte = (t << 7) | (i & 0x7F) | 1;
-                        let Ok(seg) = mem.new_segment(3, false) else {
-                            continue;
-                        };
-                        let blocks = mem.seg(seg).meta.lock().blocks.clone();
-                        for &b in &blocks {
-                            fill(mem, b, byte);
-                        }
-                        std::thread::yield_now();
-                        for &b in &blocks {
-                            assert!(holds(mem, b, byte), "block {b} lost its data");
-                        }
-                        mem.free_segment(seg);
-                    }
-                });
+                s.spawn(move || take_write_check(mem, stop, t, 3));
             }
             let (mem, stop) = (&mem, &stop);
             s.spawn(move || {
@@ -352,25 +357,7 @@ mod tests {
         std::thread::scope(|s| {
             for t in 0..2u8 {
                 let (mem, stop) = (&mem, &stop);
-                s.spawn(move || {
-                    let mut i = 0u8;
-                    while !stop.load(Ordering::Relaxed) {
-                        i = i.wrapping_add(1);
-                        let byte = (t << 7) | (i & 0x7F) | 1;
-                        let Ok(seg) = mem.new_segment(2, false) else {
-                            continue;
-                        };
-                        let blocks = mem.seg(seg).meta.lock().blocks.clone();
-                        for &b in &blocks {
-                            fill(mem, b, byte);
-                        }
-                        std::thread::yield_now();
-                        for &b in &blocks {
-                            assert!(holds(mem, b, byte), "block {b} lost its data");
-                        }
-                        mem.free_segment(seg);
-                    }
-                });
+                s.spawn(move || take_write_check(mem, stop, t, 2));
             }
             let (mem, stop, released) = (&mem, &stop, &released);
             s.spawn(move || {
