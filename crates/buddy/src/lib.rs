@@ -203,13 +203,13 @@ pub fn validate_free(
     Ok(())
 }
 
-/// Validate the arguments of a split ([`FrameAllocator::split`]) that do
-/// not need allocator state: `(frame, order)` as for a free, and
-/// `into_order` at most `order`.
-pub fn validate_split(
-    frame: FrameNo,
-    order: u32,
-    into_order: u32,
+/// [`FrameAllocator::split`] for every allocator: the buddies keep lists
+/// of free blocks only, so a split checks `(frame, order)` as a free does
+/// and `into_order` ≤ `order`, then changes nothing but the allocation
+/// table, when there is one (`BuddyConfig::check_frees`).
+pub(crate) fn split_checked(
+    check: Option<&check::AllocTable>,
+    (frame, order, into_order): (FrameNo, u32, u32),
     frames: u64,
     max_order: u32,
 ) -> Result<(), FreeError> {
@@ -220,7 +220,10 @@ pub fn validate_split(
             max_order: order,
         });
     }
-    Ok(())
+    match check {
+        Some(t) => t.on_split(frame, order, into_order),
+        None => Ok(()),
+    }
 }
 
 /// The default maximum order for a pool of `frames` frames split among

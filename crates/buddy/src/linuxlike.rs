@@ -141,11 +141,12 @@ impl FrameAllocator for PcpBuddy {
     }
 
     fn split(&self, frame: FrameNo, order: u32, into_order: u32) -> Result<(), FreeError> {
-        crate::validate_split(frame, order, into_order, self.frames, self.max_order)?;
-        match &self.check {
-            Some(t) => t.on_split(frame, order, into_order),
-            None => Ok(()),
-        }
+        crate::split_checked(
+            self.check.as_ref(),
+            (frame, order, into_order),
+            self.frames,
+            self.max_order,
+        )
     }
 
     fn stats(&self) -> Stats {
