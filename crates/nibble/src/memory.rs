@@ -693,12 +693,14 @@ impl Memory {
                         .expect("splitting a region this store allocated");
                     let first = (f >> BLOCK_ORDER) as u32;
                     let now = now_ms();
+                    // Counted before they are pushed, so a popper's
+                    // decrement never takes the count below zero.
+                    self.warm_blocks
+                        .fetch_add(BLOCKS_PER_REGION as u64 - 1, Ordering::Relaxed);
                     for b in first + 1..first + BLOCKS_PER_REGION as u32 {
                         self.block_state[b as usize].store(block_state::WARM, Ordering::Release);
                         self.warm.push((b, now));
                     }
-                    self.warm_blocks
-                        .fetch_add(BLOCKS_PER_REGION as u64 - 1, Ordering::Relaxed);
                     return Some(first);
                 }
                 Err(_) => self.no_whole_regions.store(true, Ordering::Relaxed),
@@ -741,14 +743,18 @@ impl Memory {
     /// Put free blocks in the warm cache (they stay resident for now).
     fn release_blocks(&self, blocks: &[u32]) {
         let now = now_ms();
+        // Counted before they are pushed: a thread may pop a block (and
+        // decrement) as soon as it is in the queue, and a count that
+        // wrapped below zero would make `purge_cold_regions`, which loops
+        // over the count, cycle the queue practically forever.
+        self.warm_blocks
+            .fetch_add(blocks.len() as u64, Ordering::Relaxed);
         for &b in blocks {
             self.block_state[b as usize].store(block_state::WARM, Ordering::Release);
             let was = self.regions[b as usize / BLOCKS_PER_REGION].fetch_sub(1, Ordering::AcqRel);
             debug_assert!(was & REGION_TAKEN_MASK > 0, "block {b} freed twice");
             self.warm.push((b, now));
         }
-        self.warm_blocks
-            .fetch_add(blocks.len() as u64, Ordering::Relaxed);
     }
 
     /// Free a retired segment's blocks and slot. The caller guarantees the
