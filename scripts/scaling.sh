@@ -5,6 +5,7 @@
 # 1, 2, 4, 8, ... up to the online CPUs.
 #
 #   scripts/scaling.sh BIN_DIR OUT_DIR [SECONDS_PER_CELL]
+#   ONLY=mapbench,ycsb scripts/scaling.sh ...   # run only the named steps
 #
 # BIN_DIR holds release builds of memlab, memlab-jemalloc,
 # memlab-mimalloc and radixvm-percore (`cargo build --release -p bench -p
@@ -35,6 +36,7 @@ cat "$out/machine.txt"
 run() {
   local name=$1 limit=$2
   shift 2
+  case ",${ONLY:-$name}," in *",$name,"*) ;; *) return 0 ;; esac
   echo "== $name ($(date -u +%T), limit ${limit}s): memlab $*"
   timeout --signal=KILL "$limit" "$bin/memlab" "$@" --json --out "$out/$name.jsonl" >/dev/null 2>"$out/$name.err"
   echo "   rc=$? rows=$(wc -l <"$out/$name.jsonl" 2>/dev/null || echo 0)"
@@ -43,6 +45,8 @@ run() {
 
 run mapbench 130 mapbench --threads "$threads" --seconds "$secs" --repeat 1 \
   --systems radixvm-percore,bonsai-percore,linux-percore,native-linux,radixvm-uffd,radixvm-sw
+RADIXVM_FAULT_AROUND_PAGES=4 run mapbench-fa4 40 mapbench --threads "$threads" --seconds "$secs" \
+  --repeat 1 --systems radixvm-percore,native-linux --workloads local
 run ycsb 120 ycsb --threads "$threads" --seconds "$secs" --repeat 1 --records 200000 \
   --workloads a,c --distributions uniform,zipfian \
   --systems nibble,nibble2,dashmap-mimalloc,hashmap-mimalloc

@@ -2,7 +2,7 @@
 # The server against redis-server (and memcached) on a quiet many-core
 # machine: redis-benchmark -P 16 with the servers and the client pinned to
 # separate CPUs, alternating rounds, then `memlab server --quick` with the
-# collection and transaction phases.
+# collection and transaction phases (3 runs each; memcached where installed).
 #
 #   scripts/server-quiet.sh BIN_DIR OUT_DIR [ROUNDS=3]
 #
@@ -30,8 +30,10 @@ for r in $(seq "$rounds"); do
   kill $n $s
   wait $n $s 2>/dev/null
 done | tee "$out/rb-pipeline.txt"
-timeout --signal=KILL 300 "$bin/memlab" server --quick --systems nibble,redis,memcached \
-  --phases get,set,lpush,sadd,zadd,multi --json --out "$out/server-quick.jsonl" \
+systems=nibble,redis
+command -v memcached >/dev/null && systems=$systems,memcached
+timeout --signal=KILL 300 "$bin/memlab" server --quick --repeat 3 --systems $systems \
+  --nibble-bin "$bin/nibble" --phases get,set,lpush,sadd,zadd,multi --json --out "$out/server-quick.jsonl" \
   >/dev/null 2>"$out/server-quick.err"
 echo "memlab server rc=$? rows=$(wc -l <"$out/server-quick.jsonl")"
 tail -n 5 "$out/server-quick.err"
