@@ -48,7 +48,8 @@
 
 use std::sync::atomic::Ordering;
 
-use epoch::EpochScheme;
+use epoch::{EpochScheme, RetireList};
+use parking_lot::Mutex;
 
 use crate::memory::{loc_of, Memory, SegId, SegState, BLOCK_BYTES};
 use crate::store::Inner;
@@ -89,7 +90,12 @@ struct Due {
 /// expired segments, unlink expired objects of mixed segments (the
 /// caller closed the expired TTL heads). Sets `st.next_expiry_ms`.
 /// Returns whether a segment was retired.
-pub(super) fn expire_once(inner: &Inner, st: &mut WorkerState, now_ms: u64) -> bool {
+pub(super) fn expire_once(
+    inner: &Inner,
+    st: &mut WorkerState,
+    retired: &Mutex<RetireList<SegId>>,
+    now_ms: u64,
+) -> bool {
     let mem = &inner.mem;
     st.last_expiry_scan_ms = now_ms;
     let mut next = u64::MAX;
@@ -141,11 +147,11 @@ pub(super) fn expire_once(inner: &Inner, st: &mut WorkerState, now_ms: u64) -> b
                 live: mem.live().get(d.seg),
                 score: 0.0,
             };
-            let (retired, relocated) = sweep(
+            let (swept, relocated) = sweep(
                 inner,
                 &mut st.cands,
                 &mut st.dest,
-                &mut st.retired,
+                retired,
                 &c,
                 &mut Rule::Compact,
             );
@@ -153,11 +159,11 @@ pub(super) fn expire_once(inner: &Inner, st: &mut WorkerState, now_ms: u64) -> b
                 .stats
                 .expiry_bytes_read
                 .fetch_add(d.used, Ordering::Relaxed);
-            if retired && relocated == 0 {
+            if swept && relocated == 0 {
                 inner.stats.expired_segments.fetch_add(1, Ordering::Relaxed);
             }
-            retired_any |= retired;
-            if !retired {
+            retired_any |= swept;
+            if !swept {
                 // Kept (no room for a relocated survivor): try again.
                 next = now_ms;
             }
