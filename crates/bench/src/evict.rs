@@ -246,7 +246,7 @@ pub fn run(o: &EvictOpts, rep: &mut Reporter) -> std::io::Result<()> {
                     .set_f("ratio", 1.0, 3),
             )?;
             for policy in POLICIES {
-                let (mut evicted, mut waits, mut wait_us) = (0, 0, 0);
+                let (mut evicted, mut waits, mut wait_us, mut reaped) = (0, 0, 0, 0);
                 let ops = median(o.repeat, || {
                     let s = store(mode, cap, policy);
                     replay(&s, &trace[..warm], 0, &value);
@@ -256,6 +256,7 @@ pub fn run(o: &EvictOpts, rep: &mut Reporter) -> std::io::Result<()> {
                     evicted = after.evicted_items - before.evicted_items;
                     waits = after.write_waits - before.write_waits;
                     wait_us = after.write_wait_us - before.write_wait_us;
+                    reaped = after.segments_reaped - before.segments_reaped;
                     ops
                 });
                 rep.emit(
@@ -265,6 +266,7 @@ pub fn run(o: &EvictOpts, rep: &mut Reporter) -> std::io::Result<()> {
                         .set("evicted", evicted)
                         .set("write_waits", waits)
                         .set_f("write_wait_ms", wait_us as f64 / 1000.0, 1)
+                        .set("segments_reaped", reaped)
                         .set_f("ratio", ops / base, 3),
                 )?;
             }
