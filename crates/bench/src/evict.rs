@@ -19,7 +19,8 @@
 //! as many items as that store did, `items`, `evicted`) and `evict-tput`
 //! (`ops_per_sec`, the median of `--repeat` runs, `evicted`,
 //! `write_waits` and `write_wait_ms`: writes that found the log full and
-//! the time they waited, of the last run; `ratio` = over the
+//! the time they waited, `segments_reaped`: swept victims those writers
+//! freed themselves, of the last run; `ratio` = over the
 //! non-evicting store's median).
 
 use std::collections::{BTreeMap, HashMap};
