@@ -455,6 +455,7 @@ pub fn run(
             });
         }
         let _ = shutdown.wait_for(|v| *v).await;
+        crate::stop::trigger();
         // Let connections see the signal and finish their current batch.
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     });
