@@ -195,7 +195,7 @@ async fn read_more<S: AsyncRead + Unpin>(
     cap: usize,
     shared: &Shared,
     stats: &WorkerStats,
-    shutdown: &mut watch::Receiver<bool>,
+    stop: &crate::stop::Waiter,
     mail: Option<&Mailbox>,
     dq: Option<&Deferred>,
 ) -> Result<bool, ReadEnd> {
@@ -227,11 +227,14 @@ async fn read_more<S: AsyncRead + Unpin>(
             None => std::future::pending().await,
         }
     };
+    // Fixed order: no random start per read, and none of the branches
+    // can starve the read (each of the others completes once per event).
     let r = tokio::select! {
-        r = read => r,
-        _ = shutdown.wait_for(|v| *v) => return Err(ReadEnd::Shutdown),
-        _ = mail_wake => return Ok(false),
+        biased;
+        _ = stop.wait() => return Err(ReadEnd::Shutdown),
         _ = stall => return Ok(false),
+        _ = mail_wake => return Ok(false),
+        r = read => r,
     };
     match r {
         Ok(0) => Err(ReadEnd::Closed),
@@ -572,6 +575,8 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     let mut out = Vec::new();
     let mut scratch = Vec::new();
     let mut sess = Session::new(info.clone(), shared.settings.password().is_none());
+    // Shutdown as the reads wait for it (see `crate::stop`).
+    let stop = crate::stop::Waiter::new();
     // The memcached side's authentication (its authfile), see `auth`.
     let mut mc_authed = shared.settings.mc_users.is_none();
     let mut parser = Parser::new();
@@ -605,7 +610,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             cap,
             &shared,
             stats,
-            &mut shutdown,
+            &stop,
             mail.as_deref(),
             dq,
         )

@@ -73,6 +73,7 @@ pub mod rdb;
 pub mod replica;
 pub mod resp;
 pub mod state;
+pub mod stop;
 pub mod tls;
 pub mod trim;
 pub mod tunables;

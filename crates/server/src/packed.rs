@@ -530,7 +530,8 @@ impl NodeBuf {
             _ => return None,
         };
         let n = data.get(1..NODE_HEADER_BYTES).map(|_| u32_at(&data, 1))? as usize;
-        let mut offs = Vec::with_capacity(n.min(data.len() / ENTRY_FIXED_BYTES));
+        // One spare slot: an insert into the node does not reallocate.
+        let mut offs = Vec::with_capacity(n.min(data.len() / ENTRY_FIXED_BYTES) + 1);
         let mut at = NODE_HEADER_BYTES;
         for _ in 0..n {
             let fixed = at + prefix + ENTRY_FIXED_BYTES;
@@ -547,6 +548,15 @@ impl NodeBuf {
     /// The item's bytes.
     pub fn bytes(&self) -> &[u8] {
         &self.data
+    }
+
+    /// Run `f` over the item's bytes with `tag` as their first byte (a
+    /// small zset's magic in place of the leaf tag), then restore it.
+    pub fn with_tag<R>(&mut self, tag: u8, f: impl FnOnce(&[u8]) -> R) -> R {
+        let own = std::mem::replace(&mut self.data[0], tag);
+        let r = f(&self.data);
+        self.data[0] = own;
+        r
     }
 
     /// True for a leaf.

@@ -1,6 +1,7 @@
 //! Redis's encoding tunables, accepted by CONFIG SET and shown by CONFIG
-//! GET; the hash and set thresholds decide when a collection leaves its
-//! one-item form (see `coll`), the others have no effect on this server.
+//! GET; the hash, set and sorted set thresholds decide when a collection
+//! leaves its one-item form (see `coll`, `zset`), the others have no
+//! effect on this server.
 //!
 //! Redis picks a compact encoding (listpack, intset) for small hashes,
 //! sets, sorted sets and lists, and these parameters say how small is
@@ -9,7 +10,8 @@
 //! refuses. They are validated with redis-server 7.0's ranges and error
 //! texts, stored, and echoed back; `hash-max-listpack-*`,
 //! `set-max-intset-entries` and `set-max-listpack-*` are read by `coll`
-//! on every hash or set write. A pre-7.0 `ziplist`
+//! on every hash or set write, `zset-max-listpack-*` by `zset` on every
+//! sorted set command. A pre-7.0 `ziplist`
 //! name is an alias of its `listpack` name, as in Redis: setting either
 //! changes both, and CONFIG GET lists both.
 //!
@@ -85,14 +87,17 @@ const TUNABLES: &[(&str, Option<&str>, &str, Kind)] = &[
     ("appendonly", None, "no", Kind::Bool),
 ];
 
-/// The thresholds `coll` reads on every hash or set command, mirrored in
-/// atomics so the request path takes no lock for them.
-const HOT: [&str; 5] = [
+/// The thresholds `coll` and `zset` read on every hash, set or sorted
+/// set command, mirrored in atomics so the request path takes no lock for
+/// them.
+const HOT: [&str; 7] = [
     "hash-max-listpack-entries",
     "hash-max-listpack-value",
     "set-max-intset-entries",
     "set-max-listpack-entries",
     "set-max-listpack-value",
+    "zset-max-listpack-entries",
+    "zset-max-listpack-value",
 ];
 
 /// The tunables' current values.

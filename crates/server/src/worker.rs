@@ -1,4 +1,5 @@
-//! Workers: one thread per CPU, pinned, each with its own event loop.
+//! Workers: one thread per CPU, pinned (on machines of at least
+//! [`crate::config::PIN_MIN_CPUS`] CPUs), each with its own event loop.
 //!
 //! ```text
 //!   CPU 0                         CPU 1
@@ -455,6 +456,7 @@ pub fn run(
             });
         }
         let _ = shutdown.wait_for(|v| *v).await;
+        crate::stop::trigger();
         // Let connections see the signal and finish their current batch.
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     });

@@ -196,6 +196,10 @@ type Bucket = (PairBuf, bool);
 /// Capacity of a fresh node read buffer: most nodes fit, so neither the
 /// read nor an insert into the node reallocates.
 const NODE_READ_BYTES: usize = 4096;
+/// Capacity of the buffer a zset's item is read into: a listpack-sized
+/// zset of 128 short members (17 bytes each with an 8-byte score and a
+/// 5-byte member) and one more fit.
+const SMALL_READ_BYTES: usize = 2560;
 
 struct Big {
     root: Root,
@@ -235,7 +239,9 @@ pub fn open<'e>(
     limits: ZLimits,
     tl: TreeLimits,
 ) -> Result<Option<ZSet<'e>>, CmdError> {
-    let mut buf = Vec::new();
+    // Room for a listpack-sized zset and an insert into it: neither the
+    // read nor the insert reallocates (a root takes a few bytes of it).
+    let mut buf = Vec::with_capacity(SMALL_READ_BYTES);
     let Some(m) = store.get_into(key, &mut buf)? else {
         return Ok(None);
     };
@@ -528,6 +534,43 @@ impl ZSet<'_> {
         let mut out = Vec::with_capacity((hi - lo).min(1 << 16) as usize);
         self.collect(root, height, lo, hi - lo, &mut out)?;
         Ok(out)
+    }
+
+    /// Hand the entries of ranks `lo..hi` to `f` in order (`rev`: from
+    /// the highest rank down): a small zset's in place, a large one's
+    /// through [`ZSet::range`].
+    pub fn visit_range(
+        &mut self,
+        lo: u64,
+        hi: u64,
+        rev: bool,
+        mut f: impl FnMut(f64, &[u8]),
+    ) -> Result<(), CmdError> {
+        let hi = hi.min(self.len());
+        if lo >= hi {
+            return Ok(());
+        }
+        if let Repr::Small(v) = &self.repr {
+            let (lo, hi) = (lo as usize, hi as usize);
+            if rev {
+                (lo..hi).rev().for_each(|i| {
+                    let (s, m) = v.key(i);
+                    f(s, m)
+                });
+            } else {
+                (lo..hi).for_each(|i| {
+                    let (s, m) = v.key(i);
+                    f(s, m)
+                });
+            }
+            return Ok(());
+        }
+        let mut es = self.range(lo, hi)?;
+        if rev {
+            es.reverse();
+        }
+        es.iter().for_each(|(s, m)| f(*s, m));
+        Ok(())
     }
 
     fn collect(
@@ -849,12 +892,13 @@ impl ZSet<'_> {
         }
         let bytes = match &mut self.repr {
             Repr::Small(v) => {
-                let mut out = v.bytes().to_vec();
-                out[0] = ZSET_MAGIC;
-                if out.len() as u64 > store.max_value_bytes() {
+                if v.bytes().len() as u64 > store.max_value_bytes() {
                     return Err("ERR collection exceeds the largest value the engine stores".into());
                 }
-                out
+                // The leaf's bytes are the item's behind another first
+                // byte: written from the buffer itself, no copy.
+                let put = v.with_tag(ZSET_MAGIC, |b| store.put_with(&self.key, b, opts));
+                return self.committed(put);
             }
             Repr::Big(b) => {
                 let id = b.root.id;
@@ -890,7 +934,13 @@ impl ZSet<'_> {
                 encode_zroot(&b.root, &b.tree)
             }
         };
-        match store.put_with(&self.key, &bytes, opts) {
+        let put = store.put_with(&self.key, &bytes, opts);
+        self.committed(put)
+    }
+
+    /// The outcome of the root's (or small zset's) conditional write.
+    fn committed(&mut self, put: Result<u64, nibble::Error>) -> Result<bool, CmdError> {
+        match put {
             Ok(ver) => {
                 self.version = Some(ver);
                 self.dirty = false;

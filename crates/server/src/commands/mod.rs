@@ -531,17 +531,31 @@ pub fn int_arg(b: &[u8]) -> Result<i64, CmdError> {
 
 /// Parse a float like Redis (`strtold` on the whole string, no spaces, no NaN).
 pub fn parse_f64(b: &[u8]) -> Option<f64> {
+    // A plain integer (scores are often member numbers) converts exactly
+    // while within f64's integer range: no UTF-8 check, no float parse.
+    if let Some(i) = parse_i64(b) {
+        if i.unsigned_abs() <= F64_EXACT_INT_MAX {
+            return Some(i as f64);
+        }
+    }
     let s = std::str::from_utf8(b).ok()?;
     if s.is_empty() || s.starts_with(char::is_whitespace) || s.ends_with(char::is_whitespace) {
         return None;
     }
-    let v: f64 = match s.to_ascii_lowercase().as_str() {
-        "inf" | "+inf" | "infinity" | "+infinity" => f64::INFINITY,
-        "-inf" | "-infinity" => f64::NEG_INFINITY,
-        _ => s.parse().ok()?,
+    let any = |words: &[&str]| words.iter().any(|w| s.eq_ignore_ascii_case(w));
+    let v: f64 = if any(&["inf", "+inf", "infinity", "+infinity"]) {
+        f64::INFINITY
+    } else if any(&["-inf", "-infinity"]) {
+        f64::NEG_INFINITY
+    } else {
+        s.parse().ok()?
     };
     (!v.is_nan()).then_some(v)
 }
+
+/// Largest integer magnitude every smaller one of which an f64 holds
+/// exactly (2^53).
+const F64_EXACT_INT_MAX: u64 = 1 << 53;
 
 /// True if `a` equals `b` ignoring ASCII case.
 pub fn eq(a: &[u8], b: &str) -> bool {
@@ -571,6 +585,45 @@ mod tests {
         assert_eq!(parse_i64(b"+1"), None);
         assert_eq!(parse_i64(b" 1"), None);
         assert_eq!(parse_i64(b"-0"), None);
+    }
+
+    /// The integer fast path agrees with the float parse; the special
+    /// forms and the rejections hold.
+    #[test]
+    fn floats() {
+        for t in [
+            "0",
+            "-0",
+            "7",
+            "-12",
+            "1.5",
+            "1e3",
+            "-2.5e-3",
+            "9007199254740992",
+            "9007199254740993",
+            "-9007199254740993",
+            "9223372036854775807",
+            "010",
+            "+4",
+            "0.1",
+        ] {
+            let want: f64 = t.parse().expect("a float");
+            let got = parse_f64(t.as_bytes()).expect(t);
+            assert_eq!(got.to_bits(), want.to_bits(), "{t}");
+        }
+        for (t, v) in [
+            ("inf", f64::INFINITY),
+            ("+Inf", f64::INFINITY),
+            ("INFINITY", f64::INFINITY),
+            ("-inf", f64::NEG_INFINITY),
+            ("-Infinity", f64::NEG_INFINITY),
+        ] {
+            assert_eq!(parse_f64(t.as_bytes()), Some(v), "{t}");
+        }
+        for t in ["", " 1", "1 ", "nan", "NaN", "abc", "1x"] {
+            assert_eq!(parse_f64(t.as_bytes()), None, "{t}");
+        }
+        assert_eq!(parse_f64(b"\xff1"), None);
     }
 
     #[test]

@@ -469,13 +469,13 @@ fn zrange_to(
         None => Some((int_arg(mn)?, int_arg(mx)?)),
         Some(_) => None,
     };
-    let out = zset::read(ctx.shared, args[0], |z| {
+    let span = |z: &mut zset::ZSet| -> Result<(u64, u64), CmdError> {
         let len = z.len();
-        let (lo, hi) = match (&bounds, idx) {
+        Ok(match (&bounds, idx) {
             (Some(b), _) => {
                 let (lo, hi) = b.ranks(z)?;
                 if offset < 0 || (offset > 0 && offset as u64 >= len) {
-                    return Ok(Vec::new());
+                    return Ok((0, 0));
                 }
                 let n = hi - lo;
                 let skip = (offset as u64).min(n);
@@ -500,7 +500,37 @@ fn zrange_to(
                 .clamp_empty()
             }
             (None, None) => (0, 0),
-        };
+        })
+    };
+    let Some(d) = dst else {
+        // The reply is written from the zset's entries in place, without
+        // copying them out first.
+        let found = zset::read(ctx.shared, args[0], |z| {
+            let (lo, hi) = span(z)?;
+            let n = hi.min(z.len()).saturating_sub(lo) as usize;
+            let resp3 = r.proto == Proto::Resp3;
+            match (withscores, resp3) {
+                (false, _) => r.array(n),
+                (true, true) => r.array(n),
+                (true, false) => r.array(n * 2),
+            }
+            z.visit_range(lo, hi, rev, |s, m| {
+                if withscores && resp3 {
+                    r.array(2);
+                }
+                r.bulk(m);
+                if withscores {
+                    reply_score(r, s);
+                }
+            })
+        })?;
+        if found.is_none() {
+            reply_entries(r, &[], withscores);
+        }
+        return Ok(());
+    };
+    let out = zset::read(ctx.shared, args[0], |z| {
+        let (lo, hi) = span(z)?;
         let mut v = z.range(lo, hi)?;
         if rev {
             v.reverse();
@@ -508,15 +538,11 @@ fn zrange_to(
         Ok(v)
     })?
     .unwrap_or_default();
-    if let Some(d) = dst {
-        crate::coll::delete_key(&ctx.shared.store, d)?;
-        if !out.is_empty() {
-            zset::create(ctx.shared, d, &out)?;
-        }
-        r.int(out.len() as i64);
-        return Ok(());
+    crate::coll::delete_key(&ctx.shared.store, d)?;
+    if !out.is_empty() {
+        zset::create(ctx.shared, d, &out)?;
     }
-    reply_entries(r, &out, withscores);
+    r.int(out.len() as i64);
     Ok(())
 }
 
