@@ -146,7 +146,7 @@ pub struct Config {
     /// rounded up to a power of two, within the index's byte budget), so a
     /// load of that many keys never stops to double a subtable; the
     /// buckets are mapped in at creation and count against the capacity
-    /// as the index always does (about 10-20 bytes a key). The index never
+    /// as the index always does (about 16-25 bytes a key). The index never
     /// shrinks below that size. Without a hint it starts at one page per
     /// subtable and grows with the keys.
     pub expected_keys: usize,
