@@ -167,16 +167,29 @@ impl System {
     /// Build an empty store. `capacity` is used by the Nibble variants only
     /// (the maps grow as they need).
     pub fn build(self, capacity: usize) -> Result<Box<dyn Kv>> {
+        self.build_for(capacity, 0)
+    }
+
+    /// As [`build`](System::build), told to expect `expected_keys` keys
+    /// (0: no hint): every system gets the same hint, a map as its
+    /// `with_capacity`, Nibble as `Config::expected_keys` (its index
+    /// pre-sized); the maps still allocate their values as they come, as
+    /// Nibble's log fills as they come.
+    pub fn build_for(self, capacity: usize, expected_keys: usize) -> Result<Box<dyn Kv>> {
         match self {
             System::Nibble(_) => {
-                let cfg = self.nibble_config(capacity).expect("a nibble variant");
+                let mut cfg = self.nibble_config(capacity).expect("a nibble variant");
+                cfg.expected_keys = expected_keys;
                 let store = nibble::Store::new(cfg).with_context(|| {
                     format!("{}: cannot create a store of {capacity} bytes", self.name())
                 })?;
                 Ok(Box::new(NibbleKv(store)))
             }
-            System::HashMap(_) => Ok(Box::new(ShardedMap::new())),
-            System::DashMap(_) => Ok(Box::new(DashKv(DashMap::with_hasher(XxBuild)))),
+            System::HashMap(_) => Ok(Box::new(ShardedMap::with_capacity(expected_keys))),
+            System::DashMap(_) => Ok(Box::new(DashKv(DashMap::with_capacity_and_hasher(
+                expected_keys,
+                XxBuild,
+            )))),
         }
     }
 }
@@ -307,9 +320,26 @@ pub struct ShardedMap {
 
 impl ShardedMap {
     pub fn new() -> ShardedMap {
+        ShardedMap::with_capacity(0)
+    }
+
+    /// Room for `keys` keys without rehashing: each shard's even share
+    /// with four standard deviations of headroom (keys spread binomially
+    /// over the shards), as Nibble's pre-sized index leaves.
+    pub fn with_capacity(keys: usize) -> ShardedMap {
+        let even = keys.div_ceil(MAP_SHARDS) as f64;
+        let per_shard = if keys == 0 {
+            0
+        } else {
+            (even + 4.0 * even.sqrt()).ceil() as usize
+        };
         ShardedMap {
             shards: (0..MAP_SHARDS)
-                .map(|_| Shard(Mutex::new(HashMap::with_hasher(XxBuild))))
+                .map(|_| {
+                    Shard(Mutex::new(HashMap::with_capacity_and_hasher(
+                        per_shard, XxBuild,
+                    )))
+                })
                 .collect(),
         }
     }

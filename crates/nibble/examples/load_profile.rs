@@ -8,7 +8,7 @@
 //! per operation (callgrind: `Store::get_into`'s inclusive count ÷ the
 //! GETs).
 //!
-//! `cargo run --release -p nibble --example load_profile -- [records] [value] [threads] [nibble|nibble2] [prefault|-] [gets]`
+//! `cargo run --release -p nibble --example load_profile -- [records] [value] [threads] [nibble|nibble2] [prefault|-] [gets] [hint|-]`
 
 use std::time::Instant;
 
@@ -36,6 +36,12 @@ fn main() {
     cfg.mode = mode;
     cfg.prefault = a.get(5).is_some_and(|s| s == "prefault");
     let gets = arg(6, 0);
+    // `hint`: tell the store the record count (`Config::expected_keys`),
+    // as `memlab ycsb` does; `-` or nothing: no hint (the index grows).
+    let hint = a.get(7).is_some_and(|s| s == "hint");
+    if hint {
+        cfg.expected_keys = records as usize;
+    }
     let f0 = minflt();
     let t_new = Instant::now();
     let cfg_prefault = cfg.prefault;
@@ -90,16 +96,18 @@ fn main() {
     let get_secs = get_start.elapsed().as_secs_f64();
     let st = store.stats();
     println!(
-        "mode {}{} records {records} value {value} threads {threads} capacity {} MiB: new {:.1} ms ({} faults), load {:.1} ms = {:.0} k/s, {:.3} faults/record, index {} KiB",
+        "mode {}{}{} records {records} value {value} threads {threads} capacity {} MiB: new {:.1} ms ({} faults), load {:.1} ms = {:.0} k/s, {:.3} faults/record, index {} KiB, {} resizes",
         mode.name(),
         if cfg_prefault { " prefault" } else { "" },
+        if hint { " hint" } else { "" },
         capacity >> 20,
         new_s * 1e3,
         f_new - f0,
         secs * 1e3,
         records as f64 / secs / 1e3,
         (f2 - f1) as f64 / records as f64,
-        st.index_bytes >> 10
+        st.index_bytes >> 10,
+        st.index.resizes
     );
     if gets > 0 {
         let n = gets * threads as u64;

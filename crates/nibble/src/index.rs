@@ -44,7 +44,16 @@
 //! The entry holds only 16 hash bits, so the resizer asks the store for the
 //! hash of each moved object ([`Index::new`]'s `rehash`). Growth fails with
 //! [`IndexError::Full`] beyond the reservation or the byte budget; it also
-//! starts early once a subtable's load passes `grow_load_factor`. The byte
+//! starts early once a subtable's load passes `grow_load_factor`. A store
+//! told how many keys to expect (`Config::expected_keys`, [`initial_buckets_for`])
+//! starts each subtable at the size that holds its share of them at
+//! [`PRESIZE_LOAD`] (below the growth threshold and below the load where
+//! the first neighbourhood fills), so a load of that many keys never stops its
+//! writers for a doubling (a doubling locks a whole subtable, and with
+//! eight subtables the other writers soon wait on it; it rehashes every
+//! key from the log: 14 % of a growing load's instructions). A new
+//! bucket array's pages are populated writable before the resizer
+//! locks its buckets (`Reservation::populate`). The byte
 //! budget (`max_bytes`) is the index's own share; with an
 //! [`IndexOverflow`] set ([`Index::set_overflow`]) the index may grow past
 //! it, each byte above it borrowed from the owner's budget (the store
@@ -133,6 +142,49 @@ pub const REHASH_PREFETCH_BUCKETS: usize = 2;
 
 /// Default load (entries / slots) past which a subtable grows proactively.
 pub const DEFAULT_GROW_LOAD_FACTOR: f64 = 0.85;
+
+/// Load (entries / slots) an index pre-sized by [`initial_buckets_for`]
+/// reaches at its expected key count: below the growth threshold
+/// ([`DEFAULT_GROW_LOAD_FACTOR`]) and below the load where the first
+/// two-bucket neighbourhood fills (about 0.83-0.87, `tests/index.rs`), which
+/// would double a subtable as surely as the threshold.
+pub const PRESIZE_LOAD: f64 = 0.75;
+
+/// Buckets per subtable for an index of `subtables` subtables that should
+/// hold `expected_keys` keys without growing (`Config::expected_keys`):
+/// each subtable's share at [`PRESIZE_LOAD`] with four standard
+/// deviations of headroom, rounded up to a power of two, at least
+/// [`DEFAULT_INITIAL_BUCKETS_PER_SUBTABLE`] and at most
+/// [`DEFAULT_MAX_BUCKETS_PER_SUBTABLE`]; halved while the buckets would
+/// not fit `max_bytes` (the index's budget, of which a quarter is left for
+/// its metadata and later growth). 0 keys gives the default.
+pub fn initial_buckets_for(expected_keys: usize, subtables: usize, max_bytes: usize) -> usize {
+    if expected_keys == 0 {
+        return DEFAULT_INITIAL_BUCKETS_PER_SUBTABLE;
+    }
+    // Keys spread binomially over the subtables: leave four standard
+    // deviations above the even share, so no subtable fills early.
+    let even = expected_keys.div_ceil(subtables.max(1)) as f64;
+    let per_subtable = even + 4.0 * even.sqrt();
+    let slots = per_subtable / PRESIZE_LOAD;
+    let wanted = (slots / ENTRIES_PER_BUCKET as f64).ceil() as usize;
+    let mut buckets = wanted
+        .clamp(
+            DEFAULT_INITIAL_BUCKETS_PER_SUBTABLE,
+            DEFAULT_MAX_BUCKETS_PER_SUBTABLE,
+        )
+        .next_power_of_two();
+    let budget = max_bytes / 4 * 3;
+    while buckets > DEFAULT_INITIAL_BUCKETS_PER_SUBTABLE
+        && buckets
+            .saturating_mul(subtables)
+            .saturating_mul(BUCKET_BYTES)
+            > budget
+    {
+        buckets /= 2;
+    }
+    buckets
+}
 
 #[cfg(not(loom))]
 const _: () = {
@@ -459,6 +511,7 @@ impl Index {
         }
         for st in &subtables {
             st.buckets.in_use(initial);
+            st.buckets.populate(0, initial);
         }
         Ok(Index {
             subtables: subtables.into_boxed_slice(),

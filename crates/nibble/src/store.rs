@@ -286,6 +286,11 @@ impl Store {
         let index = Index::new(
             &IndexConfig {
                 subtables: index_subtables,
+                initial_buckets_per_subtable: crate::index::initial_buckets_for(
+                    cfg.expected_keys,
+                    index_subtables,
+                    index_budget,
+                ),
                 max_bytes: index_budget,
                 ..IndexConfig::default()
             },

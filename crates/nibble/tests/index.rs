@@ -783,3 +783,67 @@ fn inserts_through_one_guard_after_a_miss() {
         assert_eq!(found, (key != 5).then(|| loc_for(key, 0)), "key {key}");
     }
 }
+
+/// `initial_buckets_for` (the store's `expected_keys`): enough buckets that
+/// the expected keys stay under every subtable's growth threshold, a power
+/// of two, the default without a hint, and never over the byte budget.
+#[test]
+fn initial_buckets_hold_the_expected_keys_within_the_budget() {
+    use nibble::index::{
+        initial_buckets_for, DEFAULT_GROW_LOAD_FACTOR, DEFAULT_INITIAL_BUCKETS_PER_SUBTABLE,
+    };
+    assert_eq!(
+        initial_buckets_for(0, 8, usize::MAX),
+        DEFAULT_INITIAL_BUCKETS_PER_SUBTABLE
+    );
+    for keys in [1usize, 1_000, 200_000, 1_000_000, 12_345_678] {
+        for subtables in [1usize, 8, 64] {
+            let b = initial_buckets_for(keys, subtables, usize::MAX);
+            assert!(b.is_power_of_two() && b >= DEFAULT_INITIAL_BUCKETS_PER_SUBTABLE);
+            let threshold = DEFAULT_GROW_LOAD_FACTOR * (b * ENTRIES_PER_BUCKET) as f64;
+            assert!(
+                threshold >= keys.div_ceil(subtables) as f64,
+                "{keys} keys, {subtables} subtables: {b} buckets"
+            );
+            // No more than twice what the keys need (one rounding up).
+            let budget = 2 * keys.div_ceil(subtables) + 200 * (keys as f64).sqrt() as usize;
+            assert!(
+                b <= (budget / ENTRIES_PER_BUCKET).next_power_of_two().max(32),
+                "{keys} keys, {subtables} subtables: {b} buckets"
+            );
+            // The budget caps it.
+            let max_bytes = 1 << 20;
+            let capped = initial_buckets_for(keys, subtables, max_bytes);
+            assert!(
+                capped == DEFAULT_INITIAL_BUCKETS_PER_SUBTABLE
+                    || capped * subtables * BUCKET_BYTES <= max_bytes / 4 * 3,
+                "{keys} keys, {subtables} subtables: {capped} buckets"
+            );
+        }
+    }
+}
+
+/// A store-sized key count in a pre-sized index: two threads insert them
+/// all without one resize, and every key is found.
+#[test]
+fn a_pre_sized_index_takes_its_keys_without_growing() {
+    use nibble::index::initial_buckets_for;
+    let keys = 100_000u64;
+    let subtables = 8;
+    let initial = initial_buckets_for(keys as usize, subtables, usize::MAX);
+    let t = Table::new(&cfg(subtables, initial, 1 << 16), splitmix64);
+    thread::scope(|s| {
+        for w in 0..2u64 {
+            let t = &t;
+            s.spawn(move || {
+                for k in (w..keys).step_by(2) {
+                    assert_eq!(t.put(k, loc_for(k, 1)).unwrap(), None);
+                }
+            });
+        }
+    });
+    assert_eq!(t.index.stats().resizes, 0);
+    for k in 0..keys {
+        assert_eq!(t.get(k), Some(loc_for(k, 1)), "key {k}");
+    }
+}

@@ -62,7 +62,9 @@ pub fn run_job(job: &YcsbJob, emit: &mut dyn FnMut(YcsbCell)) -> Result<()> {
             + HANG_GRACE,
         format!("ycsb {} threads={}", job.system, job.threads),
     );
-    let kv = job.system.build(job.capacity)?;
+    // Every system is told the record count, as a map's `with_capacity`
+    // (Nibble: its index pre-sized).
+    let kv = job.system.build_for(job.capacity, job.records as usize)?;
     let kv: &dyn Kv = &*kv;
     let (r, pass) = load(
         kv,

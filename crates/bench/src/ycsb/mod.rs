@@ -55,6 +55,13 @@
 //! for the data (24 bytes bounds the key, 14 is Nibble's object header) at
 //! ~40 % utilization, so compaction stays in the background as in §5.4
 //! (which ran at ~12 %). `memlab fill` is the experiment that raises it.
+//!
+//! Every system is told the record count before the load, as YCSB's own
+//! clients pass `recordcount` to their stores: a map's `with_capacity`
+//! (DashMap's, or each of the sharded map's shards), Nibble's
+//! `Config::expected_keys` (its index starts at the size that holds them).
+//! So nobody rehashes during the load; values are still allocated (maps)
+//! or appended (Nibble) as they come, page faults included.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Barrier;

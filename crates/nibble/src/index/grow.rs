@@ -68,8 +68,11 @@ impl Index {
         // The new half is unpublished (no reader or writer can reach it
         // before `n` changes); locking it only lets us write through guards.
         // Locking writes every new bucket, so whole huge pages there cost
-        // no more resident memory than 4 KiB ones.
+        // no more resident memory than 4 KiB ones; its pages are mapped in
+        // writable first (`populate`), so that the locks' loads do not map
+        // the zero page for their CAS to replace with a TLB flush.
         st.buckets.in_use(m);
+        st.buckets.populate(n, m);
         guards.extend((n..m).map(|c| st.bucket(c).lock()));
         if st.dirty_above_n.load(Ordering::Relaxed) {
             for guard in &mut guards[n..] {

@@ -140,6 +140,16 @@ pub struct Config {
     /// load about an eighth of its time (docs/BENCHMARKS.md, `memlab
     /// ycsb`). The first decay-time release gives unused blocks back.
     pub prefault: bool,
+    /// How many keys the store expects to hold (0: no hint), the analogue
+    /// of a map's `with_capacity`. The index starts with room for that
+    /// many below its growth threshold (each subtable's bucket count
+    /// rounded up to a power of two, within the index's byte budget), so a
+    /// load of that many keys never stops to double a subtable; the
+    /// buckets are mapped in at creation and count against the capacity
+    /// as the index always does (about 16-25 bytes a key). The index never
+    /// shrinks below that size. Without a hint it starts at one page per
+    /// subtable and grows with the keys.
+    pub expected_keys: usize,
 }
 
 impl Config {
@@ -162,6 +172,7 @@ impl Config {
             eviction: Eviction::default(),
             ttl_placement: true,
             prefault: false,
+            expected_keys: 0,
         }
     }
 }
