@@ -34,8 +34,11 @@
 //! accounting follows the key count at once and RSS within a decay step.
 //!
 //! When: a subtable whose entries fall below [`SHRINK_LOAD`] of its slots,
-//! never below the initial size; after a halving its load is under twice
-//! that, far from the growth load (0.85), so the two cannot alternate.
+//! never below the initial size, halved again and again in one call while
+//! it stays below (so a short dip between a bulk delete and the inserts
+//! that follow takes it the whole way down); after the last halving its
+//! load is under twice that, far from the growth load (0.85), so the two
+//! cannot alternate.
 //! The compaction worker looks on every step, under load as when idle:
 //! a halving locks the whole subtable as a doubling does, and like a
 //! doubling it comes once per halving of the key count, so it costs the
@@ -70,17 +73,19 @@ pub struct Shrunk {
 }
 
 impl Index {
-    /// Halve every subtable whose load is below [`SHRINK_LOAD`] (once
-    /// each); returns the halvings whose memory
+    /// Halve every subtable whose load is below [`SHRINK_LOAD`], as often
+    /// as it stays below (a bulk delete that leaves 5 % is followed by
+    /// inserts at once, so the whole way down is taken while it is
+    /// there); returns the halvings whose memory
     /// [`Index::release_shrunk`] may release once no operation that
     /// started before this call is running.
     pub fn shrink_sparse(&self) -> Vec<Shrunk> {
         let mut out = Vec::new();
         for (i, st) in self.subtables.iter().enumerate() {
-            if !self.sparse(st, st.n.load(Ordering::Relaxed)) {
-                continue;
-            }
-            if let Some(n) = self.halve(st) {
+            while self.sparse(st, st.n.load(Ordering::Relaxed)) {
+                let Some(n) = self.halve(st) else {
+                    break;
+                };
                 out.push(Shrunk { subtable: i, n });
             }
         }
@@ -180,7 +185,8 @@ impl Index {
     }
 
     /// Drop the pages of a halved subtable's upper half, unless it grew
-    /// back meanwhile. Call only once every operation that started
+    /// back over it meanwhile (a later halving of the same subtable
+    /// leaves it unused). Call only once every operation that started
     /// before the halving has finished (module docs).
     pub fn release_shrunk(&self, s: Shrunk) {
         let Some(st) = self.subtables.get(s.subtable) else {
@@ -189,7 +195,7 @@ impl Index {
         // Bucket 0's lock keeps a growth from writing the upper half
         // while it is released.
         let _first = st.bucket(0).lock();
-        if st.n.load(Ordering::Acquire) != s.n {
+        if st.n.load(Ordering::Acquire) > s.n {
             return;
         }
         st.buckets.release(s.n, 2 * s.n);
