@@ -10,7 +10,8 @@
 //! (default 2 % of the client budget, `DEFAULT_COMPACTION_TRIGGER_PERMILLE`;
 //! the paper's 20 % is selectable as `PAPER_COMPACTION_TRIGGER_PERMILLE`) or
 //! someone asks it to run; it wakes every `IDLE_TICK_MS` only to free
-//! retired segments.
+//! retired segments and to halve index subtables that deletes left
+//! sparse (`index/shrink.rs`).
 //!
 //! Idle defragmentation: once no segment has closed for `Config::decay_ms`
 //! (writes are quiet) and no operation at all was seen running for as long
@@ -130,7 +131,7 @@ pub struct WorkerState {
     next_expiry_ms: u64,
     /// When the last expiry pass ran (Unix ms).
     last_expiry_scan_ms: u64,
-    /// Index subtables halved while the store was idle, whose upper
+    /// Index subtables halved (deletes left them sparse), whose upper
     /// halves are released once the epoch passes (`index/shrink.rs`).
     shrunk: RetireList<crate::index::Shrunk>,
 }
@@ -240,16 +241,18 @@ fn step(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState) -> Step
     for s in st.shrunk.collect(&inner.epochs) {
         inner.index.release_shrunk(s);
     }
+    // The index follows the key count down too (`index/shrink.rs`):
+    // halve the subtables deletes left sparse, as soon as they are, so
+    // that inserts after a bulk delete find the index the size of the
+    // keys that remain (a halving costs what a doubling does, once per
+    // halving of the key count).
+    if worker == 0 {
+        for s in inner.index.shrink_sparse() {
+            st.shrunk.push(&inner.epochs, s);
+        }
+    }
     if idle {
         inner.mem.purge_all();
-        // The index follows the key count down too (`index/shrink.rs`):
-        // while clients are quiet, halve the subtables deletes left
-        // sparse (it locks a whole subtable, so never under load).
-        if worker == 0 {
-            for s in inner.index.shrink_sparse() {
-                st.shrunk.push(&inner.epochs, s);
-            }
-        }
     } else {
         inner
             .mem

@@ -59,8 +59,9 @@
 //! it, each byte above it borrowed from the owner's budget (the store
 //! lends it from the log's free blocks), so the split between index and
 //! log follows the data instead of a fixed share. The index also shrinks:
-//! once deletes leave a subtable under [`SHRINK_LOAD`], the store's idle
-//! compaction worker halves it in place (buckets `c` and `c + n/2` merge
+//! once deletes leave a subtable under [`SHRINK_LOAD`], the store's
+//! compaction worker halves it in place on its next step (every 20 ms, while
+//! clients run as while they are quiet) (buckets `c` and `c + n/2` merge
 //! into `c`, which keeps every key in its neighbourhood and SCAN's
 //! reverse-binary guarantee, as Redis's dict shrink does) and releases the
 //! upper half's pages once the epoch passes, so a store's index follows
@@ -69,7 +70,7 @@
 //! Files: this one holds the types, construction and the optimistic read;
 //! `index/bucket.rs` the seqlocked bucket, `index/write.rs` the writers'
 //! lock and guard, `index/grow.rs` the in-place doubling,
-//! `index/shrink.rs` the idle halving, `index/scan.rs`
+//! `index/shrink.rs` the halving of sparse subtables, `index/scan.rs`
 //! the SCAN cursor, `index/reservation.rs` the never-moving bucket arrays.
 
 pub mod bucket;
@@ -297,6 +298,8 @@ pub struct IndexStats {
     pub resizes: u64,
     /// Completed halvings (`index/shrink.rs`).
     pub shrinks: u64,
+    /// Halvings cancelled because a merged bucket pair would not fit.
+    pub shrinks_cancelled: u64,
     /// Doublings refused for lack of reservation or budget.
     pub failed_resizes: u64,
     /// Inserts that went to the neighbour bucket rather than home.
@@ -317,6 +320,7 @@ struct Counters {
     full_inserts: AtomicU64,
     resizes: AtomicU64,
     shrinks: AtomicU64,
+    shrinks_cancelled: AtomicU64,
     failed_resizes: AtomicU64,
     rehash_mismatches: AtomicU64,
 }
@@ -333,6 +337,12 @@ struct Subtable {
     /// (its `rehash` panicked) and must be zeroed before reuse. Accessed
     /// only with every bucket of the subtable locked.
     dirty_above_n: AtomicBool,
+    /// A halving is tried only while the entry count is below this
+    /// (`u64::MAX`: no limit): a halving that a full merged pair cancelled
+    /// sets it to 3/4 of the count it saw, so a subtable that cannot halve
+    /// is not locked whole again on every compaction step until deletes
+    /// have thinned it further; a completed resize lifts it.
+    shrink_below: AtomicU64,
     counters: CachePadded<Counters>,
 }
 
@@ -506,6 +516,7 @@ impl Index {
                 n: AtomicUsize::new(initial),
                 grow_at: AtomicU64::new(grow_threshold(cfg.grow_load_factor, initial)),
                 dirty_above_n: AtomicBool::new(false),
+                shrink_below: AtomicU64::new(u64::MAX),
                 counters: CachePadded::new(Counters::default()),
             }));
         }
@@ -739,6 +750,7 @@ impl Index {
             s.reserved_bytes += st.buckets.bytes() as u64;
             s.resizes += c.resizes.load(Ordering::Relaxed);
             s.shrinks += c.shrinks.load(Ordering::Relaxed);
+            s.shrinks_cancelled += c.shrinks_cancelled.load(Ordering::Relaxed);
             s.failed_resizes += c.failed_resizes.load(Ordering::Relaxed);
             s.neighbour_inserts += c.neighbour_inserts.load(Ordering::Relaxed);
             s.full_inserts += c.full_inserts.load(Ordering::Relaxed);

@@ -643,7 +643,7 @@ fn most_keys_sit_in_their_home_bucket() {
     }
 }
 
-/// Deleting most keys lets the idle shrink halve subtables back towards
+/// Deleting most keys lets the shrink halve subtables back towards
 /// their initial size; every key left is still found, by reads, writes
 /// and a scan, the budget follows, and the index grows again after.
 #[test]
@@ -689,6 +689,67 @@ fn shrink_halves_sparse_subtables_and_keeps_every_key() {
         assert!(t.get(k).is_some(), "key {k} after regrowth");
     }
     assert_eq!(t.index.len(), KEYS / 50 + KEYS);
+}
+
+/// The identity: a key is its own hash, so a test places keys in chosen
+/// buckets (home `key mod n`; tag 0, so the second bucket is home + 1).
+fn identity_hash(key: u64) -> u64 {
+    key
+}
+
+/// A halving that a full merged pair cancels is not tried again at every
+/// step: only once deletes take the subtable's count below 3/4 of what
+/// it was; then it halves, and every key stays found.
+#[test]
+fn cancelled_shrink_waits_for_more_deletes() {
+    let t = Table::new(&cfg(1, 2, 1 << 10), identity_hash);
+    // Grow to 128 buckets with fillers spread evenly, then delete them.
+    const FILLER: u64 = 1 << 20;
+    for i in 0..900 {
+        t.put(FILLER + i, loc_for(FILLER + i, 0)).unwrap();
+    }
+    assert_eq!(t.index.stats().buckets, 128);
+    for i in 0..900 {
+        assert!(t.del(FILLER + i).is_some());
+    }
+    // 9 keys in bucket 0 and 9 in bucket 64: the pair a halving merges
+    // holds 18 > 15 entries, though the subtable is 1 % full.
+    let low: Vec<u64> = (1..=9).map(|j| 128 * j).collect();
+    let high: Vec<u64> = (1..=9).map(|j| 64 + 128 * j).collect();
+    for &k in low.iter().chain(&high) {
+        t.put(k, loc_for(k, 0)).unwrap();
+    }
+    assert!(t.index.shrink_sparse().is_empty());
+    let st = t.index.stats();
+    assert_eq!((st.shrinks, st.shrinks_cancelled, st.buckets), (0, 1, 128));
+    // 15 entries would fit the pair, but are not below 3/4 of 18: no retry.
+    for &k in &high[..3] {
+        assert!(t.del(k).is_some());
+    }
+    assert!(t.index.shrink_sparse().is_empty());
+    assert_eq!(t.index.stats().shrinks_cancelled, 1);
+    // 11 entries are: it halves, down to the smallest sparse size.
+    for &k in &high[3..7] {
+        assert!(t.del(k).is_some());
+    }
+    loop {
+        let done = t.index.shrink_sparse();
+        if done.is_empty() {
+            break;
+        }
+        for s in done {
+            t.index.release_shrunk(s);
+        }
+    }
+    let st = t.index.stats();
+    assert_eq!(st.shrinks_cancelled, 1);
+    assert!(st.shrinks >= 4 && st.buckets <= 8, "{st:?}");
+    for &k in low.iter().chain(&high[7..]) {
+        assert_eq!(t.get(k), Some(loc_for(k, 0)), "key {k}");
+    }
+    for &k in &high[..7] {
+        assert_eq!(t.get(k), None, "deleted key {k}");
+    }
 }
 
 /// Readers and a writer run while another thread keeps shrinking (and

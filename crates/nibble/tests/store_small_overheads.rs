@@ -23,8 +23,8 @@ fn index_shrinks_after_deletes_and_prefault_is_opt_in() {
         "an empty default store took {grew} bytes of RSS"
     );
 
-    // Many small keys grow the index; deleting 98 % of them lets the idle
-    // workers halve it back, and every key left stays readable.
+    // Many small keys grow the index; deleting 98 % of them lets the
+    // compaction workers halve it back, and every key left stays readable.
     let mut cfg = Config::new(capacity);
     cfg.decay_ms = 50;
     cfg.mode = Mode::Nibble2;

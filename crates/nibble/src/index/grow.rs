@@ -157,6 +157,7 @@ impl Index {
         // re-checks of `n` in `read` and `lock` rely on).
         st.n.store(m, Ordering::Release);
         st.counters.resizes.fetch_add(1, Ordering::Relaxed);
+        st.shrink_below.store(u64::MAX, Ordering::Relaxed);
         drop(guards);
         // Chunks that held old buckets were faulted in 4 KiB pages; now
         // that every bucket below `m` is resident, fold them into huge

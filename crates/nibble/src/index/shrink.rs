@@ -34,10 +34,24 @@
 //! accounting follows the key count at once and RSS within a decay step.
 //!
 //! When: a subtable whose entries fall below [`SHRINK_LOAD`] of its slots,
-//! never below the initial size; after a halving its load is under twice
-//! that, far from the growth load (0.85), so the two cannot alternate.
+//! never below the initial size, halved again and again in one call while
+//! it stays below (so a short dip between a bulk delete and the inserts
+//! that follow takes it the whole way down); after the last halving its
+//! load is under twice that, far from the growth load (0.85), so the two
+//! cannot alternate.
+//! The compaction worker looks on every step, under load as when idle:
+//! a halving locks the whole subtable as a doubling does, and like a
+//! doubling it comes once per halving of the key count, so it costs the
+//! writers what growth costs them. Waiting for the clients to fall quiet
+//! would miss the common case of a bulk delete followed by new inserts:
+//! the index would keep the size of the deleted keys' peak and grow
+//! back from there (`memlab frag`'s 64→128 pair: 32 MiB of index for
+//! 1.15 M keys that need 16 MiB).
 //! A pair that overflows is not placed elsewhere: moving an entry to its
-//! other bucket could move it behind a running SCAN's cursor.
+//! other bucket could move it behind a running SCAN's cursor; the
+//! halving is cancelled, and the subtable is tried again only once
+//! deletes have taken its count below 3/4 of what it was (so a subtable
+//! that cannot halve is not locked whole on every step).
 
 use super::bucket::BucketGuard;
 use super::*;
@@ -59,17 +73,19 @@ pub struct Shrunk {
 }
 
 impl Index {
-    /// Halve every subtable whose load is below [`SHRINK_LOAD`] (once
-    /// each); returns the halvings whose memory
+    /// Halve every subtable whose load is below [`SHRINK_LOAD`], as often
+    /// as it stays below (a bulk delete that leaves 5 % is followed by
+    /// inserts at once, so the whole way down is taken while it is
+    /// there); returns the halvings whose memory
     /// [`Index::release_shrunk`] may release once no operation that
     /// started before this call is running.
     pub fn shrink_sparse(&self) -> Vec<Shrunk> {
         let mut out = Vec::new();
         for (i, st) in self.subtables.iter().enumerate() {
-            if !self.sparse(st, st.n.load(Ordering::Relaxed)) {
-                continue;
-            }
-            if let Some(n) = self.halve(st) {
+            while self.sparse(st, st.n.load(Ordering::Relaxed)) {
+                let Some(n) = self.halve(st) else {
+                    break;
+                };
                 out.push(Shrunk { subtable: i, n });
             }
         }
@@ -78,9 +94,10 @@ impl Index {
 
     /// Whether a subtable of `n` buckets is sparse enough to halve.
     fn sparse(&self, st: &Subtable, n: usize) -> bool {
+        let entries = st.counters.entries.load(Ordering::Relaxed);
         n > self.initial_buckets
-            && (st.counters.entries.load(Ordering::Relaxed) as f64)
-                < SHRINK_LOAD * (n * ENTRIES_PER_BUCKET) as f64
+            && entries < st.shrink_below.load(Ordering::Relaxed)
+            && (entries as f64) < SHRINK_LOAD * (n * ENTRIES_PER_BUCKET) as f64
     }
 
     /// Halve `st` if it is still sparse and every merged pair fits;
@@ -101,6 +118,11 @@ impl Index {
             (0..ENTRIES_PER_BUCKET).filter(|&i| g.load(i) != 0).count()
         };
         if (0..h).any(|c| used(&guards[c]) + used(&guards[c + h]) > ENTRIES_PER_BUCKET) {
+            let entries = st.counters.entries.load(Ordering::Relaxed);
+            st.shrink_below.store(entries / 4 * 3, Ordering::Relaxed);
+            st.counters
+                .shrinks_cancelled
+                .fetch_add(1, Ordering::Relaxed);
             return None;
         }
         for c in 0..h {
@@ -132,6 +154,7 @@ impl Index {
             .store(grow_threshold(self.grow_load_factor, h), Ordering::Relaxed);
         st.n.store(h, Ordering::Release);
         st.counters.shrinks.fetch_add(1, Ordering::Relaxed);
+        st.shrink_below.store(u64::MAX, Ordering::Relaxed);
         drop(guards);
         self.return_budget((h * BUCKET_BYTES) as u64);
         Some(h)
@@ -162,7 +185,8 @@ impl Index {
     }
 
     /// Drop the pages of a halved subtable's upper half, unless it grew
-    /// back meanwhile. Call only once every operation that started
+    /// back over it meanwhile (a later halving of the same subtable
+    /// leaves it unused). Call only once every operation that started
     /// before the halving has finished (module docs).
     pub fn release_shrunk(&self, s: Shrunk) {
         let Some(st) = self.subtables.get(s.subtable) else {
@@ -171,7 +195,7 @@ impl Index {
         // Bucket 0's lock keeps a growth from writing the upper half
         // while it is released.
         let _first = st.bucket(0).lock();
-        if st.n.load(Ordering::Acquire) != s.n {
+        if st.n.load(Ordering::Acquire) > s.n {
             return;
         }
         st.buckets.release(s.n, 2 * s.n);
