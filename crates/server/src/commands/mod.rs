@@ -529,29 +529,47 @@ pub fn int_arg(b: &[u8]) -> Result<i64, CmdError> {
     parse_i64(b).ok_or(CmdError::from(NOT_INT))
 }
 
-/// Parse a float like Redis (`strtold` on the whole string, no spaces, no NaN).
+/// Parse a float exactly as Redis's `string2d` does: C `strtod` over the
+/// whole argument (so hexadecimal floats such as `0x1p4`, `inf` and
+/// `infinity` are accepted), no leading space, no NaN, and no overflow to
+/// infinity or underflow to zero (`ERANGE`).
 pub fn parse_f64(b: &[u8]) -> Option<f64> {
     // A plain integer (scores are often member numbers) converts exactly
-    // while within f64's integer range: no UTF-8 check, no float parse.
+    // while within f64's integer range: no copy, no float parse.
     if let Some(i) = parse_i64(b) {
         if i.unsigned_abs() <= F64_EXACT_INT_MAX {
             return Some(i as f64);
         }
     }
-    let s = std::str::from_utf8(b).ok()?;
-    if s.is_empty() || s.starts_with(char::is_whitespace) || s.ends_with(char::is_whitespace) {
+    if b.is_empty() || b.len() > FLOAT_ARG_MAX_BYTES || b[0].is_ascii_whitespace() || b.contains(&0)
+    {
         return None;
     }
-    let any = |words: &[&str]| words.iter().any(|w| s.eq_ignore_ascii_case(w));
-    let v: f64 = if any(&["inf", "+inf", "infinity", "+infinity"]) {
-        f64::INFINITY
-    } else if any(&["-inf", "-infinity"]) {
-        f64::NEG_INFINITY
-    } else {
-        s.parse().ok()?
+    let mut buf = [0u8; FLOAT_ARG_MAX_BYTES + 1];
+    buf[..b.len()].copy_from_slice(b);
+    let mut end: *mut libc::c_char = std::ptr::null_mut();
+    // SAFETY: `buf` holds `b` followed by at least one NUL (no NUL inside
+    // `b`, checked above), so strtod reads a C string inside `buf` and sets
+    // `end` to a pointer into it; errno is this thread's.
+    let (v, consumed, erange) = unsafe {
+        *libc::__errno_location() = 0;
+        let v = libc::strtod(buf.as_ptr().cast(), &mut end);
+        let erange = *libc::__errno_location() == libc::ERANGE;
+        (
+            v,
+            end.offset_from(buf.as_ptr().cast::<libc::c_char>()),
+            erange,
+        )
     };
-    (!v.is_nan()).then_some(v)
+    if consumed != b.len() as isize || v.is_nan() || (erange && (v.is_infinite() || v == 0.0)) {
+        return None;
+    }
+    Some(v)
 }
+
+/// Longest float argument parsed (Redis's own limit for `string2ld` is
+/// 5 KiB; 256 bytes covers every representable double with room to spare).
+const FLOAT_ARG_MAX_BYTES: usize = 256;
 
 /// Largest integer magnitude every smaller one of which an f64 holds
 /// exactly (2^53).
@@ -620,7 +638,18 @@ mod tests {
         ] {
             assert_eq!(parse_f64(t.as_bytes()), Some(v), "{t}");
         }
-        for t in ["", " 1", "1 ", "nan", "NaN", "abc", "1x"] {
+        for (t, v) in [
+            ("0x10", 16.0),
+            ("0x1p4", 16.0),
+            ("-0X1.8p1", -3.0),
+            (".5", 0.5),
+            ("5.", 5.0),
+        ] {
+            assert_eq!(parse_f64(t.as_bytes()), Some(v), "{t}");
+        }
+        for t in [
+            "", " 1", "1 ", "nan", "NaN", "abc", "1x", "1e400", "-1e400", "1e-400", "1\01",
+        ] {
             assert_eq!(parse_f64(t.as_bytes()), None, "{t}");
         }
         assert_eq!(parse_f64(b"\xff1"), None);
