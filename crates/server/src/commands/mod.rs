@@ -648,7 +648,7 @@ mod tests {
             assert_eq!(parse_f64(t.as_bytes()), Some(v), "{t}");
         }
         for t in [
-            "", " 1", "1 ", "nan", "NaN", "abc", "1x", "1e400", "-1e400", "1e-400", "1\01",
+            "", " 1", "1 ", "nan", "NaN", "abc", "1x", "1e400", "-1e400", "1e-400", "1\x001",
         ] {
             assert_eq!(parse_f64(t.as_bytes()), None, "{t}");
         }
