@@ -101,8 +101,10 @@
 //! every worker has). A target that is spinning where it cannot poll (on
 //! a radix range lock the initiator holds) gets the user-level IPI:
 //! `SIGUSR1`, whose handler drains the ring unless the worker is inside a
-//! page-table section, a drain already, or the probes' SIGSEGV handler on
-//! the alternate signal stack (then the initiator signals again later). Pages only the local core mapped need no message at
+//! page-table section, a drain already, or on the alternate signal stack
+//! (then the initiator signals again later; the probes' SIGSEGV handler,
+//! which runs there, blocks the IPI until it returns, since a second
+//! signal frame would overflow that stack). Pages only the local core mapped need no message at
 //! all. A target that does not acknowledge within [`ACK_TIMEOUT_MS`] ends
 //! the initiator with an error naming it; [`run`] reports a worker that
 //! dies (by index, pid and signal) or hangs, and kills the others.
@@ -940,10 +942,10 @@ extern "C" fn on_ipi(_sig: libc::c_int) {
 }
 
 /// Whether this signal handler runs on the alternate signal stack, i.e.
-/// it interrupted the probes' SIGSEGV handler (which runs there with
-/// SIGSEGV blocked). A drain there could overflow that small stack, and
-/// its fault would find SIGSEGV blocked and kill the worker; the
-/// initiator signals again later instead.
+/// it interrupted another handler running there (not the probes' SIGSEGV
+/// handler, which blocks every signal while it runs). A drain there could
+/// overflow that small stack, and its fault would find SIGSEGV blocked
+/// and kill the worker; the initiator signals again later instead.
 fn on_alternate_stack() -> bool {
     // SAFETY: sigaltstack with a null new stack only reads the current
     // one into a fully initialized struct; async-signal-safe.
