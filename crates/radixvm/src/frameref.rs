@@ -22,6 +22,11 @@
 //! finds the pool empty [`reclaim`]s: it ends epochs itself and retries,
 //! as a kernel's direct reclaim would.
 //!
+//! A frame's box keeps its pool alive until Refcache frees the frame,
+//! through the creating thread's *pin* of the pool, not a
+//! clone of the pool's `Arc`: that count would be one cache line written
+//! at every fault on every core.
+//!
 //! ```text
 //!  fault:   alloc frame ─ Counted<FrameBox> (count 1, in the page's metadata)
 //!  munmap:  ... shootdown acked ─ release (count delta -1 in this thread's cache)
@@ -74,6 +79,8 @@ static DOMAIN: OnceLock<&'static Refcache> = OnceLock::new();
 
 thread_local! {
     static LOCAL: RefCell<Option<Local<'static>>> = const { RefCell::new(None) };
+    /// This thread's pin of the pool it last allocated frames from.
+    static PIN: RefCell<Option<Arc<Pin>>> = const { RefCell::new(None) };
 }
 
 fn domain() -> &'static Refcache {
@@ -115,15 +122,45 @@ fn with_local<R>(f: impl FnOnce(&Local<'static>) -> R) -> R {
     })
 }
 
-/// What Refcache frees: a frame and the pool it goes back to.
-struct FrameBox {
+/// A thread's hold on a pool: every frame box the thread creates for
+/// that pool holds the thread's pin, and the pin holds the pool, so the
+/// pool outlives the frames Refcache has yet to free. Boxes clone the
+/// pin, not the pool's `Arc`: the pool's reference count is one word
+/// that every core's faults would write (a cache-line transfer per fault
+/// between cores), while a pin's count is written by the core that made
+/// it and by the cores that free its frames.
+struct Pin {
     frames: Arc<Frames>,
+}
+
+/// This thread's pin of `frames` (a new one when the thread last
+/// allocated from another pool).
+fn pin_of(frames: &Arc<Frames>) -> Arc<Pin> {
+    PIN.with(|cell| {
+        let mut pin = cell.borrow_mut();
+        match &*pin {
+            Some(p) if Arc::ptr_eq(&p.frames, frames) => p.clone(),
+            _ => {
+                let p = Arc::new(Pin {
+                    frames: frames.clone(),
+                });
+                *pin = Some(p.clone());
+                p
+            }
+        }
+    })
+}
+
+/// What Refcache frees: a frame and (through a pin) the pool it goes
+/// back to.
+struct FrameBox {
+    pin: Arc<Pin>,
     frame: FrameNo,
     cpu: usize,
 }
 
 fn free_frame(b: FrameBox) {
-    b.frames.free(b.cpu, b.frame);
+    b.pin.frames.free(b.cpu, b.frame);
 }
 
 /// One counted reference to a frame.
@@ -140,7 +177,7 @@ impl FrameRef {
     /// first reference.
     pub fn new(frames: &Arc<Frames>, cpu: usize, frame: FrameNo) -> FrameRef {
         let value = FrameBox {
-            frames: frames.clone(),
+            pin: pin_of(frames),
             frame,
             cpu,
         };
@@ -192,6 +229,9 @@ pub fn leave() {
     // `try_with`: during thread exit the thread-local may be gone (its
     // destructor flushed already).
     let _ = LOCAL.try_with(|cell| drop(cell.borrow_mut().take()));
+    // The pool is no longer this thread's to hold (frames not yet freed
+    // hold their own pins).
+    let _ = PIN.try_with(|cell| drop(cell.borrow_mut().take()));
 }
 
 /// Leaves, then advances epochs until every released frame is freed (for

@@ -7,7 +7,9 @@
 //! the faulting instruction is a probe and, if so, move the instruction
 //! pointer to a fixup that returns "fault" (the kernel's exception-table
 //! technique, as `copy_from_user` does). Any other fault goes to the
-//! handler that was there before, or to the default action.
+//! handler that was there before, or to the default action. The handler
+//! runs on the alternate signal stack with every signal blocked, so no
+//! other handler nests on that small stack.
 
 use std::io;
 use std::sync::{Once, OnceLock};
@@ -173,7 +175,13 @@ pub fn install_handlers() -> io::Result<()> {
                     as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
                     as usize;
                 action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
-                libc::sigemptyset(&mut action.sa_mask);
+                // Nothing nests on the alternate stack: a signal taken
+                // inside this handler (the per-core backend's IPI) would
+                // push a second frame there, and two frames with AVX-512
+                // state (~3.5 KiB each) overflow a small alternate stack,
+                // which the kernel answers with a fatal SIGSEGV. Blocked,
+                // it arrives when the handler returns.
+                libc::sigfillset(&mut action.sa_mask);
                 let mut old: libc::sigaction = std::mem::zeroed();
                 let rc = libc::sigaction(sig, &action, &mut old);
                 if rc == 0 {

@@ -39,9 +39,14 @@
 //!   the shared stacks only when empty (one pop or one bump) or full
 //!   (half of it goes back as one chain, one CAS), and gives everything
 //!   back at [`flush_thread_cache`] (a worker, before it exits). Without
-//!   it every allocation of the designs' metadata on one core was a CAS
+//!   it every allocation of the designs' metadata on one core is a CAS
 //!   on the same few header lines as every other core's: a cache-line
-//!   transfer per allocation and per free between the workers. The cache
+//!   transfer per allocation and per free between the workers. Each
+//!   class holds up to [`CACHE_CLASS_BYTES`], enough for the bursts
+//!   Refcache frees at the end of an epoch (hundreds of frame headers at
+//!   once): with a cache smaller than the burst, the surplus goes to the
+//!   shared stack and the next allocations of that class take it back
+//!   from there one CAS at a time, blocks wandering between workers. The cache
 //!   is not reentrant: a signal handler that allocated while the thread
 //!   was inside it would take the shared stacks (a per-thread busy flag
 //!   says so), so handlers stay correct either way.
@@ -88,11 +93,25 @@ const ADDR_MASK: u64 = (1 << ADDR_BITS) - 1;
 pub const CACHED_MAX_BYTES: usize = 4096;
 /// Classes a thread's private cache holds (16 B .. [`CACHED_MAX_BYTES`]).
 const CACHED_CLASSES: usize = 9;
-/// Blocks per class a thread's private cache holds; when full, half go
-/// back to the shared stack.
-const CACHE_BLOCKS: u32 = 64;
+/// Bytes of blocks a thread's private cache holds per class; when a
+/// class is full, half of it goes back to the shared stack. Sized for
+/// the bursts a per-core worker frees at once: Refcache frees an epoch's
+/// worth of released frames together (their 128-byte counted headers,
+/// ~4 per iteration of the local workload, hundreds per epoch, more when
+/// another worker holds the epoch up), and a cache smaller than the
+/// burst sends most of them to the shared stack and takes every later
+/// allocation of that class from there.
+pub const CACHE_CLASS_BYTES: usize = 256 << 10;
 /// Most blocks a thread's private cache holds, all classes together.
-pub const MAX_CACHED_BLOCKS: u64 = CACHE_BLOCKS as u64 * CACHED_CLASSES as u64;
+pub const MAX_CACHED_BLOCKS: u64 = {
+    let mut blocks = 0;
+    let mut class = 0;
+    while class < CACHED_CLASSES {
+        blocks += cache_blocks(class) as u64;
+        class += 1;
+    }
+    blocks
+};
 
 const STATE_UNINIT: u8 = 0;
 const STATE_BUSY: u8 = 1;
@@ -406,17 +425,18 @@ impl ThreadCache {
         if !self.on.get() || class >= CACHED_CLASSES || self.busy.replace(true) {
             return false;
         }
-        if self.counts[class].get() >= CACHE_BLOCKS {
+        let full = cache_blocks(class);
+        if self.counts[class].get() >= full {
             let first = self.heads[class].get();
             let mut last = first;
-            for _ in 1..CACHE_BLOCKS / 2 {
-                // SAFETY: as in `pop`: `CACHE_BLOCKS` blocks are linked.
+            for _ in 1..full / 2 {
+                // SAFETY: as in `pop`: `full` blocks are linked.
                 last = unsafe { *(last as *const usize) };
             }
             // SAFETY: as above; the rest of the list stays cached.
             let rest = unsafe { *(last as *const usize) };
             self.heads[class].set(rest);
-            self.counts[class].set(self.counts[class].get() - CACHE_BLOCKS / 2);
+            self.counts[class].set(self.counts[class].get() - full / 2);
             mapped_header().push_chain(class, first as *mut u8, last as *mut u8);
         }
         // SAFETY: `block` is being freed by its owner, at least 16 bytes;
@@ -433,6 +453,11 @@ const _: () = assert!(block_bytes_const(CACHED_CLASSES - 1) == CACHED_MAX_BYTES)
 
 const fn block_bytes_const(class: usize) -> usize {
     1 << (class as u32 + MIN_SHIFT)
+}
+
+/// Blocks of `class` a thread's private cache holds when full.
+const fn cache_blocks(class: usize) -> u32 {
+    (CACHE_CLASS_BYTES / block_bytes_const(class)) as u32
 }
 
 // SAFETY: blocks are disjoint ranges of the region (each handed out by

@@ -101,8 +101,10 @@
 //! every worker has). A target that is spinning where it cannot poll (on
 //! a radix range lock the initiator holds) gets the user-level IPI:
 //! `SIGUSR1`, whose handler drains the ring unless the worker is inside a
-//! page-table section, a drain already, or the probes' SIGSEGV handler on
-//! the alternate signal stack (then the initiator signals again later). Pages only the local core mapped need no message at
+//! page-table section, a drain already, or on the alternate signal stack
+//! (then the initiator signals again later; the probes' SIGSEGV handler,
+//! which runs there, blocks the IPI until it returns, since a second
+//! signal frame would overflow that stack). Pages only the local core mapped need no message at
 //! all. A target that does not acknowledge within [`ACK_TIMEOUT_MS`] ends
 //! the initiator with an error naming it; [`run`] reports a worker that
 //! dies (by index, pid and signal) or hangs, and kills the others.
@@ -115,24 +117,37 @@
 //! as the design's shootdown targets.
 //!
 //! *What two workers share* (why 2 workers are not quite 2x one; the
-//! figures are in docs/BENCHMARKS.md). Per-worker CPU time per
-//! iteration of the local workload rose from 1 to 2 workers; a profile
-//! per iteration named these costs, and each is cut:
-//! * cache lines every allocation wrote: the shared heap's free-list
-//!   heads (one CAS per allocation and per free of the designs'
-//!   metadata) — each worker now allocates from its own cache
-//!   ([`heap::enable_thread_cache`]); Refcache's domain-wide `freed` and
-//!   `freeing` counters (three atomic operations per freed frame) — now
-//!   once per review batch; the `Arc<Frames>` counts beside the pool's
-//!   fields — [`Frames`] is 128-byte aligned so the counts have their
-//!   own line;
+//! figures are in docs/BENCHMARKS.md). A worker's CPU time per
+//! iteration of the local workload is higher at 2 workers than at 1.
+//! The causes found, and what the backend does about each:
+//! * cache lines both workers write. The shared heap's free-list heads
+//!   (a CAS per allocation and per free of the designs' metadata): each
+//!   worker allocates from its own cache ([`heap::enable_thread_cache`]),
+//!   large enough ([`heap::CACHE_CLASS_BYTES`] per class) for the bursts
+//!   Refcache frees at the end of an epoch. Refcache's domain-wide
+//!   `freed` and `freeing` counters: written once per review batch. The
+//!   pool's reference count: a frame's Refcache'd box holds its creating
+//!   thread's pin of the pool, not a clone of the pool's `Arc`
+//!   ([`crate::frameref`]), and [`Frames`] is 128-byte aligned so that
+//!   its own fields share no line with a count. A memory-access trace of
+//!   two workers (valgrind's lackey, lines of the shared heap touched by
+//!   both) finds no other line that both write in every iteration;
 //! * cold frames: a frame returns to the pool about three Refcache epochs
 //!   after its release, and the epoch length decides how many frames are
 //!   in flight; a per-core run uses short epochs
 //!   ([`crate::frameref::PERCORE_OPS_PER_TICK`]) so that a worker reuses
 //!   frames still in its L2 (zeroing them, and the kernel's look at their
-//!   `struct page` in the install, missed the cache, more so with two
-//!   workers filling the shared L3);
+//!   `struct page` in the install, miss the cache otherwise);
+//! * epochs held up by a worker that is not running: an epoch ends only
+//!   when every registered worker has flushed in it, and a worker flushes
+//!   only when it runs. On a loaded machine the scheduler preempts a
+//!   worker for other jobs, the other worker's epoch ticks fail
+//!   meanwhile, and frames in flight grow with the preemptions (a 2 s
+//!   run counted ~300 live frames at 1 worker and 1700-2500 at 2 workers
+//!   at load 7-12, 60-75% of the ticks failing), so frames go cold again.
+//!   In sv6 a core's timer interrupt flushes its cache whatever process
+//!   it runs; a preempted worker process cannot, so this cost comes with
+//!   the load;
 //! * the kernel's view of the frames' file: its reference count (every
 //!   `mmap` and `munmap`), its `i_mmap_rwsem` and the interval tree of
 //!   its mappings (every install and unmap). With one memfd for the whole
@@ -144,10 +159,12 @@
 //!   C loop of the same system calls, `results/percore-scale.c`, scales
 //!   1.9-2.2x from 1 to 2 processes).
 //!
-//! What is left is spread thinly: CPU time per iteration still grows
-//! ~15% from 1 to 2 workers (one page per fault), a few tenths of a µs
-//! each in the shared heap's spills, Refcache's flush, the unmap and the
-//! fault and signal path.
+//! What is left is the kernel's and the machine's: the fault, the signal
+//! delivery, the install and the unmap.
+//! `results/percore-signal.c` runs exactly the worker's system calls (a
+//! probe's fault, SIGSEGV on the alternate stack, `mmap` of a page of
+//! its own memfd with `MAP_POPULATE`, the store again, `munmap`) in 1 or
+//! 2 pinned processes: it is the ceiling of 2 ÷ 1 on a machine.
 //!
 //! *Hazards of fork* (see also [`heap`]): statics are per-process copies.
 //! The parent must not register with Refcache before forking (a
@@ -940,10 +957,10 @@ extern "C" fn on_ipi(_sig: libc::c_int) {
 }
 
 /// Whether this signal handler runs on the alternate signal stack, i.e.
-/// it interrupted the probes' SIGSEGV handler (which runs there with
-/// SIGSEGV blocked). A drain there could overflow that small stack, and
-/// its fault would find SIGSEGV blocked and kill the worker; the
-/// initiator signals again later instead.
+/// it interrupted another handler running there (not the probes' SIGSEGV
+/// handler, which blocks every signal while it runs). A drain there could
+/// overflow that small stack, and its fault would find SIGSEGV blocked
+/// and kill the worker; the initiator signals again later instead.
 fn on_alternate_stack() -> bool {
     // SAFETY: sigaltstack with a null new stack only reads the current
     // one into a fully initialized struct; async-signal-safe.
