@@ -36,15 +36,6 @@ pub const DEFAULT_MEMCACHED_PORT: u16 = 11211;
 pub const DEFAULT_PROTO_MAX_BULK_LEN: u64 = 512 << 20;
 /// Default `maxclients`.
 pub const DEFAULT_MAXCLIENTS: usize = 10_000;
-
-/// Fewest allowed CPUs on which workers are pinned by default. On one or
-/// two CPUs local clients and other jobs share the workers' CPUs: a
-/// pinned worker woken while a client (or another job) runs on its CPU
-/// waits there even when the other CPU is idle, and each request pays for
-/// it (2-vCPU VM, memlab `server --quick`, 32 connections: the server's
-/// CPU per request 10-30 % lower unpinned in the zadd, sadd, set and
-/// multi phases; see docs/BENCHMARKS.md, "Collections").
-pub const PIN_MIN_CPUS: usize = 3;
 /// Default query buffer limit per client.
 pub const DEFAULT_QUERY_BUFFER_LIMIT: u64 = 256 << 20;
 /// Default most arguments per request.
@@ -139,8 +130,7 @@ pub struct Cli {
     /// Worker threads (default: one per allowed CPU).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Do not pin worker threads to CPUs (default: pinned on a machine of
-    /// at least 3 allowed CPUs, unpinned on 1 or 2).
+    /// Do not pin worker threads to CPUs.
     #[arg(long)]
     pub no_pin: bool,
     /// Microseconds a worker keeps polling for events after a batch before
@@ -390,7 +380,7 @@ impl Default for ServerConfig {
             checkpoint_interval_s: DEFAULT_CHECKPOINT_INTERVAL_S,
             compaction_workers: None,
             threads: topology::allowed_cpus().len().max(1),
-            pin: topology::allowed_cpus().len() >= PIN_MIN_CPUS,
+            pin: true,
             idle_poll_us: 0,
             requirepass: None,
             memcached_authfile: None,

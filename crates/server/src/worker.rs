@@ -1,5 +1,4 @@
-//! Workers: one thread per CPU, pinned (on machines of at least
-//! [`crate::config::PIN_MIN_CPUS`] CPUs), each with its own event loop.
+//! Workers: one thread per CPU, pinned, each with its own event loop.
 //!
 //! ```text
 //!   CPU 0                         CPU 1
