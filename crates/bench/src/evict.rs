@@ -19,8 +19,7 @@
 //! as many items as that store did, `items`, `evicted`) and `evict-tput`
 //! (`ops_per_sec`, the median of `--repeat` runs, `evicted`,
 //! `write_waits` and `write_wait_ms`: writes that found the log full and
-//! the time they waited, `segments_reaped`: swept victims those writers
-//! freed themselves, of the last run; `ratio` = over the
+//! the time they waited, of the last run; `ratio` = over the
 //! non-evicting store's median).
 
 use std::collections::{BTreeMap, HashMap};
@@ -247,7 +246,7 @@ pub fn run(o: &EvictOpts, rep: &mut Reporter) -> std::io::Result<()> {
                     .set_f("ratio", 1.0, 3),
             )?;
             for policy in POLICIES {
-                let (mut evicted, mut waits, mut wait_us, mut reaped) = (0, 0, 0, 0);
+                let (mut evicted, mut waits, mut wait_us) = (0, 0, 0);
                 let ops = median(o.repeat, || {
                     let s = store(mode, cap, policy);
                     replay(&s, &trace[..warm], 0, &value);
@@ -257,7 +256,6 @@ pub fn run(o: &EvictOpts, rep: &mut Reporter) -> std::io::Result<()> {
                     evicted = after.evicted_items - before.evicted_items;
                     waits = after.write_waits - before.write_waits;
                     wait_us = after.write_wait_us - before.write_wait_us;
-                    reaped = after.segments_reaped - before.segments_reaped;
                     ops
                 });
                 rep.emit(
@@ -267,7 +265,6 @@ pub fn run(o: &EvictOpts, rep: &mut Reporter) -> std::io::Result<()> {
                         .set("evicted", evicted)
                         .set("write_waits", waits)
                         .set_f("write_wait_ms", wait_us as f64 / 1000.0, 1)
-                        .set("segments_reaped", reaped)
                         .set_f("ratio", ops / base, 3),
                 )?;
             }

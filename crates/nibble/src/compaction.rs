@@ -2,11 +2,7 @@
 //!
 //! Each node has its own workers; a head that rolls hands its segment to one
 //! of them round-robin, so each worker keeps a private candidate set and
-//! sorts it alone. A writer that finds no space runs a step of an idle
-//! worker itself ([`help`]); when every worker is inside a pass it frees
-//! the victims those passes have swept as soon as the epoch allows
-//! ([`reap`]), rather than sleeping until a pass looks at them. A worker
-//! sleeps until free space falls below the trigger
+//! sorts it alone. A worker sleeps until free space falls below the trigger
 //! (default 2 % of the client budget, `DEFAULT_COMPACTION_TRIGGER_PERMILLE`;
 //! the paper's 20 % is selectable as `PAPER_COMPACTION_TRIGGER_PERMILLE`) or
 //! someone asks it to run; it wakes every `IDLE_TICK_MS` only to free
@@ -63,7 +59,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use epoch::{EpochScheme, RetireList};
-use parking_lot::Mutex;
 
 use crate::memory::{loc_of, Memory, SegId, SegMeta, SegState, BLOCK_BYTES};
 use crate::object::{now_ms, Header};
@@ -118,6 +113,7 @@ struct Candidate {
 #[derive(Default)]
 pub struct WorkerState {
     cands: Vec<SegId>,
+    retired: RetireList<SegId>,
     /// The segment this worker copies survivors into, open across passes.
     dest: Option<Dest>,
     /// When this worker last received a closed segment (Unix ms).
@@ -210,9 +206,8 @@ enum Step {
 /// one compaction pass if free space is short.
 fn step(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState) -> Step {
     let now = now_ms();
-    let retired = &inner.retired[node];
     take_closed(inner, node, worker, st, now);
-    free_retired(inner, retired);
+    free_retired(inner, &mut st.retired);
     // Bulk expiry (module `expire`): when a candidate's earliest expiry
     // is due, and every `EXPIRY_RESCAN_MS` for the TTL heads and the
     // segments compaction closed meanwhile.
@@ -220,7 +215,7 @@ fn step(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState) -> Step
         if worker == 0 {
             inner.logs[node].close_expired_heads(&inner.mem, &inner.epochs, now);
         }
-        expire::expire_once(inner, st, retired, now);
+        expire::expire_once(inner, st, now);
     }
     // Idle defragmentation: when no segment has closed and no operation
     // was seen for the decay time, segments left sparse by deletes are
@@ -261,7 +256,7 @@ fn step(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState) -> Step
     let defrag = idle && !st.defrag_done && !inner.should_compact();
     if defrag {
         let pass = inner.stats.passes.fetch_add(1, Ordering::AcqRel) + 1;
-        match compact_once(inner, st, retired, IDLE_DEFRAG_MAX_UTILISATION_PERMILLE) {
+        match compact_once(inner, st, IDLE_DEFRAG_MAX_UTILISATION_PERMILLE) {
             Pass::Progress => {
                 inner.last_progress_pass.fetch_max(pass, Ordering::AcqRel);
                 return Step::Progress;
@@ -286,9 +281,9 @@ fn step(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState) -> Step
         } else {
             MAX_UTILISATION_PERMILLE
         };
-        let mut outcome = compact_once(inner, st, retired, max_util);
+        let mut outcome = compact_once(inner, st, max_util);
         if short && outcome != Pass::Progress {
-            match evict::evict_once(inner, st, retired, e) {
+            match evict::evict_once(inner, st, e) {
                 Pass::Nothing if outcome == Pass::Waiting => {}
                 o => outcome = o,
             }
@@ -304,13 +299,13 @@ fn step(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState) -> Step
                 retired_pending: true,
             };
         }
-        if retired.lock().is_empty() {
+        if st.retired.is_empty() {
             inner.last_nothing_pass.fetch_max(pass, Ordering::AcqRel);
         }
         inner.notify_space();
     }
     Step::Idle {
-        retired_pending: !retired.lock().is_empty(),
+        retired_pending: !st.retired.is_empty(),
     }
 }
 
@@ -340,18 +335,16 @@ pub fn expire_now(inner: &Inner) {
         for (w, state) in workers.iter().enumerate() {
             let mut st = state.lock();
             take_closed(inner, node, w, &mut st, now);
-            expire::expire_once(inner, &mut st, &inner.retired[node], now);
-            free_retired(inner, &inner.retired[node]);
+            expire::expire_once(inner, &mut st, now);
+            free_retired(inner, &mut st.retired);
         }
     }
 }
 
 /// Free the retired segments no running operation can still see, and tell
-/// waiting writers. Returns how many were freed. The list is locked only
-/// to take them out: the blocks go back to the pool after.
-fn free_retired(inner: &Inner, retired: &Mutex<RetireList<SegId>>) -> usize {
-    let freed = retired.lock().collect(&inner.epochs);
-    let n = freed.len();
+/// waiting writers.
+fn free_retired(inner: &Inner, retired: &mut RetireList<SegId>) {
+    let freed = retired.collect(&inner.epochs);
     if !freed.is_empty() {
         inner
             .stats
@@ -367,7 +360,6 @@ fn free_retired(inner: &Inner, retired: &Mutex<RetireList<SegId>>) -> usize {
         }
         inner.notify_space();
     }
-    n
 }
 
 /// The worker loop; runs until the store shuts down.
@@ -395,9 +387,7 @@ pub fn run(inner: Arc<Inner>, node: usize, worker: usize) {
     }
     // Shutdown: no operation is running any more (the store is being
     // dropped), so every retired segment is safe; the pool goes away anyway.
-    if worker == 0 {
-        drop(std::mem::take(&mut *inner.retired[node].lock()).into_items());
-    }
+    drop(std::mem::take(&mut inner.workers[node][worker].lock().retired).into_items());
 }
 
 /// Run one step of worker `worker` of `node` on the calling thread
@@ -449,37 +439,6 @@ pub fn help(inner: &Inner, node: usize) -> Help {
         Help::Busy
     } else {
         Help::Idle
-    }
-}
-
-/// How long a writer waiting for space, with every worker of its node
-/// inside a pass, looks for swept victims to free before it sleeps.
-const REAP_SPIN_US: u64 = 50;
-
-/// A writer that found no space while every worker of `node` is inside a
-/// pass (it holds no epoch guard) frees the victims those passes have
-/// already swept, as soon as the epoch passes them, yielding its CPU to
-/// the passes in between, for at most `REAP_SPIN_US`. A pass itself looks
-/// at its retired victims only after sweeping the next one (a merge pass
-/// sweeps four), so the writer would otherwise sleep until then while the
-/// blocks it needs are already safe to reuse. Returns whether it freed a
-/// segment; false at once when no swept victim is waiting.
-pub fn reap(inner: &Inner, node: usize) -> bool {
-    let retired = &inner.retired[node];
-    let start = std::time::Instant::now();
-    loop {
-        let freed = free_retired(inner, retired);
-        if freed > 0 {
-            inner
-                .stats
-                .segments_reaped
-                .fetch_add(freed as u64, Ordering::Relaxed);
-            return true;
-        }
-        if retired.lock().is_empty() || start.elapsed() >= Duration::from_micros(REAP_SPIN_US) {
-            return false;
-        }
-        std::thread::yield_now();
     }
 }
 
@@ -542,13 +501,13 @@ fn closed_and_settled<T>(
 }
 
 /// One compaction pass over `cands`.
-fn compact_once(
-    inner: &Inner,
-    st: &mut WorkerState,
-    retired: &Mutex<RetireList<SegId>>,
-    max_util_permille: u64,
-) -> Pass {
-    let WorkerState { cands, dest, .. } = st;
+fn compact_once(inner: &Inner, st: &mut WorkerState, max_util_permille: u64) -> Pass {
+    let WorkerState {
+        cands,
+        retired,
+        dest,
+        ..
+    } = st;
     let mem = &inner.mem;
     let now_tsc = topology::rdtsc();
     let now = now_ms();
@@ -642,7 +601,7 @@ fn sweep(
     inner: &Inner,
     cands: &mut Vec<SegId>,
     dest: &mut Option<Dest>,
-    retired: &Mutex<RetireList<SegId>>,
+    retired: &mut RetireList<SegId>,
     c: &Candidate,
     rule: &mut Rule,
 ) -> (bool, u64) {
@@ -803,7 +762,7 @@ fn sweep(
             .retiring_blocks
             .fetch_add(c.cap_blocks as u64, Ordering::AcqRel);
         mem.seg(c.seg).meta.lock().state = SegState::Retired;
-        retired.lock().push(&inner.epochs, c.seg);
+        retired.push(&inner.epochs, c.seg);
         cands.retain(|&s| s != c.seg);
         inner
             .stats

@@ -146,13 +146,8 @@ pub(crate) struct Inner {
     wake: (Mutex<u64>, Condvar),
     space: (Mutex<u64>, Condvar),
     pub(crate) stats: CompactionCounters,
-    /// Per node, per compaction worker: its candidates and destination.
+    /// Per node, per compaction worker: its candidates and retire list.
     pub(crate) workers: Vec<Vec<Mutex<crate::compaction::WorkerState>>>,
-    /// Per node: the segments its workers swept, waiting for the epoch.
-    /// Outside the worker states, so that a writer waiting for space frees
-    /// a victim as soon as the epoch passes it, while the pass that
-    /// swept it is still busy with the next one (`compaction::reap`).
-    pub(crate) retired: Vec<Mutex<epoch::RetireList<crate::memory::SegId>>>,
 }
 
 /// The index's overflow budget: past its own share it borrows the log's
@@ -342,7 +337,6 @@ impl Store {
             workers: (0..nodes)
                 .map(|_| (0..workers_per_node).map(|_| Mutex::default()).collect())
                 .collect(),
-            retired: (0..nodes).map(|_| Mutex::default()).collect(),
         });
         inner.set_eviction(inner.cfg.eviction);
         let mut workers = Vec::new();

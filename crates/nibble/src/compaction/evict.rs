@@ -76,13 +76,13 @@ impl Keep {
 }
 
 /// One eviction pass of a worker, under the setting `e`.
-pub(super) fn evict_once(
-    inner: &Inner,
-    st: &mut WorkerState,
-    retired: &Mutex<RetireList<SegId>>,
-    e: Eviction,
-) -> Pass {
-    let WorkerState { cands, dest, .. } = st;
+pub(super) fn evict_once(inner: &Inner, st: &mut WorkerState, e: Eviction) -> Pass {
+    let WorkerState {
+        cands,
+        retired,
+        dest,
+        ..
+    } = st;
     let mem = &inner.mem;
     let (mut ready, idle) = closed_and_settled(inner, cands, |seg, m| {
         Some((

@@ -48,8 +48,7 @@
 
 use std::sync::atomic::Ordering;
 
-use epoch::{EpochScheme, RetireList};
-use parking_lot::Mutex;
+use epoch::EpochScheme;
 
 use crate::memory::{loc_of, Memory, SegId, SegState, BLOCK_BYTES};
 use crate::store::Inner;
@@ -90,12 +89,7 @@ struct Due {
 /// expired segments, unlink expired objects of mixed segments (the
 /// caller closed the expired TTL heads). Sets `st.next_expiry_ms`.
 /// Returns whether a segment was retired.
-pub(super) fn expire_once(
-    inner: &Inner,
-    st: &mut WorkerState,
-    retired: &Mutex<RetireList<SegId>>,
-    now_ms: u64,
-) -> bool {
+pub(super) fn expire_once(inner: &Inner, st: &mut WorkerState, now_ms: u64) -> bool {
     let mem = &inner.mem;
     st.last_expiry_scan_ms = now_ms;
     let mut next = u64::MAX;
@@ -147,11 +141,11 @@ pub(super) fn expire_once(
                 live: mem.live().get(d.seg),
                 score: 0.0,
             };
-            let (swept, relocated) = sweep(
+            let (retired, relocated) = sweep(
                 inner,
                 &mut st.cands,
                 &mut st.dest,
-                retired,
+                &mut st.retired,
                 &c,
                 &mut Rule::Compact,
             );
@@ -159,11 +153,11 @@ pub(super) fn expire_once(
                 .stats
                 .expiry_bytes_read
                 .fetch_add(d.used, Ordering::Relaxed);
-            if swept && relocated == 0 {
+            if retired && relocated == 0 {
                 inner.stats.expired_segments.fetch_add(1, Ordering::Relaxed);
             }
-            retired_any |= swept;
-            if !swept {
+            retired_any |= retired;
+            if !retired {
                 // Kept (no room for a relocated survivor): try again.
                 next = now_ms;
             }

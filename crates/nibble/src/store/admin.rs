@@ -26,9 +26,6 @@ pub(crate) struct CompactionCounters {
     pub write_waits: AtomicU64,
     /// Time those writes waited, microseconds in all.
     pub write_wait_us: AtomicU64,
-    /// Retired segments a waiting writer freed itself while every worker
-    /// was inside a pass (`compaction::reap`).
-    pub segments_reaped: AtomicU64,
     /// Expired objects dropped that no GET had read (counted while
     /// accessed bits are kept, i.e. once the store may evict).
     pub expired_unfetched: AtomicU64,
@@ -118,9 +115,6 @@ pub struct Stats {
     pub write_waits: u64,
     /// Time those writes waited, microseconds in all.
     pub write_wait_us: u64,
-    /// Swept segments a waiting writer freed itself, as soon as the
-    /// epoch passed them, while every worker was inside a pass.
-    pub segments_reaped: u64,
     /// Expired objects reclaimed that no GET had read (memcached's
     /// `expired_unfetched`; counted once the store may evict, 0 before).
     pub expired_unfetched: u64,
@@ -246,7 +240,6 @@ impl Store {
             eviction_passes: c.eviction_passes.load(Ordering::Relaxed),
             write_waits: c.write_waits.load(Ordering::Relaxed),
             write_wait_us: c.write_wait_us.load(Ordering::Relaxed),
-            segments_reaped: c.segments_reaped.load(Ordering::Relaxed),
             expired_unfetched: c.expired_unfetched.load(Ordering::Relaxed),
             expired_segments: c.expired_segments.load(Ordering::Relaxed),
             expiry_bytes_read: c.expiry_bytes_read.load(Ordering::Relaxed),

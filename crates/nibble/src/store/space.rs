@@ -10,10 +10,7 @@
 //! to do, has made no progress for a while, or the configured wait
 //! (`Config::max_write_wait_ms`) is over ([`Inner::wait_for_space`]).
 //! In cache mode the worker step a waiting writer runs also evicts
-//! (`compaction::evict`), so a write waits only for that step. When
-//! every worker is inside a pass, the writer frees the victims those
-//! passes have already swept as soon as the epoch passes them
-//! (`compaction::reap`) before it sleeps. Every
+//! (`compaction::evict`), so a write waits only for that step. Every
 //! wait is counted (`Stats::write_waits`, `write_wait_us`).
 //! Also here: the prefetches that start a write's cache misses early.
 use super::*;
@@ -195,12 +192,8 @@ impl Inner {
                 // Every worker is inside a pass (a pass over sparse
                 // segments takes tens of milliseconds at 10 %
                 // utilization): space is coming, so this round does not
-                // count as one without progress. The victims a pass has
-                // swept are freed here as soon as the epoch allows
-                // (`compaction::reap`), not when the pass next looks.
-                if !crate::compaction::reap(self, node) {
-                    self.wait_space(Duration::from_millis(APPEND_WAIT_ROUND_MS));
-                }
+                // count as one without progress.
+                self.wait_space(Duration::from_millis(APPEND_WAIT_ROUND_MS));
             }
         }
         Ok(())
