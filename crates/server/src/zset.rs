@@ -552,16 +552,9 @@ impl ZSet<'_> {
         }
         if let Repr::Small(v) = &self.repr {
             let (lo, hi) = (lo as usize, hi as usize);
-            if rev {
-                (lo..hi).rev().for_each(|i| {
-                    let (s, m) = v.key(i);
-                    f(s, m)
-                });
-            } else {
-                (lo..hi).for_each(|i| {
-                    let (s, m) = v.key(i);
-                    f(s, m)
-                });
+            for k in 0..hi - lo {
+                let (s, m) = v.key(if rev { hi - 1 - k } else { lo + k });
+                f(s, m);
             }
             return Ok(());
         }

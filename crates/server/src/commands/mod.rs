@@ -541,23 +541,32 @@ pub fn parse_f64(b: &[u8]) -> Option<f64> {
             return Some(i as f64);
         }
     }
-    if b.is_empty() || b.len() > FLOAT_ARG_MAX_BYTES || b[0].is_ascii_whitespace() || b.contains(&0)
-    {
+    // C `isspace` (strtod would skip it; Redis refuses it).
+    let c_space = |c: u8| c.is_ascii_whitespace() || c == 0x0b;
+    if b.is_empty() || c_space(b[0]) || b.contains(&0) {
         return None;
     }
-    let mut buf = [0u8; FLOAT_ARG_MAX_BYTES + 1];
-    buf[..b.len()].copy_from_slice(b);
+    // NUL-terminated: on the stack for ordinary arguments, else copied.
+    let mut stack = [0u8; FLOAT_STACK_BYTES + 1];
+    let heap: Vec<u8>;
+    let c_str: &[u8] = if b.len() <= FLOAT_STACK_BYTES {
+        stack[..b.len()].copy_from_slice(b);
+        &stack[..=b.len()]
+    } else {
+        heap = [b, &[0]].concat();
+        &heap
+    };
     let mut end: *mut libc::c_char = std::ptr::null_mut();
-    // SAFETY: `buf` holds `b` followed by at least one NUL (no NUL inside
-    // `b`, checked above), so strtod reads a C string inside `buf` and sets
-    // `end` to a pointer into it; errno is this thread's.
+    // SAFETY: `c_str` is `b` followed by a NUL (no NUL inside `b`, checked
+    // above), so strtod reads a C string inside it and sets `end` to a
+    // pointer into it; errno is this thread's.
     let (v, consumed, erange) = unsafe {
         *libc::__errno_location() = 0;
-        let v = libc::strtod(buf.as_ptr().cast(), &mut end);
+        let v = libc::strtod(c_str.as_ptr().cast(), &mut end);
         let erange = *libc::__errno_location() == libc::ERANGE;
         (
             v,
-            end.offset_from(buf.as_ptr().cast::<libc::c_char>()),
+            end.offset_from(c_str.as_ptr().cast::<libc::c_char>()),
             erange,
         )
     };
@@ -567,9 +576,10 @@ pub fn parse_f64(b: &[u8]) -> Option<f64> {
     Some(v)
 }
 
-/// Longest float argument parsed (Redis's own limit for `string2ld` is
-/// 5 KiB; 256 bytes covers every representable double with room to spare).
-const FLOAT_ARG_MAX_BYTES: usize = 256;
+/// Float arguments up to this length are parsed from a stack copy; longer
+/// ones (Redis accepts any length, e.g. many trailing zeros) from a heap
+/// copy.
+const FLOAT_STACK_BYTES: usize = 256;
 
 /// Largest integer magnitude every smaller one of which an f64 holds
 /// exactly (2^53).
@@ -647,6 +657,9 @@ mod tests {
         ] {
             assert_eq!(parse_f64(t.as_bytes()), Some(v), "{t}");
         }
+        let long = format!("1.{}", "0".repeat(400));
+        assert_eq!(parse_f64(long.as_bytes()), Some(1.0));
+        assert_eq!(parse_f64(b"\x0b1"), None);
         for t in [
             "", " 1", "1 ", "nan", "NaN", "abc", "1x", "1e400", "-1e400", "1e-400", "1\x001",
         ] {

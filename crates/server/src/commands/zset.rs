@@ -508,24 +508,11 @@ fn zrange_to(
         let found = zset::read(ctx.shared, args[0], |z| {
             let (lo, hi) = span(z)?;
             let n = hi.min(z.len()).saturating_sub(lo) as usize;
-            let resp3 = r.proto == Proto::Resp3;
-            match (withscores, resp3) {
-                (false, _) => r.array(n),
-                (true, true) => r.array(n),
-                (true, false) => r.array(n * 2),
-            }
-            z.visit_range(lo, hi, rev, |s, m| {
-                if withscores && resp3 {
-                    r.array(2);
-                }
-                r.bulk(m);
-                if withscores {
-                    reply_score(r, s);
-                }
-            })
+            entries_header(r, n, withscores);
+            z.visit_range(lo, hi, rev, |s, m| reply_entry(r, s, m, withscores))
         })?;
         if found.is_none() {
-            reply_entries(r, &[], withscores);
+            entries_header(r, 0, withscores);
         }
         return Ok(());
     };
@@ -566,21 +553,27 @@ impl ClampEmpty for (u64, u64) {
 }
 
 fn reply_entries(r: &mut Reply, es: &[Entry], withscores: bool) {
-    if !withscores {
-        r.bulks(es.iter().map(|e| &e.1));
-    } else if r.proto == Proto::Resp3 {
-        r.array(es.len());
-        for (s, m) in es {
-            r.array(2);
-            r.bulk(m);
-            reply_score(r, *s);
-        }
-    } else {
-        r.array(es.len() * 2);
-        for (s, m) in es {
-            r.bulk(m);
-            reply_score(r, *s);
-        }
+    entries_header(r, es.len(), withscores);
+    for (s, m) in es {
+        reply_entry(r, *s, m, withscores);
+    }
+}
+
+/// The array header of `n` entries: WITHSCORES in RESP3 gives one
+/// (member, score) pair per entry, in RESP2 members and scores flat.
+fn entries_header(r: &mut Reply, n: usize, withscores: bool) {
+    let flat = withscores && r.proto != Proto::Resp3;
+    r.array(if flat { n * 2 } else { n });
+}
+
+/// One entry after [`entries_header`].
+fn reply_entry(r: &mut Reply, s: f64, m: &[u8], withscores: bool) {
+    if withscores && r.proto == Proto::Resp3 {
+        r.array(2);
+    }
+    r.bulk(m);
+    if withscores {
+        reply_score(r, s);
     }
 }
 
