@@ -58,6 +58,8 @@ use crate::server::proto::{Expect, Proto, Reply};
 use crate::server::sut::{self, Bins, ServerProc, Sys};
 use crate::util::Rng;
 
+mod bounds;
+
 /// Requests per batch (a pipelined round trip for the servers).
 const BATCH_REQUESTS: usize = 16;
 /// Key bytes: `key:%012d`.
@@ -90,10 +92,14 @@ pub enum CacheSys {
     Memcached,
     /// redis-server, maxmemory <size>, allkeys-lru
     Redis,
+    /// offline bound: Belady's MIN with the cache's bytes in whole items (module `bounds`)
+    Opt,
+    /// offline reference: the most popular keys, kept from their first request (module `bounds`)
+    TopC,
 }
 
 impl CacheSys {
-    pub const ALL: [CacheSys; 7] = [
+    pub const ALL: [CacheSys; 9] = [
         CacheSys::Nibble,
         CacheSys::Nibble2,
         CacheSys::Segcache,
@@ -101,6 +107,8 @@ impl CacheSys {
         CacheSys::Nibble2Mc,
         CacheSys::Memcached,
         CacheSys::Redis,
+        CacheSys::Opt,
+        CacheSys::TopC,
     ];
 
     fn name(self) -> &'static str {
@@ -112,6 +120,8 @@ impl CacheSys {
             CacheSys::Nibble2Mc => "nibble2-mc",
             CacheSys::Memcached => "memcached",
             CacheSys::Redis => "redis",
+            CacheSys::Opt => "opt",
+            CacheSys::TopC => "top-c",
         }
     }
 
@@ -189,6 +199,9 @@ struct Req {
 struct Trace {
     kind: TraceKind,
     reqs: Vec<Req>,
+    /// The keys of the distribution the requests are drawn from, the most
+    /// popular first (for the `top-c` bound).
+    popular: Vec<u64>,
     /// Requests per second, for a paced trace.
     rate: Option<f64>,
 }
@@ -247,6 +260,7 @@ fn make_trace(kind: TraceKind, n: u64) -> Trace {
     Trace {
         kind,
         reqs,
+        popular: (0..n).map(|r| zipf.key_of_rank(r)).collect(),
         rate: (kind == TraceKind::Ttl).then_some(n as f64 / 2.0),
     }
 }
@@ -460,6 +474,18 @@ fn miss_cell(
             let mut s = segcache(bytes as usize, keys)?;
             let miss = replay(&mut s, t, value)?;
             Ok((miss, None, None))
+        }
+        CacheSys::Opt | CacheSys::TopC => {
+            if t.rate.is_some() {
+                return Err("no offline reference for a paced trace with TTLs".into());
+            }
+            let items = (bytes / (KEY_BYTES + value.len()) as u64) as usize;
+            let miss = if sys == CacheSys::Opt {
+                bounds::opt_miss_ratio(&t.reqs, items)
+            } else {
+                bounds::top_c_miss_ratio(&t.reqs, &t.popular, items)
+            };
+            Ok((miss, Some(items as u64), None))
         }
         _ => {
             let p = start_server(sys, bins, bytes)?;
@@ -698,6 +724,17 @@ pub fn run(o: &CacheOpts, rep: &mut Reporter) -> std::io::Result<()> {
                     );
                     continue;
                 }
+                if matches!(sys, CacheSys::Opt | CacheSys::TopC) && t.rate.is_some() {
+                    rep.note(
+                        "cache-miss",
+                        &format!(
+                            "{} on {}: no offline reference for a paced trace with TTLs; skipped",
+                            sys.name(),
+                            t.kind.name()
+                        ),
+                    );
+                    continue;
+                }
                 match miss_cell(sys, &bins, bytes, o.keys, &t, &value) {
                     Ok((miss, items, rss)) => {
                         let mut row = Row::new("cache-miss", sys.name(), 1)
@@ -807,6 +844,16 @@ mod tests {
     fn keys_are_fixed_width() {
         assert_eq!(&key_bytes(42), b"key:000000000042");
         assert_eq!(&key_bytes(999_999_999_999), b"key:999999999999");
+    }
+
+    #[test]
+    fn zipf_keys_are_a_permutation_of_the_ranks() {
+        for n in [1u64, 2, 10, 1000, 100_000, 1 << 20] {
+            let z = Zipf::new(n, 1.0);
+            let keys: std::collections::HashSet<u64> = (0..n).map(|r| z.key_of_rank(r)).collect();
+            assert_eq!(keys.len() as u64, n, "n = {n}");
+            assert!(keys.iter().all(|&k| k < n));
+        }
     }
 
     #[test]

@@ -52,6 +52,17 @@ const POLICIES: [EvictionPolicy; 4] = [
 /// A zipfian sampler over ranks `0..n` (inverse CDF by binary search).
 pub(crate) struct Zipf {
     cdf: Vec<f64>,
+    /// Multiplier of the rank scramble, coprime with `n` so that the
+    /// scramble is a permutation of `0..n`.
+    scramble: u64,
+}
+
+/// Greatest common divisor.
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
 }
 
 impl Zipf {
@@ -65,15 +76,26 @@ impl Zipf {
         for c in &mut cdf {
             *c /= sum;
         }
-        Zipf { cdf }
+        let n = n.max(1);
+        let mut scramble = 0x9E37_79B9_7F4A_7C15 % n;
+        while gcd(scramble, n) != 1 {
+            scramble += 1;
+        }
+        Zipf { cdf, scramble }
     }
 
-    /// The key of a uniform `u` in [0, 1): its rank, scrambled so that
-    /// popular keys are not written next to each other.
+    /// The key of rank `r` (0 = the most popular): the rank scrambled by
+    /// a permutation of `0..n`, so that popular keys are not written
+    /// next to each other and every rank is its own key.
+    pub(crate) fn key_of_rank(&self, r: u64) -> u64 {
+        let n = self.cdf.len().max(1) as u64;
+        ((r as u128 * self.scramble as u128) % n as u128) as u64
+    }
+
+    /// The key of a uniform `u` in [0, 1).
     pub(crate) fn key(&self, u: f64) -> u64 {
         let r = self.cdf.partition_point(|&c| c < u) as u64;
-        let n = self.cdf.len() as u64;
-        r.wrapping_mul(0x9E37_79B9_7F4A_7C15) % n.max(1)
+        self.key_of_rank(r.min(self.cdf.len().saturating_sub(1) as u64))
     }
 }
 

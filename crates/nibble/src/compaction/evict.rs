@@ -29,8 +29,9 @@
 //! read since its last move goes. That is CLOCK (second chance) at the
 //! grain of segments, with no per-object list and no lock beyond the
 //! bucket locks compaction takes anyway. On a zipf 1.0 trace it misses
-//! as often as an exact LRU holding the same items, or slightly less, and
-//! 14-17 % less than segment FIFO (`memlab evict`, docs/BENCHMARKS.md).
+//! about as often as an exact LRU holding the same items (2-3 % less at a
+//! 10 % cache, up to 5 % more at 20 %) and 10-15 % less than segment FIFO
+//! (`memlab evict`, docs/BENCHMARKS.md).
 //! Segcache keeps a merged segment in the chain's
 //! place instead; here the survivors of a merge are simply younger, which
 //! costs nothing extra since compaction destinations exist already.
