@@ -65,6 +65,7 @@ use crate::object::{now_ms, Header};
 use crate::store::Inner;
 
 mod evict;
+pub(crate) use evict::MERGE_MIN_READS;
 mod expire;
 
 /// How often an idle worker wakes to free retired segments.
@@ -585,10 +586,10 @@ enum Rule {
 
 impl Rule {
     #[inline]
-    fn keeps(&mut self, mem: &Memory, off: u64, h: &Header, size: usize) -> bool {
+    fn keeps(&mut self, mem: &Memory, off: u64, h: &Header, size: usize, hash: u64) -> bool {
         match self {
             Rule::Compact => true,
-            Rule::Evict(k) => k.keeps(mem, off, h, size),
+            Rule::Evict(k) => k.keeps(mem, off, h, size, hash),
         }
     }
 }
@@ -700,7 +701,7 @@ fn sweep(
                         .expired_unfetched
                         .fetch_add(1, Ordering::Relaxed);
                 }
-            } else if !rule.keeps(mem, off, &h, size) {
+            } else if !rule.keeps(mem, off, &h, size, hash) {
                 // Evicted: unlinked under the bucket lock like a delete; a
                 // reader copying it fails its validation and retries (and
                 // then misses), and its bytes stay until the epoch passes

@@ -52,6 +52,7 @@ pub(crate) mod log;
 pub mod memory;
 pub mod object;
 pub mod prefetch;
+pub(crate) mod sketch;
 pub mod store;
 
 pub use engine::{EngineStats, KvEngine};

@@ -269,6 +269,9 @@ pub(crate) struct Memory {
     /// Accessed bits, one per `ACCESS_GRANULE_BYTES` of pool, once the
     /// store may evict (see "Accessed bits").
     accessed: OnceLock<Box<[AtomicU64]>>,
+    /// How often each key is read, from the same moment on (module
+    /// `sketch`: merge eviction keeps the keys read most).
+    sketch: OnceLock<crate::sketch::Sketch>,
 }
 
 // SAFETY: `base` points into `pool`, which lives as long as `Memory`; all
@@ -377,6 +380,7 @@ impl Memory {
                 .map(|_| AtomicU32::new(0))
                 .collect(),
             accessed: OnceLock::new(),
+            sketch: OnceLock::new(),
         })
     }
 
@@ -414,10 +418,15 @@ impl Memory {
             + self.live.bytes()
             + self.alloc.stats().metadata_bytes
             + self.accessed.get().map_or(0, |b| b.len() as u64 * 8)
+            + self.sketch.get().map_or(0, |s| s.bytes())
     }
 
-    /// Start keeping accessed bits (the store may now evict); idempotent.
+    /// Start keeping accessed bits and the read-frequency sketch (the
+    /// store may now evict); idempotent.
     pub(crate) fn track_access(&self) {
+        self.sketch.get_or_init(|| {
+            crate::sketch::Sketch::for_capacity(self.blocks_total as usize * BLOCK_BYTES)
+        });
         self.accessed.get_or_init(|| {
             (0..self.blocks_total as usize * ACCESS_WORDS_PER_BLOCK)
                 .map(|_| AtomicU64::new(0))
@@ -447,6 +456,21 @@ impl Memory {
                 w.fetch_or(m, Ordering::Relaxed);
             }
         }
+    }
+
+    /// A GET looked up the key with this hash (found or not): count it in
+    /// the frequency sketch, once the store may evict.
+    #[inline]
+    pub(crate) fn note_read(&self, hash: u64) {
+        if let Some(s) = self.sketch.get() {
+            s.record(hash);
+        }
+    }
+
+    /// The frequency sketch, once the store may evict.
+    #[inline]
+    pub(crate) fn sketch(&self) -> Option<&crate::sketch::Sketch> {
+        self.sketch.get()
     }
 
     /// Whether the object at `off` was read since it was written here.

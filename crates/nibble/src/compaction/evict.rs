@@ -20,18 +20,24 @@
 //!                object hold the epoch back, exactly as for compaction)
 //! ```
 //!
-//! Merge eviction keeps the objects a GET read since they were written
-//! (their accessed bit, module `memory`), up to half of the merged bytes
-//! (`MERGE_RETAIN_PERMILLE`), so each merge frees at least two segments'
-//! worth.
-//! Survivors go to the worker's destination, a young segment, and lose
-//! their bit: an object read once per round of the log survives, one not
-//! read since its last move goes. That is CLOCK (second chance) at the
-//! grain of segments, with no per-object list and no lock beyond the
-//! bucket locks compaction takes anyway. On a zipf 1.0 trace it misses
-//! about as often as an exact LRU holding the same items (2-3 % less at a
-//! 10 % cache, up to 5 % more at 20 %) and 10-15 % less than segment FIFO
-//! (`memlab evict`, docs/BENCHMARKS.md).
+//! Merge eviction keeps the objects whose keys are read most, up to three
+//! quarters of the merged bytes (`MERGE_RETAIN_PERMILLE`), so each merge
+//! frees at least one segment's worth. How often a key is read comes from the
+//! store's frequency sketch (module `sketch`, TinyLFU's: every GET counts,
+//! found or not, and the counts halve after ten reads per key held), so a
+//! key read often keeps its standing when it was evicted and set again
+//! after a miss, and a key read once, however recently, does not. The
+//! sweep visits the victims' objects in log order, not by count, so
+//! "the most read" is a threshold (`Inner::merge_min_reads`, at least
+//! [`MERGE_MIN_READS`]) that each pass adapts: up by one when more bytes
+//! qualified than the pass could keep, down by one when less than half of
+//! what it could keep did. Survivors go to the worker's destination, a
+//! young segment. No per-object list, and no lock beyond the bucket locks
+//! compaction takes anyway. A store without the sketch (never the case
+//! once it may evict) falls back to the accessed bit: kept if read since
+//! it was written here, CLOCK at the grain of segments.
+//! `memlab cache` and `memlab evict` (docs/BENCHMARKS.md) measure both
+//! against exact LRU, memcached, Segcache and two offline references.
 //! Segcache keeps a merged segment in the chain's
 //! place instead; here the survivors of a merge are simply younger, which
 //! costs nothing extra since compaction destinations exist already.
@@ -47,28 +53,52 @@ use crate::store::{Eviction, EvictionPolicy};
 
 /// Segments merge eviction sweeps at once (Segcache merges 4).
 const MERGE_SEGMENTS: usize = 4;
-/// Share of the merged bytes merge eviction may keep, per mille. Half:
-/// on a zipf 1.0 trace (`memlab evict`) keeping up to a quarter missed
-/// 5-10 % more than an exact LRU of the same items, keeping up to half
-/// misses 1-3 % less; each merge still frees two segments' worth.
-const MERGE_RETAIN_PERMILLE: u64 = 500;
+/// Share of the merged bytes merge eviction may keep, per mille. Three
+/// quarters: with the frequency sketch, keeping up to half missed 2-5 %
+/// more at a 10 % cache (`memlab cache`, zipf 0.8-1.2); each merge of four
+/// segments still frees one segment's worth.
+const MERGE_RETAIN_PERMILLE: u64 = 750;
+
+/// Fewest reads (frequency sketch) for merge eviction to keep an object.
+pub(crate) const MERGE_MIN_READS: u8 = 2;
+/// Most reads the threshold rises to (the sketch's counters stop at 15).
+const MERGE_MAX_MIN_READS: u8 = 15;
 
 /// What an eviction sweep keeps (see [`Rule::Evict`]).
 pub(super) struct Keep {
     volatile_only: bool,
-    /// Merge: accessed objects are kept while their bytes fit this.
+    /// Merge: objects read often enough are kept while their bytes fit this.
     retain_bytes: u64,
+    /// Merge: kept if the sketch counts at least this many reads of the key.
+    min_reads: u8,
+    /// Bytes of the objects that qualified, kept or not.
+    wanted_bytes: u64,
 }
 
 impl Keep {
     /// Whether the live, unexpired object at `off` (header `h`, `size`
     /// bytes) is relocated rather than evicted.
     #[inline]
-    pub(super) fn keeps(&mut self, mem: &Memory, off: u64, h: &Header, size: usize) -> bool {
+    pub(super) fn keeps(
+        &mut self,
+        mem: &Memory,
+        off: u64,
+        h: &Header,
+        size: usize,
+        hash: u64,
+    ) -> bool {
         if h.pinned || (self.volatile_only && h.expiry_ms == 0) {
             return true;
         }
-        if self.retain_bytes >= size as u64 && mem.accessed(off) {
+        let read_enough = match mem.sketch() {
+            Some(s) => s.estimate(hash) >= self.min_reads,
+            None => mem.accessed(off),
+        };
+        if !read_enough {
+            return false;
+        }
+        self.wanted_bytes += size as u64;
+        if self.retain_bytes >= size as u64 {
             self.retain_bytes -= size as u64;
             return true;
         }
@@ -131,9 +161,15 @@ pub(super) fn evict_once(inner: &Inner, st: &mut WorkerState, e: Eviction) -> Pa
     } else {
         0
     };
+    if let Some(s) = mem.sketch() {
+        s.age_if_due(inner.index.len());
+    }
+    let min_reads = inner.merge_min_reads.load(Ordering::Relaxed);
     let mut rule = Rule::Evict(Keep {
         volatile_only: e.volatile_only,
         retain_bytes,
+        min_reads,
+        wanted_bytes: 0,
     });
     let mut swept = 0;
     let mut relocated = 0;
@@ -141,6 +177,20 @@ pub(super) fn evict_once(inner: &Inner, st: &mut WorkerState, e: Eviction) -> Pa
         let (done, moved) = sweep(inner, cands, dest, retired, c, &mut rule);
         swept += done as usize;
         relocated += moved;
+    }
+    // Adapt the threshold: more qualified than fit, ask for more reads;
+    // less than half of what fits, for fewer.
+    if let Rule::Evict(k) = &rule {
+        if retain_bytes > 0 && mem.sketch().is_some() {
+            let t = if k.wanted_bytes > retain_bytes {
+                (min_reads + 1).min(MERGE_MAX_MIN_READS)
+            } else if k.wanted_bytes < retain_bytes / 2 {
+                min_reads.saturating_sub(1).max(MERGE_MIN_READS)
+            } else {
+                min_reads
+            };
+            inner.merge_min_reads.store(t, Ordering::Relaxed);
+        }
     }
     // Progress only if the pass freed at least a block net: relocating
     // a segment of pinned objects into another frees nothing.

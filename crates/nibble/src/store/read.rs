@@ -52,6 +52,8 @@ impl Store {
             mem.note_access(off);
             ok.then_some(h)
         });
+        // Cache mode: how often this key is read, stored or not.
+        mem.note_read(hash);
         let found = found.filter(|h| !h.expired());
         if found.is_none() {
             buf.clear();
