@@ -12,8 +12,10 @@
 //! below the subtable's published size, whose buckets a resize has already
 //! locked (written) or is about to: huge pages there add no resident
 //! memory, and an index of millions of keys on 4 KiB pages misses the TLB
-//! on nearly every lookup. A reservation of at least 2 MiB is aligned to 2 MiB so that
-//! its chunks are whole huge pages. Buckets about to come into use (the
+//! on nearly every lookup. A halving switches them off again for the
+//! chunks its released half touches ([`Reservation::release`]), so that
+//! khugepaged cannot fold released buckets back in. A reservation of at
+//! least 2 MiB is aligned to 2 MiB so that its chunks are whole huge pages. Buckets about to come into use (the
 //! initial ones, a resize's new half) have their pages populated writable
 //! first ([`Reservation::populate`]): a bucket lock reads before it
 //! writes, and a read of an untouched page maps the shared zero page,
@@ -247,14 +249,39 @@ impl Reservation {
 
     /// Buckets `[from, to)` are no longer in use and nobody reads them:
     /// drop their whole pages (`MADV_DONTNEED`), which then read as free
-    /// buckets again, as they did before they were first touched.
+    /// buckets again, as they did before they were first touched. The
+    /// 2 MiB chunks the range touches are no longer wholly in use, so
+    /// they lose their huge pages first (`MADV_NOHUGEPAGE`, until
+    /// [`Reservation::in_use`] covers them again): otherwise khugepaged
+    /// would fold the chunk that still holds buckets below `from` back
+    /// into one huge page, and its released pages would be resident again
+    /// (up to 2 MiB that [`Index::memory_bytes`](super::Index::memory_bytes)
+    /// does not count).
     #[cfg(not(loom))]
     pub(crate) fn release(&self, from: usize, to: usize) {
         const PAGE_BYTES: usize = 4096;
         let bucket = core::mem::size_of::<IndexBucket>();
         let base = self.base.as_ptr() as usize;
-        let start = (base + from.min(self.buckets) * bucket).next_multiple_of(PAGE_BYTES);
-        let end = (base + to.min(self.buckets) * bucket) / PAGE_BYTES * PAGE_BYTES;
+        let lo = base + from.min(self.buckets) * bucket;
+        let hi = base + to.min(self.buckets) * bucket;
+        if hi > lo && !cfg!(miri) && base.is_multiple_of(HUGE_PAGE_BYTES) {
+            let chunk_lo = lo / HUGE_PAGE_BYTES * HUGE_PAGE_BYTES;
+            let chunk_hi = hi
+                .next_multiple_of(HUGE_PAGE_BYTES)
+                .min(base + self.bytes());
+            // SAFETY: advice on a range inside our own mapping (`chunk_lo`
+            // is at least `base`, `chunk_hi` at most its end); it changes
+            // no contents, and failure only leaves the advice as it was.
+            unsafe {
+                libc::madvise(
+                    chunk_lo as *mut libc::c_void,
+                    chunk_hi - chunk_lo,
+                    libc::MADV_NOHUGEPAGE,
+                );
+            }
+        }
+        let start = lo.next_multiple_of(PAGE_BYTES);
+        let end = hi / PAGE_BYTES * PAGE_BYTES;
         if end > start && !cfg!(miri) {
             // SAFETY: a page-aligned range inside our own private
             // anonymous mapping whose buckets the caller says nobody
@@ -319,4 +346,56 @@ fn bind_to_node(p: *mut libc::c_void, bytes: usize, node: usize) {
             0u32,
         )
     };
+}
+
+#[cfg(all(test, not(loom), not(miri), target_os = "linux", target_env = "gnu"))]
+mod tests {
+    use super::*;
+
+    const PAGE_BYTES: usize = 4096;
+
+    /// Resident pages of `len` bytes at byte `from` of the reservation
+    /// (`mincore`).
+    fn resident_pages(r: &Reservation, from: usize, len: usize) -> usize {
+        let mut vec = vec![0u8; len / PAGE_BYTES];
+        // SAFETY: the range lies inside the reservation's mapping (the
+        // caller's offsets are page multiples below `r.bytes()`), and
+        // `vec` has one byte per page of it.
+        let rc = unsafe {
+            libc::mincore(
+                r.base.as_ptr().cast::<u8>().add(from).cast(),
+                len,
+                vec.as_mut_ptr(),
+            )
+        };
+        assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
+        vec.iter().filter(|&&p| p & 1 != 0).count()
+    }
+
+    /// A halving from 4 MiB to 1 MiB of buckets: the released pages stay
+    /// released even when the chunk that still holds buckets is collapsed
+    /// (`MADV_COLLAPSE`, what khugepaged does on its own: it folds a chunk
+    /// with any page present into a huge page, filling the holes).
+    #[test]
+    fn released_buckets_stay_released_through_a_collapse() {
+        let bucket = core::mem::size_of::<IndexBucket>();
+        let n = 2 * HUGE_PAGE_BYTES / bucket;
+        let r = Reservation::new(n, None).unwrap();
+        r.in_use(n);
+        r.populate(0, n);
+        assert_eq!(resident_pages(&r, 0, r.bytes()), r.bytes() / PAGE_BYTES);
+        let keep_bytes = HUGE_PAGE_BYTES / 2;
+        r.release(keep_bytes / bucket, n);
+        // SAFETY: advice on the reservation's first 2 MiB chunk, inside
+        // its mapping; a collapse keeps every page's contents.
+        unsafe {
+            libc::madvise(r.base.as_ptr().cast(), HUGE_PAGE_BYTES, libc::MADV_COLLAPSE);
+        }
+        assert_eq!(
+            resident_pages(&r, keep_bytes, r.bytes() - keep_bytes),
+            0,
+            "released buckets are resident again"
+        );
+        assert_eq!(resident_pages(&r, 0, keep_bytes), keep_bytes / PAGE_BYTES);
+    }
 }

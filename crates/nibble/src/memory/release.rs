@@ -12,6 +12,15 @@
 //! fault made resident are in the warm cache too (spares, "Never-used
 //! blocks" in `memory.rs`), so no release ever touches a block that the
 //! buddy allocator, and through it another thread, may hand out.
+//!
+//! A block goes to the buddy allocator only after its region is advised
+//! `MADV_NOHUGEPAGE` ("Huge pages and the buddy allocator" in
+//! `memory.rs`), and the advice comes before the block's `MADV_DONTNEED`:
+//! a huge-page fault or a khugepaged collapse of the region that runs
+//! before the advice maps the block in, and the `MADV_DONTNEED` after it
+//! drops it again; one that would run after finds the advice. The full
+//! release drops every block it pops, whatever its state says: the first
+//! write into a released region can have faulted the whole region in.
 
 use super::*;
 
@@ -112,25 +121,27 @@ impl Memory {
         while let Some((b, _)) = self.warm.pop() {
             self.warm_blocks.fetch_sub(1, Ordering::Relaxed);
             let off = (b as usize) << BLOCK_SHIFT;
+            // Before the block's pages are dropped: nothing may map them
+            // in again once the buddy allocator holds it.
+            self.forbid_huge(b as usize / BLOCKS_PER_REGION);
             let was = self.block_state[b as usize].swap(block_state::BUDDY, Ordering::AcqRel);
             if was == block_state::WARM_RELEASED {
-                // Its region was released already.
                 self.warm_released.fetch_sub(1, Ordering::Relaxed);
             } else {
-                // SAFETY: the block lies inside the pool's mapping (block
-                // ids come from this pool's allocator) and this thread owns
-                // it: it was popped from the warm cache and is not in any
-                // segment. MADV_DONTNEED on a private anonymous mapping only
-                // drops the pages (they read back as zeros); it cannot
-                // affect other memory. A failure only leaves them resident.
-                unsafe {
-                    libc::madvise(
-                        self.base.add(off) as *mut libc::c_void,
-                        BLOCK_BYTES,
-                        libc::MADV_DONTNEED,
-                    );
-                }
                 n += 1;
+            }
+            // SAFETY: the block lies inside the pool's mapping (block ids
+            // come from this pool's allocator) and this thread owns it: it
+            // was popped from the warm cache and is not in any segment.
+            // MADV_DONTNEED on a private anonymous mapping only drops the
+            // pages (they read back as zeros); it cannot affect other
+            // memory. A failure only leaves them resident.
+            unsafe {
+                libc::madvise(
+                    self.base.add(off) as *mut libc::c_void,
+                    BLOCK_BYTES,
+                    libc::MADV_DONTNEED,
+                );
             }
             self.alloc
                 .free((b as u64) << BLOCK_ORDER, BLOCK_ORDER)
@@ -140,6 +151,53 @@ impl Memory {
         // The buddy allocator may hold whole free regions again.
         self.no_whole_regions.store(false, Ordering::Relaxed);
         n
+    }
+
+    /// Advise region `r` `MADV_NOHUGEPAGE` (once): faults in it map 4 KiB
+    /// pages and khugepaged does not fold it (see "Huge pages and the buddy
+    /// allocator" in `memory.rs`).
+    pub(super) fn forbid_huge(&self, r: usize) {
+        if self.region_nohuge[r].load(Ordering::Acquire) {
+            return;
+        }
+        let _advice = self.thp_advice.lock();
+        if !self.region_nohuge[r].load(Ordering::Relaxed)
+            && self.advise_region(r, libc::MADV_NOHUGEPAGE)
+        {
+            self.region_nohuge[r].store(true, Ordering::Release);
+        }
+    }
+
+    /// Lift region `r`'s `MADV_NOHUGEPAGE`, for a caller that has just
+    /// taken the whole region from the buddy allocator.
+    pub(super) fn allow_huge(&self, r: usize) {
+        if !self.region_nohuge[r].load(Ordering::Acquire) {
+            return;
+        }
+        let _advice = self.thp_advice.lock();
+        if self.region_nohuge[r].load(Ordering::Relaxed)
+            && self.advise_region(r, libc::MADV_HUGEPAGE)
+        {
+            self.region_nohuge[r].store(false, Ordering::Release);
+        }
+    }
+
+    /// `madvise(advice)` on region `r`'s bytes; false if the kernel
+    /// refused (no THP support, or a split of the pool's mapping past the
+    /// process's map count), which leaves the advice as it was.
+    fn advise_region(&self, r: usize, advice: libc::c_int) -> bool {
+        let first = r * BLOCKS_PER_REGION;
+        let end = (first + BLOCKS_PER_REGION).min(self.blocks_total as usize);
+        // SAFETY: blocks `first..end` exist, so the range lies inside the
+        // pool's mapping; huge-page advice changes how pages are mapped,
+        // never their contents.
+        unsafe {
+            libc::madvise(
+                self.base.add(first << BLOCK_SHIFT) as *mut libc::c_void,
+                (end - first) << BLOCK_SHIFT,
+                advice,
+            ) == 0
+        }
     }
 
     /// Free blocks still resident (the warm cache, less the blocks of
@@ -280,6 +338,124 @@ mod tests {
         mem.purge_all();
         assert_eq!(mem.warm_blocks(), 0);
         assert_eq!(mem.blocks_in_use(), 0);
+    }
+
+    /// Blocks of region `r` with at least one page resident (`mincore`).
+    fn resident_blocks(mem: &Memory, r: usize) -> usize {
+        const PAGE_BYTES: usize = 4096;
+        let mut vec = vec![0u8; REGION_BYTES / PAGE_BYTES];
+        // SAFETY: the region lies inside the pool's mapping (the callers'
+        // pools are whole regions) and `vec` has one byte per page of it.
+        let rc = unsafe {
+            libc::mincore(
+                mem.base.add(r * REGION_BYTES) as *mut libc::c_void,
+                REGION_BYTES,
+                vec.as_mut_ptr(),
+            )
+        };
+        assert_eq!(rc, 0, "mincore: {}", io::Error::last_os_error());
+        vec.chunks(BLOCK_BYTES / PAGE_BYTES)
+            .filter(|pages| pages.iter().any(|&p| p & 1 != 0))
+            .count()
+    }
+
+    /// A region released whole by the decay-time release, whose other
+    /// blocks the buddy allocator holds: taking one block of it again and
+    /// writing it must not fault the whole huge page in (the buddy's
+    /// blocks would be resident with nobody to release them); and the
+    /// region's released warm blocks count as resident again once a
+    /// block of it is taken, so the idle release drops them.
+    #[test]
+    fn a_write_into_a_released_region_maps_only_its_block() {
+        let mem = Memory::new(4 * REGION_BYTES, 0, 1).unwrap();
+        let seg = mem.new_segment(1, false).unwrap();
+        let used = block_of(&mem, seg);
+        let r = used as usize / BLOCKS_PER_REGION;
+        fill(&mem, used, 0xAB);
+        // The idle release gives the region's spares to the buddy.
+        mem.purge_all();
+        assert_eq!(resident_blocks(&mem, r), 1);
+        // The last block is freed and its region released whole.
+        mem.free_segment(seg);
+        assert_eq!(mem.purge_cold_regions(u64::MAX), 1);
+        assert_eq!(resident_blocks(&mem, r), 0);
+        // The warm cache hands the same block out again.
+        let again = mem.new_segment(1, false).unwrap();
+        assert_eq!(block_of(&mem, again), used);
+        fill(&mem, used, 0xCD);
+        assert_eq!(
+            resident_blocks(&mem, r),
+            1,
+            "a write faulted the buddy allocator's blocks of region {r} in"
+        );
+        mem.free_segment(again);
+        mem.purge_all();
+        assert_eq!(resident_blocks(&mem, r), 0);
+
+        // A region taken whole (one block and 31 spares, all the memory
+        // layer's), two blocks used, freed and released whole: its 32
+        // blocks are released warm blocks. The next take may fault the
+        // huge page in: the other 31 count as resident again.
+        let mem = Memory::new(4 * REGION_BYTES, 0, 1).unwrap();
+        let a = mem.new_segment(1, false).unwrap();
+        let b = mem.new_segment(1, false).unwrap();
+        for s in [a, b] {
+            fill(&mem, block_of(&mem, s), 0xAB);
+        }
+        let r = block_of(&mem, a) as usize / BLOCKS_PER_REGION;
+        mem.free_segment(a);
+        mem.free_segment(b);
+        mem.purge_cold_regions(u64::MAX);
+        assert_eq!(mem.warm_blocks(), 0);
+        let c = mem.new_segment(1, false).unwrap();
+        fill(&mem, block_of(&mem, c), 0xCD);
+        assert_eq!(mem.warm_blocks(), BLOCKS_PER_REGION as u64 - 1);
+        mem.purge_all();
+        assert_eq!(mem.warm_blocks(), 0);
+        assert_eq!(resident_blocks(&mem, r), 1);
+        assert!(holds(&mem, block_of(&mem, c), 0xCD));
+    }
+
+    /// khugepaged folds a region with any page present into one huge page
+    /// (`max_ptes_none` 511 by default), filling its holes; `MADV_COLLAPSE`
+    /// does the same at once. After the idle release has given a region's
+    /// free blocks to the buddy allocator, neither may map them in again.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[test]
+    fn a_collapse_does_not_map_the_buddy_allocators_blocks_in() {
+        let mem = Memory::new(4 * REGION_BYTES, 0, 1).unwrap();
+        let seg = mem.new_segment(1, false).unwrap();
+        let used = block_of(&mem, seg);
+        let r = used as usize / BLOCKS_PER_REGION;
+        fill(&mem, used, 0xAB);
+        mem.purge_all();
+        assert_eq!(resident_blocks(&mem, r), 1);
+        // SAFETY: advice on region `r`, inside the pool's mapping; a
+        // collapse keeps every page's contents. Its failure is the point.
+        unsafe {
+            libc::madvise(
+                mem.base.add(r * REGION_BYTES) as *mut libc::c_void,
+                REGION_BYTES,
+                libc::MADV_COLLAPSE,
+            );
+        }
+        assert_eq!(
+            resident_blocks(&mem, r),
+            1,
+            "a collapse mapped the buddy allocator's blocks of region {r} in"
+        );
+        assert!(holds(&mem, used, 0xAB));
+        // Taken whole again, the region may have huge pages.
+        mem.free_segment(seg);
+        mem.purge_all();
+        assert!(mem.region_nohuge[r].load(Ordering::Relaxed));
+        let all: Vec<SegId> = (0..mem.blocks_total())
+            .map(|_| mem.new_segment(1, false).unwrap())
+            .collect();
+        assert!(mem.region_nohuge.iter().all(|f| !f.load(Ordering::Relaxed)));
+        for s in all {
+            mem.free_segment(s);
+        }
     }
 
     /// A taker thread of the race tests: until `stop`, take a segment of
