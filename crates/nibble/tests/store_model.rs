@@ -57,12 +57,15 @@ fn value(k: u8, n: usize, salt: usize) -> Vec<u8> {
 
 /// What the model holds per key: the value, the client flags and the
 /// expiry. In Nibble mode (every write appends) the object's size follows:
-/// a flags slot when the flags are not 0.
+/// a flags slot when the flags are not 0, an expiry slot when it was
+/// written with a TTL or given one later (a relocation; clearing the TTL
+/// keeps the slot).
 #[derive(Clone, Debug, PartialEq)]
 struct Item {
     value: Vec<u8>,
     flags: u32,
     expiry_ms: Option<u64>,
+    expiry_slot: bool,
 }
 
 impl Item {
@@ -71,11 +74,18 @@ impl Item {
             value,
             flags: 0,
             expiry_ms: None,
+            expiry_slot: false,
         }
     }
 
     fn object_bytes(&self, key: &[u8]) -> u64 {
-        let header = nibble::object::HEADER_MIN_BYTES + if self.flags != 0 { 4 } else { 0 };
+        let header = nibble::object::HEADER_MIN_BYTES
+            + if self.flags != 0 { 4 } else { 0 }
+            + if self.expiry_slot {
+                nibble::object::EXPIRY_SLOT_BYTES
+            } else {
+                0
+            };
         (header + key.len() + self.value.len()) as u64
     }
 }
@@ -99,6 +109,7 @@ fn put_modelled(
         value: v,
         flags: opts.flags,
         expiry_ms,
+        expiry_slot: expiry_ms.is_some(),
     };
     model.insert(key(k), item);
 }
@@ -161,6 +172,7 @@ fn run(mode: Mode, ops: &[Op]) {
                 );
                 if let Some(it) = model.get_mut(&key(k)) {
                     it.expiry_ms = e;
+                    it.expiry_slot |= e.is_some();
                 }
             }
             Op::Compact => s.compact_now(Duration::from_secs(2)),
