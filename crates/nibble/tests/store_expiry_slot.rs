@@ -37,9 +37,9 @@ fn whole(key: u64, v: &[u8]) -> bool {
 }
 
 /// Fill a store with objects without a TTL until it refuses a write, then
-/// EXPIRE some: each call sets the TTL (a relocation, the first ones into
-/// the compaction reserve) or reports `OutOfMemory` and leaves the object
-/// and its missing TTL as they were. Once deletes leave room, every EXPIRE
+/// EXPIRE some: each call sets the TTL (a relocation, into the compaction
+/// reserve while half of it stays free) or reports `OutOfMemory` and
+/// leaves the object and its missing TTL as they were. Once deletes leave room, every EXPIRE
 /// succeeds. Nothing is lost, and PERSIST needs no space.
 #[test]
 fn expire_on_a_full_store_relocates_or_reports() {
@@ -72,10 +72,6 @@ fn expire_on_a_full_store_relocates_or_reports() {
         };
         // Full: the log's segments are all but full of live objects.
         let full_set = (0..200).filter(|&i| expire(i, &mut set)).count();
-        assert!(
-            set[0],
-            "the first EXPIRE on a full store fits in the compaction reserve"
-        );
         // Room made by deletes: every EXPIRE relocates.
         let mut deleted = vec![false; n as usize];
         for i in (200..n).filter(|i| i.is_multiple_of(4)) {
