@@ -37,8 +37,8 @@ fn whole(key: u64, v: &[u8]) -> bool {
 }
 
 /// Fill a store with objects without a TTL until it refuses a write, then
-/// EXPIRE some: each call sets the TTL (a relocation, into the compaction
-/// reserve while half of it stays free) or reports `OutOfMemory` and
+/// EXPIRE some: each call sets the TTL (a relocation, on a full log into at
+/// most half the compaction reserve) or reports `OutOfMemory` and
 /// leaves the object and its missing TTL as they were. Once deletes leave room, every EXPIRE
 /// succeeds. Nothing is lost, and PERSIST needs no space.
 #[test]

@@ -119,15 +119,25 @@ impl Inner {
 
     /// Whether a relocation that only adds an expiry slot
     /// (`Store::set_expiry`) may take `len` more bytes from the compaction
-    /// reserve: only while at least half the reserve stays free after it,
-    /// so compaction keeps room to free the dead copies these leave
-    /// behind. Checked before the append, so racing relocations may
-    /// overshoot the half by one object each.
+    /// reserve, and if so, count them. Such relocations together take at
+    /// most half the reserve (rounded up, so at least one block) between
+    /// two moments at which the clients' budget is within its limit
+    /// (compaction freed what they borrowed): the rest stays for
+    /// compaction, which frees the dead originals they leave behind. Each
+    /// relocation counts the blocks its object spans, whether or not its
+    /// head needed new ones.
     pub(super) fn expiry_may_use_reserve(&self, len: usize) -> bool {
         let mem = &self.mem;
+        if mem.blocks_in_use() <= mem.blocks_total() - mem.reserve_blocks() {
+            self.expiry_reserve_blocks.store(0, Ordering::Relaxed);
+        }
         let need = (len as u64).div_ceil(crate::memory::BLOCK_BYTES as u64);
-        let limit = mem.blocks_total() - mem.reserve_blocks().div_ceil(2);
-        mem.blocks_in_use() + need <= limit
+        let share = mem.reserve_blocks().div_ceil(2);
+        self.expiry_reserve_blocks
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |taken| {
+                (taken + need <= share).then_some(taken + need)
+            })
+            .is_ok()
     }
 
     /// The store is known to be full: a write was refused for want of log

@@ -475,8 +475,9 @@ impl Store {
     /// overwrite: a copy with the slot is appended and the index entry
     /// swapped, both under the bucket lock (readers that raced retry on
     /// the bucket version, so they see the old object or the new one,
-    /// never a mix). On a full log the copy may take the compaction
-    /// reserve while half of it stays free (Redis allows EXPIRE over
+    /// never a mix). On a full log the copy may take blocks of the
+    /// compaction reserve, all such copies together at most half of it
+    /// until compaction has given them back (Redis allows EXPIRE over
     /// maxmemory; `Inner::expiry_may_use_reserve`); past that it waits
     /// for compaction with the lock and the epoch guard dropped, as a put
     /// does, and `Err(OutOfMemory)` when the wait gives up: the object
