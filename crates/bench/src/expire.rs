@@ -99,6 +99,8 @@ fn cell(o: &ExpireOpts, mode: Mode, placement: bool) -> Cell {
         s.put(&key, &value).expect("load");
     }
     let obj_bytes = 16 + o.value_bytes as u64 + HEADER_BYTES;
+    // A TTL write's object carries the expiry slot too.
+    let ttl_obj_bytes = obj_bytes + nibble::object::EXPIRY_SLOT_BYTES as u64;
     let mut persistent = o.keys * obj_bytes;
     let start = Instant::now();
     let write = Duration::from_secs_f64(o.write_secs);
@@ -123,7 +125,8 @@ fn cell(o: &ExpireOpts, mode: Mode, placement: bool) -> Cell {
                 t_ms: el.as_millis() as u64,
                 held: st.blocks_in_use * 65536,
                 live: st.live_bytes,
-                unexpired: persistent + (expiries[0].len() + expiries[1].len()) as u64 * obj_bytes,
+                unexpired: persistent
+                    + (expiries[0].len() + expiries[1].len()) as u64 * ttl_obj_bytes,
                 rss: crate::util::rss_bytes().unwrap_or(0),
                 items: st.items,
             });
@@ -160,7 +163,7 @@ fn cell(o: &ExpireOpts, mode: Mode, placement: bool) -> Cell {
                     };
                     s.put_with(&key, &value, opts).expect("ttl write");
                     expiries[t].push_back(at);
-                    ttl_bytes += obj_bytes;
+                    ttl_bytes += ttl_obj_bytes;
                 }
             }
             n += 1;

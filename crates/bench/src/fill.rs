@@ -4,7 +4,7 @@
 //! ```text
 //!  for each utilization u (10 %, 30 %, 50 %, 70 %, 90 %):
 //!    a fresh store whose block pool the data fills to u           (Nibble's
-//!      count: 14 B header + key + value per record)
+//!      count: 8 B header + key + value per record)
 //!    2 × records random overwrites, unmeasured (`ycsb::condition`)
 //!    YCSB-A, uniform, 2 threads, warm-up + `seconds`              -> one row
 //! ```

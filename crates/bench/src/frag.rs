@@ -35,7 +35,7 @@
 //! with out-of-memory, the store is compacted (`compact_now`) and the
 //! insert retried once; if it fails again the phase stops and the row says
 //! `completed = false` and why. Small objects barely fit: Nibble's object
-//! header is 14 bytes, which for 64-byte objects with 16-byte keys is 22 %
+//! header is 8 bytes, which for 64-byte objects with 16-byte keys is 12.5 %
 //! more than the client's data, and the index, sized for the most keys
 //! the store has held, adds 8.5 bytes per slot.
 //!
@@ -375,7 +375,7 @@ pub fn run(o: &FragOpts, rep: &mut Reporter) -> std::io::Result<()> {
              process's own ~few MiB included); bloat = rss / live, median of {} runs [min, max]; bloat_store = \
              (rss - rss_base_bytes) / live, where rss_base_bytes is the process's RSS before the system was built. Nibble capacity \
              {:.0} MiB (1.5 x target); on out-of-memory: compact_now, retry once, else stop (completed = NO). \
-             nibble_live_bytes: the store's own count (14 B object headers included; 16-24 B with flags, capacity slack or long lengths).",
+             nibble_live_bytes: the store's own count (8 B object headers included; 10-24 B with a TTL, flags, capacity slack or long lengths).",
             o.target_bytes as f64 / (1u64 << 20) as f64,
             o.jobs,
             o.repeat,

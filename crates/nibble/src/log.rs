@@ -167,7 +167,9 @@ impl Log {
     /// never), written by `fill(mem, pool_offset)`. `hint` picks the
     /// first head to try (the CPU's index within its node); an object
     /// with an expiry goes to its TTL bucket's heads when TTL placement is
-    /// on (module docs).
+    /// on (module docs). `reserve`: the head may grow into the compaction
+    /// reserve (the store's bounded use of it, `Store::set_expiry`).
+    #[allow(clippy::too_many_arguments)]
     pub fn append(
         &self,
         mem: &Memory,
@@ -175,6 +177,7 @@ impl Log {
         hint: usize,
         len: usize,
         expiry_ms: u64,
+        reserve: bool,
         fill: impl FnOnce(u64),
     ) -> Result<Appended, NoBlocks> {
         if expiry_ms != 0 && self.ttl_stripes != 0 {
@@ -182,14 +185,25 @@ impl Log {
             let b = ttl_bucket(ttl_ms);
             let heads = &self.ttl_heads[b * self.ttl_stripes..(b + 1) * self.ttl_stripes];
             let span = Some((expiry_ms, ttl_width_ms(ttl_ms)));
-            return self.append_to(heads, false, mem, epochs, hint, len, span, fill);
+            return self.append_to(heads, false, mem, epochs, hint, len, span, reserve, fill);
         }
-        self.append_to(&self.heads, true, mem, epochs, hint, len, None, fill)
+        self.append_to(
+            &self.heads,
+            true,
+            mem,
+            epochs,
+            hint,
+            len,
+            None,
+            reserve,
+            fill,
+        )
     }
 
     /// Append to one of `heads` (see [`Log::append`]); `hints`: keep
     /// `Log::next` (CPU heads); `span`: the object's expiry and the most
-    /// its TTL head's segment may span (TTL heads).
+    /// its TTL head's segment may span (TTL heads); `reserve`: as
+    /// [`Log::append`].
     #[allow(clippy::too_many_arguments)]
     #[inline]
     fn append_to(
@@ -201,6 +215,7 @@ impl Log {
         hint: usize,
         len: usize,
         span: Option<(u64, u64)>,
+        reserve: bool,
         fill: impl FnOnce(u64),
     ) -> Result<Appended, NoBlocks> {
         let n = heads.len();
@@ -231,11 +246,11 @@ impl Log {
         if grows {
             let h = head.as_mut().expect("checked above");
             let more = (h.used + len).div_ceil(BLOCK_BYTES) - h.blocks.len();
-            let added = mem.grow_segment(h.seg, more, false)?;
+            let added = mem.grow_segment(h.seg, more, reserve)?;
             h.blocks.extend_from_slice(&added);
         } else if !fits {
             let blocks = len.div_ceil(BLOCK_BYTES).max(1);
-            let seg = mem.new_segment(blocks, false)?;
+            let seg = mem.new_segment(blocks, reserve)?;
             let blocks = {
                 let mut m = mem.seg(seg).meta.lock();
                 if let Some((expiry, width)) = span {

@@ -108,8 +108,9 @@
 //! Accessed bits (cache mode, Segcache §4.3). Once a store may evict,
 //! [`Memory::track_access`] allocates one bit per [`ACCESS_GRANULE_BYTES`]
 //! of pool (0.8 % of the pool; nothing at all under `noeviction`): no two
-//! objects start in one granule unless one of them has fewer than 2 key
-//! and value bytes (an object is a 14-byte header and its key and value);
+//! objects start in one granule unless one of them has fewer than 8 key
+//! and value bytes (an object is a header of at least 8 bytes and its
+//! key and value);
 //! then a read of either marks both, which costs eviction only precision.
 //! GET sets the bit of the object it read only if it is not set
 //! already (a plain load first), so a hot object's line is written once

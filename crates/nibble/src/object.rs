@@ -3,28 +3,29 @@
 //! An object is a header followed by the key and the value, written
 //! back-to-back into a segment with no alignment (so a scan can walk a
 //! segment header by header). The paper's header is a 32-bit length plus a
-//! 64-bit key; ours carries what a server needs. It is 14 bytes for the
-//! common object (a key below 256 bytes, a value below 1 MiB) and grows by
-//! a slot for each optional field the object carries, because with small
-//! values the header is the largest cost after the data itself (at 16-byte
-//! values and 14-byte keys every header byte is 2 % of a key's memory; the
-//! per-key breakdown is in `docs/BENCHMARKS.md`, "Small objects"):
+//! 64-bit key; ours carries what a server needs. It is 8 bytes for the
+//! common object (no TTL, a key below 256 bytes, a value below 512 KiB)
+//! and grows by a slot for each optional field the object carries,
+//! because with small values the header is the largest cost after the
+//! data itself (at 16-byte values and 14-byte keys every header byte is
+//! 2 % of a key's memory; the per-key breakdown is in
+//! `docs/BENCHMARKS.md`, "Small objects"):
 //!
 //! ```text
-//!  0             4               8              14
-//!  | shape (u32) | version (u32) | expiry (u48)  | [long u32] | [flags u32] | [cap_slack u16] | key … | value … (value_cap bytes)
+//!  0             4               8
+//!  | shape (u32) | version (u32) | [long u32] | [expiry u48] | [flags u32] | [cap_slack u16] | key … | value … (value_cap bytes)
 //! ```
 //!
-//! * `shape` (u32): bits 0-7 the key length's low byte, bits 8-27 the
-//!   value capacity's low 20 bits, and three bits that say which slots
-//!   follow: bit 28 a 4-byte `flags` slot (memcached's opaque client
-//!   flags), bit 29 a 2-byte `cap_slack` slot, bit 30 a 4-byte `long` slot
-//!   holding the high bits (bits 0-7 the key length's high byte, bits 8-17
-//!   the value capacity's bits 20-29). An object has the long slot when its
-//!   key is longer than 255 bytes or its value capacity is 1 MiB or more,
-//!   so keys are 0 to 65 535 bytes (Redis allows the empty key) and values
-//!   below 1 GiB ([`MAX_VALUE_BYTES`]); the slot costs big objects 4
-//!   bytes, well under 0.001 % of them.
+//! * `shape` (u32): bits 0-7 the key length's low byte, bits 8-26 the
+//!   value capacity's low 19 bits, four bits that say which slots follow
+//!   (bit 27 a 6-byte `expiry` slot, bit 28 a 4-byte `flags` slot, bit 29
+//!   a 2-byte `cap_slack` slot, bit 30 a 4-byte `long` slot) and bit 31
+//!   the `pinned` mark. The long slot holds the high bits (bits 0-7 the
+//!   key length's high byte, bits 8-18 the value capacity's bits 19-29).
+//!   An object has it when its key is longer than 255 bytes or its value
+//!   capacity is 512 KiB or more, so keys are 0 to 65 535 bytes (Redis
+//!   allows the empty key) and values below 1 GiB ([`MAX_VALUE_BYTES`]);
+//!   the slot costs big objects 4 bytes, under 0.001 % of them.
 //! * `version` (u32) changes on every modification (memcached CAS, Redis
 //!   WATCH): the TSC divided by 1024, cut to 32 bits, or the old version
 //!   plus one if that is not later (see [`next_log_version`]). 32 bits
@@ -33,47 +34,58 @@
 //!   never leaves the version it found, which holds at a wrap too. A stale
 //!   CAS token can match again only if a later object of the same key
 //!   lands on the same 1024-cycle tick modulo 2^42 cycles.
-//! * `expiry` (low 47 bits of a 48-bit field) is a Unix time in
-//!   milliseconds (good until the year 6429), 0 for none. Every object has
-//!   it, so a TTL can always be set in place, even on a full store (Redis
-//!   allows EXPIRE over maxmemory). The field's top bit is the `pinned`
-//!   mark: cache mode never evicts a pinned object (it relocates it, as
-//!   compaction does); the server pins the internal pieces of big
-//!   collections, which must never disappear one at a time
-//!   (`KvEngine::put_never_evict`).
+//! * `expiry` (slot; low 47 bits of a 48-bit field) is a Unix time in
+//!   milliseconds (good until the year 6429), 0 for none. Only an object
+//!   appended with a TTL has the slot. Setting a TTL on an object without
+//!   it (EXPIRE, GETEX, SET KEEPTTL over a key with a TTL, memcached
+//!   touch, ...) relocates the object: a copy with the slot is appended
+//!   and the index entry swapped under the bucket lock, exactly like an
+//!   overwrite (`Store::set_expiry`; on a full store the copy may take
+//!   half the compaction reserve, as Redis allows EXPIRE over maxmemory).
+//!   Clearing a TTL (PERSIST) writes 0 into the slot in place.
+//! * `pinned` (shape bit 31): cache mode never evicts a pinned object (it
+//!   relocates it, as compaction does); the server pins the internal
+//!   pieces of big collections, which must never disappear one at a time
+//!   (`KvEngine::put_never_evict`). An in-place overwrite rewrites it
+//!   with the new write's setting: it shares a byte with the slot bits,
+//!   but it is no part of the layout, and a header torn between the two
+//!   settings still has the one layout both carry.
 //! * `cap_slack` = `value_cap - value_len`: the space reserved for the value
 //!   is `value_len` when appended; Nibble-2's in-place overwrite may store a
 //!   shorter value in the same space (at most 65 535 bytes shorter) if the
 //!   object has this slot, so scans use `value_cap` to find the next
-//!   object, and `value_len` is `value_cap - cap_slack`. Nibble-2 gives the slot to an object that replaces one of a
-//!   different size (the key's values vary, so a later shorter value can
-//!   stay in place); objects without it are overwritten in place only by a
-//!   value of exactly their size.
+//!   object, and `value_len` is `value_cap - cap_slack`. Nibble-2 gives the
+//!   slot to an object that replaces one of a different size (the key's
+//!   values vary, so a later shorter value can stay in place); objects
+//!   without it are overwritten in place only by a value of exactly their
+//!   size. Likewise an in-place overwrite that sets a TTL needs the expiry
+//!   slot, and flags other than 0 the flags slot: else the put appends.
 //!
 //! The layout (`key_len`, `value_cap`, which slots exist) never changes
 //! after the append, so the key and value stay where a scan expects them;
-//! and the bytes that encode it (`shape`, the long slot) are never
-//! rewritten: an in-place overwrite changes only `cap_slack`, version,
-//! expiry and flags. Compaction's scan reads headers without the bucket
-//! lock; a header it reads while a writer rewrites it may mix old and new
-//! fields, and the object's size must not depend on which it got, or the
-//! scan loses its place in the segment, takes the bytes of live objects
-//! for headers and retires the segment with those objects still linked.
-//! the rest (`value_len` within the capacity, version, expiry, flags) may
-//! change only under the object's bucket lock. The in-memory log has no
-//! per-object checksum: it is not a durable format (the server's AOF and
-//! RDB files carry their own), and the shared store that is one
-//! (`nibblejmp`) keeps the earlier fixed 24-byte layout
+//! and the bytes that encode it (`shape`'s layout bits, the long slot) are
+//! never rewritten: an in-place overwrite changes only `cap_slack`,
+//! version, expiry, flags and the pinned bit. Compaction's scan reads
+//! headers without the bucket lock; a header it reads while a writer
+//! rewrites it may mix old and new fields, and the object's size must not
+//! depend on which it got, or the scan loses its place in the segment,
+//! takes the bytes of live objects for headers and retires the segment
+//! with those objects still linked. The rest (`value_len` within the
+//! capacity, version, expiry, flags, pinned) may change only under the
+//! object's bucket lock. The in-memory log has no per-object checksum: it
+//! is not a durable format (the server's AOF and RDB files carry their
+//! own; it never writes the log itself to disk), and the shared store that
+//! is one (`nibblejmp`) keeps the earlier fixed 24-byte layout
 //! ([`Header::encode_wide`], 48-bit versions from [`next_version`]), in
 //! which the expiry is one atomic word at a fixed offset that another
 //! process may update, plus its own CRC per object.
 
 /// Bytes of the header of an object with no optional slot.
-pub const HEADER_MIN_BYTES: usize = 14;
+pub const HEADER_MIN_BYTES: usize = 8;
 
-/// Bytes of the largest header (all three slots).
+/// Bytes of the largest header (all four slots).
 pub const HEADER_MAX_BYTES: usize =
-    HEADER_MIN_BYTES + LONG_SLOT_BYTES + FLAGS_SLOT_BYTES + SLACK_SLOT_BYTES;
+    HEADER_MIN_BYTES + LONG_SLOT_BYTES + EXPIRY_SLOT_BYTES + FLAGS_SLOT_BYTES + SLACK_SLOT_BYTES;
 
 /// Bytes of the fixed layout used by `nibblejmp` ([`Header::encode_wide`]).
 pub const WIDE_HEADER_BYTES: usize = 24;
@@ -83,6 +95,8 @@ pub const MAX_VALUE_BYTES: usize = (1 << 30) - 1;
 
 /// Bytes of the optional long slot (the lengths' high bits).
 const LONG_SLOT_BYTES: usize = 4;
+/// Bytes of the optional expiry slot.
+pub const EXPIRY_SLOT_BYTES: usize = 6;
 /// Bytes of the optional flags slot.
 const FLAGS_SLOT_BYTES: usize = 4;
 /// Bytes of the optional capacity-slack slot.
@@ -90,17 +104,48 @@ const SLACK_SLOT_BYTES: usize = 2;
 /// Bits of the key length held in the shape word.
 const SHAPE_KEY_BITS: u32 = 8;
 /// Bits of the value length held in the shape word.
-const SHAPE_VALUE_BITS: u32 = 20;
-/// Shape word bit: a flags slot follows the base header.
+const SHAPE_VALUE_BITS: u32 = 19;
+/// Shape word bit: an expiry slot follows (after the long slot).
+const EXT_EXPIRY: u32 = 1 << 27;
+/// Shape word bit: a flags slot follows (after the expiry slot).
 const EXT_FLAGS: u32 = 1 << 28;
 /// Shape word bit: a slack slot follows (after the flags slot).
 const EXT_SLACK: u32 = 1 << 29;
 /// Shape word bit: a long slot follows the base header (first).
 const EXT_LONG: u32 = 1 << 30;
+/// Shape word bit: the pinned mark (not a layout bit).
+const PINNED_BIT: u32 = 1 << 31;
 /// Keys longer than this need the long slot.
 const SHORT_KEY_MAX_BYTES: u32 = (1 << SHAPE_KEY_BITS) - 1;
 /// Value capacities above this need the long slot.
 const SHORT_VALUE_MAX_BYTES: u32 = (1 << SHAPE_VALUE_BITS) - 1;
+
+/// The shape word's four slot bits start here (expiry, flags, slack,
+/// long, from the lowest).
+const SLOT_BITS_SHIFT: u32 = 27;
+
+/// Bytes of the slots that follow the base header, by the shape word's
+/// four slot bits (one load instead of a branch per slot on every read).
+const SLOT_BYTES_BY_BITS: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (if i & 1 != 0 { EXPIRY_SLOT_BYTES } else { 0 }
+            + if i & 2 != 0 { FLAGS_SLOT_BYTES } else { 0 }
+            + if i & 4 != 0 { SLACK_SLOT_BYTES } else { 0 }
+            + if i & 8 != 0 { LONG_SLOT_BYTES } else { 0 }) as u8;
+        i += 1;
+    }
+    t
+};
+
+// The table's order is the shape word's.
+const _: () = assert!(
+    EXT_EXPIRY == 1 << SLOT_BITS_SHIFT
+        && EXT_FLAGS == 2 << SLOT_BITS_SHIFT
+        && EXT_SLACK == 4 << SLOT_BITS_SHIFT
+        && EXT_LONG == 8 << SLOT_BITS_SHIFT
+);
 
 /// The 30 bits of a value length.
 const VALUE_LEN_MASK: u32 = (1 << 30) - 1;
@@ -115,12 +160,8 @@ pub const FIELD48_MASK: u64 = (1 << 48) - 1;
 /// [`DEAD_VERSION`].
 const LOG_VERSION_MASK: u64 = u32::MAX as u64;
 
-/// The latest expiry a header records (Unix ms, 47 bits: the year 6429);
-/// the expiry field's top bit is the pinned mark ([`PINNED_BIT`]).
+/// The latest expiry a header records (Unix ms, 47 bits: the year 6429).
 pub const MAX_EXPIRY_MS: u64 = (1 << 47) - 1;
-
-/// The pinned mark in the 48-bit expiry field (see the module docs).
-const PINNED_BIT: u64 = 1 << 47;
 
 /// The version field of an object the index no longer points at (see
 /// [`DEAD_MARK`]); no live object has it.
@@ -129,9 +170,6 @@ pub const DEAD_VERSION: u64 = LOG_VERSION_MASK;
 /// Byte offset of the version field in the store's header (the wide layout
 /// of `nibblejmp` has it at 12 and never carries the dead mark).
 pub const VERSION_OFFSET: usize = 4;
-
-/// Byte offset of the expiry field in the store's header.
-const EXPIRY_OFFSET: usize = 8;
 
 /// Written over the version of an object once the index stops pointing at
 /// it (overwritten elsewhere or deleted), by the writer that unlinked it
@@ -186,8 +224,11 @@ pub struct Header {
     pub flags: u32,
     /// Modification version (32 bits in the log, 48 in the wide layout).
     pub version: u64,
-    /// Unix time in ms at which the object expires; 0 = never (48 bits).
+    /// Unix time in ms at which the object expires; 0 = never (47 bits;
+    /// always 0 without an expiry slot).
     pub expiry_ms: u64,
+    /// The object has an expiry slot (layout; fixed at the append).
+    pub expiry_slot: bool,
     /// The object has a flags slot (layout; fixed at the append).
     pub flags_slot: bool,
     /// The object has a capacity-slack slot (layout; fixed at the append).
@@ -214,8 +255,9 @@ impl EncodedHeader {
 }
 
 impl Header {
-    /// A header for a new object (capacity = `value_len`), with a flags
-    /// slot if `flags` is not 0 and a slack slot if `slack_slot`.
+    /// A header for a new object (capacity = `value_len`), with an expiry
+    /// slot if `expiry_ms` is not 0, a flags slot if `flags` is not 0 and
+    /// a slack slot if `slack_slot`.
     #[inline]
     pub fn new(
         key_len: usize,
@@ -232,6 +274,7 @@ impl Header {
             flags,
             version,
             expiry_ms,
+            expiry_slot: expiry_ms != 0,
             flags_slot: flags != 0,
             slack_slot,
             pinned: false,
@@ -243,6 +286,11 @@ impl Header {
     pub fn header_bytes(&self) -> usize {
         HEADER_MIN_BYTES
             + if self.long_slot() { LONG_SLOT_BYTES } else { 0 }
+            + if self.expiry_slot {
+                EXPIRY_SLOT_BYTES
+            } else {
+                0
+            }
             + if self.flags_slot { FLAGS_SLOT_BYTES } else { 0 }
             + if self.slack_slot { SLACK_SLOT_BYTES } else { 0 }
     }
@@ -270,6 +318,13 @@ impl Header {
         len == cap || (self.slack_slot && len < cap && cap - len <= MAX_CAP_SLACK_BYTES as usize)
     }
 
+    /// Whether an expiry of `expiry_ms` can be stored in this object's
+    /// header (0, none, needs no slot).
+    #[inline]
+    pub fn fits_expiry(&self, expiry_ms: u64) -> bool {
+        expiry_ms == 0 || self.expiry_slot
+    }
+
     /// Whether `flags` can be stored in this object's header (0 needs no
     /// slot).
     #[inline]
@@ -280,8 +335,8 @@ impl Header {
     /// Encode for the log. `key_len` must be at most 65 535, `value_cap` at
     /// most [`MAX_VALUE_BYTES`], `value_cap - value_len` 0 without a slack
     /// slot and at most [`MAX_CAP_SLACK_BYTES`] with one, and the flags
-    /// must fit (the store ensures all of it); `version` and `expiry_ms` are
-    /// cut to 48 bits (an expiry beyond the year 10 889 becomes that year).
+    /// and the expiry must fit (the store ensures all of it); `version` is
+    /// cut to 32 bits and `expiry_ms` to [`MAX_EXPIRY_MS`].
     #[inline]
     pub fn encode(&self) -> EncodedHeader {
         debug_assert!(self.key_len <= u16::MAX as u32);
@@ -290,6 +345,7 @@ impl Header {
         debug_assert!(self.slack_slot || self.value_cap == self.value_len);
         debug_assert!(self.value_cap - self.value_len <= MAX_CAP_SLACK_BYTES);
         debug_assert!(self.fits_flags(self.flags));
+        debug_assert!(self.fits_expiry(self.expiry_ms));
         let mut b = [0u8; HEADER_MAX_BYTES];
         let key = self.key_len.min(u16::MAX as u32);
         // The capacity, not the length: these bits are never rewritten
@@ -298,6 +354,9 @@ impl Header {
         let long = self.long_slot();
         let mut shape =
             (key & SHORT_KEY_MAX_BYTES) | (value & SHORT_VALUE_MAX_BYTES) << SHAPE_KEY_BITS;
+        if self.expiry_slot {
+            shape |= EXT_EXPIRY;
+        }
         if self.flags_slot {
             shape |= EXT_FLAGS;
         }
@@ -307,16 +366,22 @@ impl Header {
         if long {
             shape |= EXT_LONG;
         }
+        if self.pinned {
+            shape |= PINNED_BIT;
+        }
         b[0..4].copy_from_slice(&shape.to_le_bytes());
         let version = (self.version & LOG_VERSION_MASK) as u32;
         b[VERSION_OFFSET..VERSION_OFFSET + 4].copy_from_slice(&version.to_le_bytes());
-        let expiry = self.expiry_ms.min(MAX_EXPIRY_MS) | if self.pinned { PINNED_BIT } else { 0 };
-        b[EXPIRY_OFFSET..EXPIRY_OFFSET + 6].copy_from_slice(&expiry.to_le_bytes()[..6]);
         let mut at = HEADER_MIN_BYTES;
         if long {
             let high = key >> SHAPE_KEY_BITS | (value >> SHAPE_VALUE_BITS) << SHAPE_KEY_BITS;
             b[at..at + LONG_SLOT_BYTES].copy_from_slice(&high.to_le_bytes());
             at += LONG_SLOT_BYTES;
+        }
+        if self.expiry_slot {
+            let expiry = self.expiry_ms.min(MAX_EXPIRY_MS);
+            b[at..at + EXPIRY_SLOT_BYTES].copy_from_slice(&expiry.to_le_bytes()[..6]);
+            at += EXPIRY_SLOT_BYTES;
         }
         if self.flags_slot {
             b[at..at + FLAGS_SLOT_BYTES].copy_from_slice(&self.flags.to_le_bytes());
@@ -334,7 +399,7 @@ impl Header {
     }
 
     /// Decode the first [`HEADER_MIN_BYTES`] of a log header. Returns the
-    /// header and how many slot bytes follow (0 to 10), which the caller
+    /// header and how many slot bytes follow (0 to 16), which the caller
     /// reads and hands to [`Header::decode_slots`]; until then the lengths
     /// hold only their low bits if the object has the long slot.
     #[inline]
@@ -342,24 +407,19 @@ impl Header {
         let shape = u32_at(b, 0);
         // The capacity; `decode_slots` subtracts the slack, if any.
         let value_len = (shape >> SHAPE_KEY_BITS) & SHORT_VALUE_MAX_BYTES;
-        let expiry = u48_at(b, EXPIRY_OFFSET);
         let h = Header {
             key_len: shape & SHORT_KEY_MAX_BYTES,
             value_len,
             value_cap: value_len,
             flags: 0,
             version: u32_at(b, VERSION_OFFSET) as u64,
-            expiry_ms: expiry & MAX_EXPIRY_MS,
+            expiry_ms: 0,
+            expiry_slot: shape & EXT_EXPIRY != 0,
             flags_slot: shape & EXT_FLAGS != 0,
             slack_slot: shape & EXT_SLACK != 0,
-            pinned: expiry & PINNED_BIT != 0,
+            pinned: shape & PINNED_BIT != 0,
         };
-        let slots = if shape & EXT_LONG != 0 {
-            LONG_SLOT_BYTES
-        } else {
-            0
-        } + if h.flags_slot { FLAGS_SLOT_BYTES } else { 0 }
-            + if h.slack_slot { SLACK_SLOT_BYTES } else { 0 };
+        let slots = SLOT_BYTES_BY_BITS[((shape >> SLOT_BITS_SHIFT) & 0xF) as usize] as usize;
         (h, slots)
     }
 
@@ -370,7 +430,11 @@ impl Header {
     #[inline]
     pub fn decode_slots(&mut self, b: &[u8]) {
         let mut at = 0;
-        let fixed = if self.flags_slot { FLAGS_SLOT_BYTES } else { 0 }
+        let fixed = if self.expiry_slot {
+            EXPIRY_SLOT_BYTES
+        } else {
+            0
+        } + if self.flags_slot { FLAGS_SLOT_BYTES } else { 0 }
             + if self.slack_slot { SLACK_SLOT_BYTES } else { 0 };
         if b.len() >= fixed + LONG_SLOT_BYTES {
             let high = u32_at(b, 0);
@@ -379,6 +443,10 @@ impl Header {
             self.value_cap &= VALUE_LEN_MASK;
             self.value_len = self.value_cap;
             at += LONG_SLOT_BYTES;
+        }
+        if self.expiry_slot {
+            self.expiry_ms = u48_at(b, at) & MAX_EXPIRY_MS;
+            at += EXPIRY_SLOT_BYTES;
         }
         if self.flags_slot {
             self.flags = u32_at(b, at);
@@ -428,8 +496,8 @@ impl Header {
         b
     }
 
-    /// Decode the fixed 24-byte layout ([`Header::encode_wide`]); both slot
-    /// bits read as set (the wide layout has every field).
+    /// Decode the fixed 24-byte layout ([`Header::encode_wide`]); every
+    /// slot bit reads as set (the wide layout has every field).
     #[inline]
     pub fn decode_wide(b: &[u8; WIDE_HEADER_BYTES]) -> Header {
         let value_len = u32_at(b, 4);
@@ -440,6 +508,7 @@ impl Header {
             flags: u32_at(b, 8),
             version: u48_at(b, 12),
             expiry_ms: u48_at(b, 18),
+            expiry_slot: true,
             flags_slot: true,
             slack_slot: true,
             pinned: false,
@@ -507,6 +576,7 @@ pub fn skew_clock_ms(ms: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn full() -> Header {
         Header {
@@ -516,6 +586,7 @@ mod tests {
             flags: 0xdead_beef,
             version: u32::MAX as u64 - 3,
             expiry_ms: 1_700_000_000_000,
+            expiry_slot: true,
             flags_slot: true,
             slack_slot: true,
             pinned: false,
@@ -525,90 +596,129 @@ mod tests {
     /// Compaction's scan reads headers without the bucket lock while a
     /// Nibble-2 overwrite rewrites them in place: whatever mix of the old
     /// and the new header bytes it reads, the object's size (where the
-    /// next object starts) is the one the append fixed.
+    /// next object starts) is the one the append fixed. The overwrite may
+    /// change the value length, version, expiry and the pinned bit.
     #[test]
     fn a_header_read_mid_overwrite_keeps_the_object_size() {
         for (key_len, cap, long) in [(20, 700, false), (300, 2 << 20, true)] {
-            let old = Header {
-                key_len,
-                value_len: cap,
-                value_cap: cap,
-                flags: 0,
-                version: 77,
-                expiry_ms: 0,
-                flags_slot: false,
-                slack_slot: true,
-                pinned: false,
-            };
-            assert_eq!(old.long_slot(), long);
-            for new_len in [cap - 1, cap - 684, cap.saturating_sub(MAX_CAP_SLACK_BYTES)] {
-                assert!(old.can_hold(new_len as usize));
-                let new = Header {
-                    value_len: new_len,
-                    version: 78,
-                    ..old
+            for expiry_slot in [false, true] {
+                let old = Header {
+                    key_len,
+                    value_len: cap,
+                    value_cap: cap,
+                    flags: 0,
+                    version: 77,
+                    expiry_ms: if expiry_slot { 1_800_000_000_000 } else { 0 },
+                    expiry_slot,
+                    flags_slot: false,
+                    slack_slot: true,
+                    pinned: false,
                 };
-                let (a, b) = (old.encode(), new.encode());
-                let (a, b) = (a.as_bytes(), b.as_bytes());
-                assert_eq!(a.len(), b.len(), "an overwrite keeps the header size");
-                for cut in 0..=a.len() {
-                    for (first, second) in [(a, b), (b, a)] {
-                        let mut torn = first[..cut].to_vec();
-                        torn.extend_from_slice(&second[cut..]);
-                        let h = Header::decode(&torn).expect("a whole header");
-                        assert_eq!(
-                            h.object_bytes(),
-                            old.object_bytes(),
-                            "cap {cap}, new length {new_len}, cut at byte {cut}"
-                        );
+                assert_eq!(old.long_slot(), long);
+                for new_len in [cap - 1, cap - 684, cap.saturating_sub(MAX_CAP_SLACK_BYTES)] {
+                    assert!(old.can_hold(new_len as usize));
+                    let new = Header {
+                        value_len: new_len,
+                        version: 78,
+                        expiry_ms: if expiry_slot { 5 } else { 0 },
+                        pinned: true,
+                        ..old
+                    };
+                    let (a, b) = (old.encode(), new.encode());
+                    let (a, b) = (a.as_bytes(), b.as_bytes());
+                    assert_eq!(a.len(), b.len(), "an overwrite keeps the header size");
+                    for cut in 0..=a.len() {
+                        for (first, second) in [(a, b), (b, a)] {
+                            let mut torn = first[..cut].to_vec();
+                            torn.extend_from_slice(&second[cut..]);
+                            let h = Header::decode(&torn).expect("a whole header");
+                            assert_eq!(
+                                h.object_bytes(),
+                                old.object_bytes(),
+                                "cap {cap}, new length {new_len}, cut at byte {cut}"
+                            );
+                        }
                     }
                 }
             }
         }
     }
 
-    #[test]
-    fn header_round_trips_in_every_layout() {
-        let h = full();
-        for (key_len, value_len, long) in [
-            (65535, 10, true),
-            (255, SHORT_VALUE_MAX_BYTES, false),
-            (256, 0, true),
-            (0, SHORT_VALUE_MAX_BYTES + 1, true),
-            (3, MAX_VALUE_BYTES as u32 - 65535, true),
-        ] {
-            for (flags_slot, slack_slot, slots) in [
-                (false, false, 0),
-                (true, false, 4),
-                (false, true, 2),
-                (true, true, 6),
-            ] {
-                let slack = if slack_slot { 65535 } else { 0 };
-                let h = Header {
-                    key_len,
-                    value_len,
-                    flags: if flags_slot { h.flags } else { 0 },
-                    value_cap: value_len + slack,
-                    flags_slot,
-                    slack_slot,
-                    ..h
-                };
-                let bytes = HEADER_MIN_BYTES + slots + if h.long_slot() { 4 } else { 0 };
-                assert_eq!(
-                    h.long_slot(),
-                    long || value_len + slack > SHORT_VALUE_MAX_BYTES
-                );
-                let e = h.encode();
-                assert_eq!(e.as_bytes().len(), bytes);
-                assert_eq!(h.header_bytes(), bytes);
-                assert_eq!(Header::decode(e.as_bytes()), Some(h));
-                assert_eq!(Header::decode(&e.as_bytes()[..bytes - 1]), None);
-                assert_eq!(
-                    h.object_bytes(),
-                    bytes + key_len as usize + h.value_cap as usize
-                );
-            }
+    /// A header with the given lengths and slots (the slot fields filled
+    /// from `seed` where the slot exists, 0 where it does not).
+    fn with_slots(
+        key_len: u32,
+        value_len: u32,
+        slack: u32,
+        slots: (bool, bool, bool),
+        pinned: bool,
+        seed: u64,
+    ) -> Header {
+        let (expiry_slot, flags_slot, slack_slot) = slots;
+        let slack = if slack_slot { slack } else { 0 };
+        Header {
+            key_len,
+            value_len,
+            value_cap: value_len + slack,
+            flags: if flags_slot { (seed as u32) | 1 } else { 0 },
+            version: (seed >> 7) & LOG_VERSION_MASK,
+            expiry_ms: if expiry_slot {
+                (seed >> 3) & MAX_EXPIRY_MS
+            } else {
+                0
+            },
+            expiry_slot,
+            flags_slot,
+            slack_slot,
+            pinned,
         }
+    }
+
+    proptest! {
+        /// Every combination of slots (long, expiry, flags, slack) and the
+        /// pinned bit round-trips, with the header size the slots say, and
+        /// a header cut one byte short does not decode.
+        #[test]
+        fn headers_round_trip_in_every_slot_combination(
+            key_len in prop_oneof![0u32..=300, 65_000u32..=65_535],
+            value_len in prop_oneof![
+                0u32..=4096,
+                (SHORT_VALUE_MAX_BYTES - 70_000)..=(SHORT_VALUE_MAX_BYTES + 70_000),
+                (MAX_VALUE_BYTES as u32 - 65_535)..=(MAX_VALUE_BYTES as u32 - 65_535),
+            ],
+            slack in 0u32..=MAX_CAP_SLACK_BYTES,
+            slots in any::<(bool, bool, bool)>(),
+            pinned in any::<bool>(),
+            seed in any::<u64>(),
+        ) {
+            let h = with_slots(key_len, value_len, slack, slots, pinned, seed);
+            let (expiry_slot, flags_slot, slack_slot) = slots;
+            let bytes = HEADER_MIN_BYTES
+                + if h.long_slot() { LONG_SLOT_BYTES } else { 0 }
+                + if expiry_slot { EXPIRY_SLOT_BYTES } else { 0 }
+                + if flags_slot { FLAGS_SLOT_BYTES } else { 0 }
+                + if slack_slot { SLACK_SLOT_BYTES } else { 0 };
+            prop_assert_eq!(
+                h.long_slot(),
+                key_len > SHORT_KEY_MAX_BYTES || h.value_cap > SHORT_VALUE_MAX_BYTES
+            );
+            let e = h.encode();
+            prop_assert_eq!(e.as_bytes().len(), bytes);
+            prop_assert_eq!(h.header_bytes(), bytes);
+            prop_assert_eq!(Header::decode(e.as_bytes()), Some(h));
+            prop_assert_eq!(Header::decode(&e.as_bytes()[..bytes - 1]), None);
+            prop_assert_eq!(
+                h.object_bytes(),
+                bytes + key_len as usize + h.value_cap as usize
+            );
+        }
+    }
+
+    #[test]
+    fn header_round_trips_at_the_edges() {
+        let h = full();
+        assert_eq!(h.header_bytes(), HEADER_MAX_BYTES);
+        assert_eq!(Header::decode(h.encode().as_bytes()), Some(h));
         assert!(h.expired_at(1_700_000_000_000));
         assert!(!Header::default().expired_at(u64::MAX));
         let big = Header {
@@ -617,13 +727,22 @@ mod tests {
             value_cap: MAX_VALUE_BYTES as u32,
             flags_slot: false,
             slack_slot: false,
+            expiry_slot: false,
+            expiry_ms: 0,
             flags: 0,
             ..h
         };
         assert_eq!(big.header_bytes(), HEADER_MIN_BYTES + 4);
         assert_eq!(Header::decode(big.encode().as_bytes()), Some(big));
         let small = Header::new(14, 16, 0, 7, 0, false);
-        assert_eq!(small.encode().as_bytes().len(), HEADER_MIN_BYTES);
+        assert_eq!(small.encode().as_bytes().len(), 8, "the common header");
+        let short_max = Header::new(255, SHORT_VALUE_MAX_BYTES as usize, 0, 7, 0, false);
+        assert_eq!(short_max.header_bytes(), 8);
+        let long = Header::new(255, SHORT_VALUE_MAX_BYTES as usize + 1, 0, 7, 0, false);
+        assert_eq!(long.header_bytes(), 12);
+        let ttl = Header::new(14, 16, 0, 7, 1_800_000_000_000, false);
+        assert_eq!(ttl.header_bytes(), 8 + EXPIRY_SLOT_BYTES);
+        assert_eq!(Header::decode(ttl.encode().as_bytes()), Some(ttl));
     }
 
     #[test]
@@ -655,11 +774,13 @@ mod tests {
 
     #[test]
     fn new_picks_slots_and_the_checks_use_them() {
-        let plain = Header::new(3, 5, 0, 7, 99, false);
+        let plain = Header::new(3, 5, 0, 7, 0, false);
         assert_eq!(plain.header_bytes(), HEADER_MIN_BYTES);
-        assert_eq!(plain.expiry_ms, 99, "every object has an expiry");
+        assert!(plain.fits_expiry(0) && !plain.fits_expiry(99));
         assert!(plain.fits_flags(0) && !plain.fits_flags(1));
         assert!(plain.can_hold(5) && !plain.can_hold(4) && !plain.can_hold(6));
+        let ttl = Header::new(3, 5, 0, 7, 99, false);
+        assert!(ttl.expiry_slot && ttl.fits_expiry(0) && ttl.fits_expiry(123));
         let flagged = Header::new(3, 5, 9, 7, 0, false);
         assert!(flagged.flags_slot && !flagged.slack_slot && flagged.fits_flags(9));
         let slack = Header::new(3, 5, 0, 7, 0, true);
@@ -675,7 +796,7 @@ mod tests {
     }
 
     #[test]
-    fn slack_and_48_bit_fields() {
+    fn slack_and_wide_fields() {
         let h = Header {
             key_len: 3,
             value_len: 100_000,
@@ -691,22 +812,26 @@ mod tests {
         assert!(!h.can_hold(100_001));
         let far = Header {
             expiry_ms: u64::MAX,
+            expiry_slot: true,
             version: u64::MAX,
             flags_slot: true,
             ..h
         };
         let d = Header::decode(far.encode().as_bytes()).unwrap();
         assert_eq!(d.expiry_ms, MAX_EXPIRY_MS);
-        assert!(
-            !d.pinned,
-            "a far expiry does not spill into the pinned mark"
-        );
+        assert!(!d.pinned, "a far expiry does not set the pinned mark");
         let pinned = Header {
             pinned: true,
             ..far
         };
         let p = Header::decode(pinned.encode().as_bytes()).unwrap();
         assert!(p.pinned && p.expiry_ms == MAX_EXPIRY_MS);
+        let bare = Header {
+            pinned: true,
+            ..Header::new(1, 2, 0, 3, 0, false)
+        };
+        let b = Header::decode(bare.encode().as_bytes()).unwrap();
+        assert!(b.pinned && b.header_bytes() == HEADER_MIN_BYTES);
         assert_eq!(d.version, LOG_VERSION_MASK, "the log keeps 32 bits");
         let w = Header::decode_wide(&far.encode_wide());
         assert_eq!((w.expiry_ms, w.version), (FIELD48_MASK, FIELD48_MASK));

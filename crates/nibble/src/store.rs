@@ -139,6 +139,10 @@ pub(crate) struct Inner {
     pub(crate) last_nothing_pass: AtomicU64,
     /// Number of the last compaction pass that made progress.
     pub(crate) last_progress_pass: AtomicU64,
+    /// Blocks of the compaction reserve that expiry relocations
+    /// (`Store::set_expiry`) may have taken since the clients' budget was
+    /// last within its limit ([`Inner::expiry_may_use_reserve`]).
+    expiry_reserve_blocks: AtomicU64,
     force_compaction: AtomicBool,
     /// The eviction setting ([`Eviction::encode`]); starts as
     /// `cfg.eviction`, changed by [`Store::set_eviction`].
@@ -333,6 +337,7 @@ impl Store {
             shutdown: AtomicBool::new(false),
             last_nothing_pass: AtomicU64::new(0),
             last_progress_pass: AtomicU64::new(0),
+            expiry_reserve_blocks: AtomicU64::new(0),
             force_compaction: AtomicBool::new(false),
             eviction: AtomicU8::new(Eviction::default().encode()),
             merge_min_reads: AtomicU8::new(crate::compaction::MERGE_MIN_READS),

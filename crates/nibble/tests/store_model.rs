@@ -57,12 +57,15 @@ fn value(k: u8, n: usize, salt: usize) -> Vec<u8> {
 
 /// What the model holds per key: the value, the client flags and the
 /// expiry. In Nibble mode (every write appends) the object's size follows:
-/// a flags slot when the flags are not 0.
+/// a flags slot when the flags are not 0, an expiry slot when it was
+/// written with a TTL or given one later (a relocation; clearing the TTL
+/// keeps the slot).
 #[derive(Clone, Debug, PartialEq)]
 struct Item {
     value: Vec<u8>,
     flags: u32,
     expiry_ms: Option<u64>,
+    expiry_slot: bool,
 }
 
 impl Item {
@@ -71,11 +74,18 @@ impl Item {
             value,
             flags: 0,
             expiry_ms: None,
+            expiry_slot: false,
         }
     }
 
     fn object_bytes(&self, key: &[u8]) -> u64 {
-        let header = nibble::object::HEADER_MIN_BYTES + if self.flags != 0 { 4 } else { 0 };
+        let header = nibble::object::HEADER_MIN_BYTES
+            + if self.flags != 0 { 4 } else { 0 }
+            + if self.expiry_slot {
+                nibble::object::EXPIRY_SLOT_BYTES
+            } else {
+                0
+            };
         (header + key.len() + self.value.len()) as u64
     }
 }
@@ -99,6 +109,7 @@ fn put_modelled(
         value: v,
         flags: opts.flags,
         expiry_ms,
+        expiry_slot: expiry_ms.is_some(),
     };
     model.insert(key(k), item);
 }
@@ -161,6 +172,7 @@ fn run(mode: Mode, ops: &[Op]) {
                 );
                 if let Some(it) = model.get_mut(&key(k)) {
                     it.expiry_ms = e;
+                    it.expiry_slot |= e.is_some();
                 }
             }
             Op::Compact => s.compact_now(Duration::from_secs(2)),
@@ -310,28 +322,50 @@ fn scan_returns_every_key() {
 }
 
 #[test]
-fn set_expiry_works_on_a_full_store() {
-    // Every object has an expiry field: a TTL is set in place, so it works
-    // on a full store (Redis allows EXPIRE over maxmemory).
+fn set_expiry_on_a_full_store_in_place_or_reported() {
+    // An object with an expiry slot takes a new TTL (or none) in place, so
+    // that works on a full store (Redis allows EXPIRE over maxmemory). One
+    // without the slot is relocated: on a store this full (one 32 KiB
+    // object per 64 KiB segment, nothing compaction can merge) the copy
+    // may find no room within its share of the reserve; then the call says
+    // so and the object keeps its value and its missing TTL.
     let s = Store::new(Config::new(nibble::MIN_CAPACITY_BYTES)).unwrap();
     let v = vec![b'x'; 32 << 10];
+    let soon = nibble::object::now_ms() + 50_000;
+    let with_ttl = PutOptions {
+        expiry: Expiry::At(soon),
+        ..Default::default()
+    };
+    for i in 0..3 {
+        s.put_with(format!("t{i}").as_bytes(), &v, with_ttl)
+            .unwrap();
+    }
     let mut stored = 0u32;
     while s.put(format!("k{stored}").as_bytes(), &v).is_ok() {
         stored += 1;
         assert!(stored < 10_000, "never ran out of memory");
     }
     let later = nibble::object::now_ms() + 100_000;
-    let st = s.stats();
+    let meta_expiry = |k: &str| s.meta(k.as_bytes()).unwrap().unwrap().expiry_ms;
     for i in 0..3 {
-        let r = s.set_expiry(format!("k{i}").as_bytes(), Some(later));
-        assert!(matches!(r, Ok(true)), "k{i}: {r:?} {st:?}");
-        assert_eq!(
-            s.meta(format!("k{i}").as_bytes())
-                .unwrap()
-                .unwrap()
-                .expiry_ms,
-            Some(later)
-        );
+        let k = format!("t{i}");
+        assert!(s.set_expiry(k.as_bytes(), Some(later)).unwrap(), "{k}");
+        assert_eq!(meta_expiry(&k), Some(later));
+        assert!(s.set_expiry(k.as_bytes(), None).unwrap(), "{k}");
+        assert_eq!(meta_expiry(&k), None);
+        assert!(s.set_expiry(k.as_bytes(), Some(later)).unwrap(), "{k}");
     }
-    assert_eq!(s.get(b"k0").unwrap().unwrap(), v);
+    for i in 0..3 {
+        let k = format!("k{i}");
+        match s.set_expiry(k.as_bytes(), Some(later)) {
+            Ok(found) => {
+                assert!(found, "{k}");
+                assert_eq!(meta_expiry(&k), Some(later));
+            }
+            Err(Error::OutOfMemory { .. }) => assert_eq!(meta_expiry(&k), None),
+            Err(e) => panic!("{k}: {e}"),
+        }
+        assert_eq!(s.get(k.as_bytes()).unwrap().unwrap(), v);
+    }
+    assert_eq!(s.get(b"t0").unwrap().unwrap(), v);
 }

@@ -85,7 +85,10 @@ fn expire_mixed_fill(mode: Mode, placement: bool) -> (Store, nibble::Stats, u64)
             s.put(&key(i), &v).unwrap();
         } else {
             s.put_with(&key(i), &v, ttl(start + FILL_TTL_MS)).unwrap();
-            ttl_bytes += (key(i).len() + v.len() + nibble::object::HEADER_MIN_BYTES) as u64;
+            ttl_bytes += (key(i).len()
+                + v.len()
+                + nibble::object::HEADER_MIN_BYTES
+                + nibble::object::EXPIRY_SLOT_BYTES) as u64;
         }
     }
     assert_eq!(s.stats().expired_segments, 0, "nothing expired yet");

@@ -51,8 +51,8 @@
 //! and converted with the calibrated TSC rate. Threads are pinned one per
 //! online CPU, round-robin.
 //!
-//! Nibble capacity: `max(64 MiB, 2.5 × records × (24 + value + 14))` — room
-//! for the data (24 bytes bounds the key, 14 is Nibble's object header) at
+//! Nibble capacity: `max(64 MiB, 2.5 × records × (24 + value + 8))` — room
+//! for the data (24 bytes bounds the key, 8 is Nibble's object header) at
 //! ~40 % utilization, so compaction stays in the background as in §5.4
 //! (which ran at ~12 %). `memlab fill` is the experiment that raises it.
 //!
@@ -199,7 +199,7 @@ pub fn run(o: &YcsbOpts, rep: &mut Reporter) -> std::io::Result<()> {
              read-modify-write); {} records of {} B values, keys \"user\"+fnv64(i); request distributions uniform and \
              scrambled zipfian (theta 0.99, YCSB's generator). Each (system, threads, repeat) runs in a fresh process \
              that loads once, makes 2 x records random overwrites (unmeasured: Nibble's log near steady state), and runs every workload on that store; {} ms warm-up + {} ms measured per cell. Nibble \
-             capacity {:.0} MiB (2.5 x records x (24 B key + value + 14 B header), >= 64 MiB).",
+             capacity {:.0} MiB (2.5 x records x (24 B key + value + 8 B header), >= 64 MiB).",
             o.records,
             o.value_size,
             o.warmup.as_millis(),

@@ -86,21 +86,58 @@ impl Inner {
         }
     }
 
-    /// Append an object to the local node's log (one attempt).
+    /// Append an object to the local node's log (one attempt), within
+    /// the clients' budget.
     pub(super) fn try_append(
         &self,
         len: usize,
         expiry_ms: u64,
         fill: &dyn Fn(u64),
     ) -> Result<crate::log::Appended, crate::memory::NoBlocks> {
+        self.try_append_in(len, expiry_ms, false, fill)
+    }
+
+    /// Append as [`Inner::try_append`]; with `reserve`, the head may take
+    /// blocks of the compaction reserve.
+    pub(super) fn try_append_in(
+        &self,
+        len: usize,
+        expiry_ms: u64,
+        reserve: bool,
+        fill: &dyn Fn(u64),
+    ) -> Result<crate::log::Appended, crate::memory::NoBlocks> {
         let cpu = topology::current_cpu();
         let (node, head) = self.cpu_slot.get(cpu).copied().unwrap_or((0, cpu));
         let before = self.mem.client_blocks_free();
-        let a = self.logs[node].append(&self.mem, &self.epochs, head, len, expiry_ms, fill)?;
+        let a =
+            self.logs[node].append(&self.mem, &self.epochs, head, len, expiry_ms, reserve, fill)?;
         if before != self.mem.client_blocks_free() && self.should_compact() {
             self.wake_workers();
         }
         Ok(a)
+    }
+
+    /// Whether a relocation that only adds an expiry slot
+    /// (`Store::set_expiry`) may take `len` more bytes from the compaction
+    /// reserve, and if so, count them. Such relocations together take at
+    /// most half the reserve (rounded up, so at least one block) between
+    /// two moments at which the clients' budget is within its limit
+    /// (compaction freed what they borrowed): the rest stays for
+    /// compaction, which frees the dead originals they leave behind. Each
+    /// relocation counts the blocks its object spans, whether or not its
+    /// head needed new ones.
+    pub(super) fn expiry_may_use_reserve(&self, len: usize) -> bool {
+        let mem = &self.mem;
+        if mem.blocks_in_use() <= mem.blocks_total() - mem.reserve_blocks() {
+            self.expiry_reserve_blocks.store(0, Ordering::Relaxed);
+        }
+        let need = (len as u64).div_ceil(crate::memory::BLOCK_BYTES as u64);
+        let share = mem.reserve_blocks().div_ceil(2);
+        self.expiry_reserve_blocks
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |taken| {
+                (taken + need <= share).then_some(taken + need)
+            })
+            .is_ok()
     }
 
     /// The store is known to be full: a write was refused for want of log

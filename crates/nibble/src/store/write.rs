@@ -5,9 +5,12 @@
 //!  put_with   check ─ start_put (header, prefetch) ─ pin ─ optimistic condition
 //!             ─ Nibble-2: overwrite_in_place (bucket lock; fits? write value + header)
 //!             ─ append_object (local head; full log: wait for compaction unpinned)
-//!             ─ publish (bucket lock: condition, version, expiry; swap entry; old dead)
+//!             ─ publish (bucket lock: condition, version, expiry; swap entry; old dead;
+//!               a kept TTL the new object has no expiry slot for: append again with it)
 //!  delete_if  pin ─ bucket lock ─ condition ─ remove entry ─ old dead ─ live−
-//!  set_expiry pin ─ bucket lock ─ header rewritten in place (no space needed)
+//!  set_expiry pin ─ bucket lock ─ expiry slot, or no TTL: header rewritten in place
+//!             ─ else relocate: append a copy with the slot (full log: half the
+//!               compaction reserve, then wait for compaction unlocked), swap entry
 //! ```
 //!
 //! Every write to a published object's bytes happens under its bucket
@@ -88,7 +91,7 @@ impl Store {
     /// the item (it relocates it, as compaction does): the server writes
     /// the internal pieces of big collections this way, since a lone
     /// piece must not disappear. The mark is in the object header (the
-    /// expiry field's top bit); an overwrite takes the new write's
+    /// shape word's top bit); an overwrite takes the new write's
     /// setting, and a TTL still expires the item.
     pub fn put_never_evict(
         &self,
@@ -126,11 +129,16 @@ impl Store {
         // this thread's previous append prefetched its head's next object
         // (`Log::append`).
         let seen = inner.prefetch_old(hash, old_bytes);
-        if opts.condition != Condition::Always {
+        if opts.condition != Condition::Always || opts.expiry == Expiry::Keep {
             // Cheap optimistic check first, so a failing condition does not
-            // leave a dead object in the log.
+            // leave a dead object in the log; and a kept TTL needs the
+            // expiry slot (`publish` checks again under the lock).
             let cur = self.read_header(hash, key);
             check_condition(opts.condition, cur.as_ref())?;
+            if opts.expiry == Expiry::Keep {
+                h.expiry_ms = opts.expiry.expiry_ms(cur.as_ref());
+                h.expiry_slot = h.expiry_ms != 0;
+            }
         }
         // Nibble-2 tries the in-place overwrite only where the peek saw a
         // candidate: for a new key it would lock the buckets just to find
@@ -142,8 +150,19 @@ impl Store {
                 return Ok(version);
             }
         }
-        let (app, _guard) = self.append_object(&h, key, value, guard)?;
-        self.publish(hash, key, &opts, h, app)
+        let mut guard = guard;
+        loop {
+            let (app, g) = self.append_object(&h, key, value, guard)?;
+            match self.publish(hash, key, &opts, h, app)? {
+                Some(version) => return Ok(version),
+                // The old item's TTL, kept, needs the slot: append again
+                // with it (`publish` marked this copy dead).
+                None => {
+                    h.expiry_slot = true;
+                    guard = g;
+                }
+            }
+        }
     }
 
     /// A put's new header, with the index buckets and (in Nibble mode)
@@ -196,15 +215,20 @@ impl Store {
         };
         let live = !old.expired();
         check_condition(opts.condition, live.then_some(&old))?;
-        if !(old.can_hold(value.len()) && old.fits_flags(opts.flags)) {
+        let expiry_ms = opts.expiry.expiry_ms(live.then_some(&old));
+        if !(old.can_hold(value.len()) && old.fits_flags(opts.flags) && old.fits_expiry(expiry_ms))
+        {
             h.slack_slot = old.value_cap as usize != value.len();
+            if expiry_ms != 0 {
+                h.expiry_slot = true;
+            }
             return Ok(None);
         }
         let new = Header {
             value_len: value.len() as u32,
             flags: opts.flags,
             version: next_log_version(old.version),
-            expiry_ms: opts.expiry.expiry_ms(live.then_some(&old)),
+            expiry_ms,
             pinned: h.pinned,
             ..old
         };
@@ -273,6 +297,10 @@ impl Store {
     /// unpublished object's header before the entry store that publishes
     /// it. The old object, if any, is marked dead and its live bytes
     /// subtracted. Grows the index and retries when both buckets are full.
+    /// Returns the new version; `None` when the old item's kept expiry
+    /// (`Expiry::Keep`) needs an expiry slot the appended object lacks (a
+    /// TTL set since the put's optimistic look): the appended object is
+    /// then marked dead and the caller appends again with the slot.
     fn publish(
         &self,
         hash: u64,
@@ -280,7 +308,7 @@ impl Store {
         opts: &PutOptions,
         mut h: Header,
         app: crate::log::Appended,
-    ) -> Result<u64, Error> {
+    ) -> Result<Option<u64>, Error> {
         let inner = &*self.inner;
         let mem = &inner.mem;
         let len = h.object_bytes();
@@ -299,6 +327,12 @@ impl Store {
                     check_condition(opts.condition, live.then_some(&old))?;
                     let version = crate::object::log_version_after(h.version, old.version);
                     let expiry = opts.expiry.expiry_ms(live.then_some(&old));
+                    if !h.fits_expiry(expiry) {
+                        // SAFETY: the object is ours, appended above and
+                        // never published; we hold an epoch guard.
+                        unsafe { mem.mark_dead(app.off) };
+                        return Ok(None);
+                    }
                     if version != h.version || expiry != h.expiry_ms {
                         h.version = version;
                         h.expiry_ms = expiry;
@@ -318,7 +352,7 @@ impl Store {
                     mem.live()
                         .add(mem.seg_of(old_off), -(old.object_bytes() as i64));
                     inner.note_reclaimable();
-                    return Ok(version);
+                    return Ok(Some(version));
                 }
                 None => {
                     check_condition(opts.condition, None)?;
@@ -326,7 +360,7 @@ impl Store {
                         Ok(_) => {
                             note_expiry(mem, app.off, h.expiry_ms);
                             mem.live().add(app.seg, len as i64);
-                            return Ok(h.version);
+                            return Ok(Some(h.version));
                         }
                         Err(_) => {
                             drop(g);
@@ -434,35 +468,125 @@ impl Store {
     }
 
     /// Set (or clear, with `None`) the expiry of `key`. Returns whether the
-    /// key exists. The header is updated in place under the bucket lock in
-    /// both modes (every object has an expiry field, so this needs no space
-    /// and works on a full store): it is metadata, not a new version of the
-    /// value.
+    /// key exists. It is metadata, not a new version of the value: the
+    /// version stays. An object with an expiry slot (or a clear on one
+    /// without: nothing to do) is updated in place under the bucket lock.
+    /// Setting a TTL on an object without the slot relocates it, like an
+    /// overwrite: a copy with the slot is appended and the index entry
+    /// swapped, both under the bucket lock (readers that raced retry on
+    /// the bucket version, so they see the old object or the new one,
+    /// never a mix). On a full log the copy may take blocks of the
+    /// compaction reserve, all such copies together at most half of it
+    /// until compaction has given them back (Redis allows EXPIRE over
+    /// maxmemory; `Inner::expiry_may_use_reserve`); past that it waits
+    /// for compaction with the lock and the epoch guard dropped, as a put
+    /// does, and `Err(OutOfMemory)` when the wait gives up: the object
+    /// and its old expiry are kept.
     pub fn set_expiry(&self, key: &[u8], expiry_ms: Option<u64>) -> Result<bool, Error> {
         let inner = &*self.inner;
         let mem = &inner.mem;
-        let _guard = inner.epochs.try_pin()?;
+        let want = expiry_ms.unwrap_or(0);
         let hash = hash_key(key);
-        let g = inner.index.lock(hash);
-        let Some(slot) = g.find(|l| mem.key_equals(off_of(l), key)) else {
-            return Ok(false);
-        };
-        let off = off_of(g.loc(slot));
-        let Some(h) = mem.header(off) else {
-            return Ok(false);
-        };
-        if h.expired() {
-            return Ok(false);
+        // Made at the first failed append only (it reads the clock).
+        let mut wait = None;
+        loop {
+            let guard = inner.epochs.try_pin()?;
+            let mut g = inner.index.lock(hash);
+            let Some(slot) = g.find(|l| mem.key_equals(off_of(l), key)) else {
+                return Ok(false);
+            };
+            let off = off_of(g.loc(slot));
+            let Some(h) = mem.header(off) else {
+                return Ok(false);
+            };
+            if h.expired() {
+                return Ok(false);
+            }
+            if h.fits_expiry(want) {
+                if h.expiry_slot {
+                    let h = Header {
+                        expiry_ms: want,
+                        ..h
+                    };
+                    // SAFETY: the key's buckets are locked and we hold an
+                    // epoch guard: we are the object's only writer;
+                    // readers validate their copy.
+                    unsafe { mem.write_header(off, &h) };
+                    note_expiry(mem, off, want);
+                }
+                return Ok(true);
+            }
+            let new = Header {
+                expiry_ms: want,
+                expiry_slot: true,
+                value_cap: h.value_len,
+                ..h
+            };
+            let len = new.object_bytes();
+            let body = h.key_len as usize + h.value_len as usize;
+            let copied = std::cell::Cell::new(true);
+            let fill = |to: u64| {
+                // SAFETY: `Log::append` calls `fill` with `len` bytes it
+                // just reserved and has not published (this thread is
+                // their only writer); the source is published and its
+                // bucket is locked (nobody writes it), and fresh space
+                // never overlaps it.
+                unsafe {
+                    mem.write_header(to, &new);
+                    if body > 0 {
+                        let ok = match (
+                            mem.advance(off, h.header_bytes()),
+                            mem.advance(to, new.header_bytes()),
+                        ) {
+                            (Some(src), Some(dst)) => mem.copy(src, dst, body),
+                            _ => false,
+                        };
+                        copied.set(ok);
+                    }
+                }
+                // Under the head's lock, as for any append.
+                note_expiry(mem, to, want);
+            };
+            let appended = inner.try_append(len, want, &fill).or_else(|e| {
+                if inner.expiry_may_use_reserve(len) {
+                    inner.try_append_in(len, want, true, &fill)
+                } else {
+                    Err(e)
+                }
+            });
+            match appended {
+                Ok(app) if copied.get() => {
+                    g.replace(slot, loc_of(app.off));
+                    mem.live().add(app.seg, len as i64);
+                    // SAFETY: the bucket is locked and the old object
+                    // just unlinked; we hold an epoch guard.
+                    unsafe { mem.mark_dead(off) };
+                    drop(g);
+                    mem.live().add(mem.seg_of(off), -(h.object_bytes() as i64));
+                    inner.note_reclaimable();
+                    return Ok(true);
+                }
+                Ok(app) => {
+                    // A published object always reads whole under its
+                    // lock; if it did not, keep it and say so.
+                    // SAFETY: the copy is ours and never published.
+                    unsafe { mem.mark_dead(app.off) };
+                    return Err(Error::OutOfMemory {
+                        what: "log (unreadable object)",
+                    });
+                }
+                Err(_) => {
+                    drop(g);
+                    drop(guard);
+                    // As a put: refused at once on a store known full.
+                    if wait.is_none() && inner.known_full() {
+                        return Err(Error::OutOfMemory { what: "log" });
+                    }
+                    let w = wait.get_or_insert_with(|| SpaceWait::new(inner));
+                    inner.wait_for_space(w)?;
+                }
+            }
         }
-        let h = Header {
-            expiry_ms: expiry_ms.unwrap_or(0),
-            ..h
-        };
-        // SAFETY: the key's buckets are locked and we hold an epoch guard:
-        // we are the object's only writer; readers validate their copy.
-        unsafe { mem.write_header(off, &h) };
-        note_expiry(mem, off, h.expiry_ms);
-        Ok(true)
     }
 }
 

@@ -324,6 +324,7 @@ impl Inner {
             flags: 0,
             version,
             expiry_ms: 0,
+            expiry_slot: true,
             flags_slot: true,
             slack_slot: true,
             pinned: false,

@@ -126,6 +126,7 @@ impl Inner {
             version,
             expiry_ms: expiry,
             // The wide layout has every field.
+            expiry_slot: true,
             flags_slot: true,
             slack_slot: true,
             // The shared store never evicts, so it keeps no pinned mark.
