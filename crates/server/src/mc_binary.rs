@@ -282,12 +282,25 @@ pub fn execute(
             let with_key = matches!(op, 0x0c | 0x0d | 0x23 | 0x24);
             let hit = match store.get_into(key, buf) {
                 Ok(Some(m)) if !is_collection(&m) => {
-                    if matches!(op, 0x1d | 0x1e | 0x23 | 0x24) {
-                        let _ = store.set_expiry(key, expiry_of(i64::from(be32(extras))));
+                    let gat = matches!(op, 0x1d | 0x1e | 0x23 | 0x24);
+                    let touched = if gat {
+                        store.set_expiry(key, expiry_of(i64::from(be32(extras))))
+                    } else {
+                        Ok(true)
+                    };
+                    match touched {
+                        Ok(_) => {
+                            let k: &[u8] = if with_key { key } else { &[] };
+                            respond(out, h, OK, m.version, &m.flags.to_be_bytes(), k, buf);
+                            true
+                        }
+                        // No room to give the item its TTL (a store that
+                        // refuses instead of evicting): the GAT fails.
+                        Err(e) => {
+                            error(out, h, store_status(&e));
+                            false
+                        }
                     }
-                    let k: &[u8] = if with_key { key } else { &[] };
-                    respond(out, h, OK, m.version, &m.flags.to_be_bytes(), k, buf);
-                    true
                 }
                 Ok(_) => {
                     if !quiet {

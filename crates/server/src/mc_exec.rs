@@ -116,11 +116,19 @@ pub fn execute(
             with_cas,
             touch,
         } => {
+            // A touch that fails (no room to give the item its TTL on a
+            // store that refuses instead of evicting) fails the command:
+            // the values already written for it are taken back.
+            let start = out.len();
+            let mut failed = None;
             for k in keys {
                 let found = match store.get_into(k, buf) {
                     Ok(Some(m)) => {
                         if let Some(t) = touch {
-                            let _ = store.set_expiry(k, expiry_of(t));
+                            if let Err(e) = store.set_expiry(k, expiry_of(t)) {
+                                failed = Some(store_err(&e));
+                                break;
+                            }
                         }
                         out.extend_from_slice(b"VALUE ");
                         out.extend_from_slice(k);
@@ -138,7 +146,13 @@ pub fn execute(
                 let c = if found { &stats.hits } else { &stats.misses };
                 c.fetch_add(1, Ordering::Relaxed);
             }
-            ("END".into(), false)
+            match failed {
+                Some(e) => {
+                    out.truncate(start);
+                    (e.into(), false)
+                }
+                None => ("END".into(), false),
+            }
         }
         McCommand::Delete { key, noreply } => {
             let r = match store.delete(key) {

@@ -392,7 +392,12 @@ fn get(shared: &Shared, m: &Meta<'_>, out: &mut Vec<u8>, buf: &mut Vec<u8>) -> b
     };
     if let Some(t) = new_ttl {
         seen.expiry_ms = expiry_of(t);
-        let _ = store.set_expiry(&m.key[..], seen.expiry_ms);
+        // No room to give the item its TTL (a store that refuses instead
+        // of evicting): the command fails.
+        if let Err(e) = store.set_expiry(&m.key[..], seen.expiry_ms) {
+            line(out, store_err(&e));
+            return false;
+        }
     }
     if has(m, b'v') {
         let _ = write!(Wr(out), "VA {}", buf.len());
