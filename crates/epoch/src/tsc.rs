@@ -23,7 +23,8 @@
 //! table: a one-entry thread-local cache (`LAST_SLOT`) holds the last
 //! table id and slot, so the usual pin (one store per process) is a
 //! compare of that id, a TSC read, a store and the fence (the registry's
-//! borrow and search took about 40 of a GET's instructions).
+//! borrow and search cost about 40 instructions, as much as the rest of
+//! the pin).
 //! [`TscEpochs::register`] is the explicit
 //! alternative: a handle owning a slot, for callers that want no
 //! thread-local lookup per operation (and for the loom model, whose threads

@@ -73,8 +73,8 @@ const PREFIX_BYTES: usize = 64;
 /// of a header read, a slot read and a key read, each walking the
 /// segment's blocks. The caller owns the bytes and decodes the header
 /// from them in place ([`ObjectPrefix::header`]): a prefix returned by
-/// value through the read path's inlined layers was copied four times
-/// over (about 100 instructions a GET).
+/// value through the read path's inlined layers is copied at each layer
+/// (about 100 instructions a GET).
 pub(crate) struct ObjectPrefix {
     bytes: [u8; PREFIX_BYTES],
 }

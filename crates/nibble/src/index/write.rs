@@ -119,8 +119,8 @@ impl WriteGuard<'_> {
         let mut free = [0u16; NEIGHBOURHOOD_BUCKETS];
         for (b, guard) in self.buckets.iter().enumerate() {
             // The bucket's mask in a local, not in `free[b]`: indexed by
-            // the loop's `b`, the array lives in memory, and every empty
-            // entry (most of them, in a load) cost a load and a store.
+            // the loop's `b`, the array lives in memory, where every empty
+            // entry (most of them, in a load) costs a load and a store.
             let mut bucket_free = 0u16;
             for i in 0..ENTRIES_PER_BUCKET {
                 let e = guard.load(i);
