@@ -164,6 +164,7 @@ impl<'a> Guard<'a> {
 }
 
 impl Drop for Guard<'_> {
+    #[inline]
     fn drop(&mut self) {
         match self.inner {
             GuardInner::Slot { slot, temporary } => {
@@ -319,6 +320,7 @@ impl EpochScheme for Epochs {
         self.kind().name()
     }
 
+    #[inline]
     fn try_pin(&self) -> Result<Guard<'_>, EpochError> {
         match self {
             Epochs::Tsc(s) => s.try_pin(),

@@ -18,7 +18,13 @@
 //! never reused, until it exits; the registry's destructor then frees the
 //! slot for the next thread (at OS-thread exit: after `JoinHandle::join`,
 //! but possibly not yet when `std::thread::scope` returns, since its
-//! implicit join does not wait for thread-local destructors).
+//! implicit join does not wait for thread-local destructors). A pin
+//! looks up the registry only when the thread's last pin was on another
+//! table: a one-entry thread-local cache (`LAST_SLOT`) holds the last
+//! table id and slot, so the usual pin (one store per process) is a
+//! compare of that id, a TSC read, a store and the fence (the registry's
+//! borrow and search cost about 40 instructions, as much as the rest of
+//! the pin).
 //! [`TscEpochs::register`] is the explicit
 //! alternative: a handle owning a slot, for callers that want no
 //! thread-local lookup per operation (and for the loom model, whose threads
@@ -29,7 +35,7 @@
 //! every slot is owned, [`try_pin`](crate::EpochScheme::try_pin) returns
 //! [`EpochError::TableFull`] and `pin` panics saying so.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 use std::sync::{Arc, Weak};
 
@@ -93,6 +99,7 @@ impl Slot {
     }
 
     /// Starts an operation (outermost) or nests in the current one.
+    #[inline]
     fn enter(&self, clock: &impl Clock) {
         let depth = self.depth.load(Ordering::Relaxed);
         if depth == 0 {
@@ -112,6 +119,7 @@ impl Slot {
     }
 
     /// Ends the innermost guard; clears the stamp when it was the outermost.
+    #[inline]
     pub(crate) fn exit(&self) {
         let depth = self.depth.load(Ordering::Relaxed);
         debug_assert!(depth > 0, "epoch slot unpinned more often than pinned");
@@ -167,6 +175,7 @@ impl<C: Clock> Table<C> {
         })
     }
 
+    #[inline]
     fn pin_slot(&self, index: usize, release_on_unpin: bool) -> Guard<'_> {
         let slot: &Slot = &self.slots[index];
         slot.enter(&self.clock);
@@ -227,6 +236,11 @@ struct Registry {
 
 impl Drop for Registry {
     fn drop(&mut self) {
+        // The slots go back to their tables: forget the cached one first,
+        // so that a pin from a later thread-local destructor borrows a slot
+        // instead of using one that another thread may now own.
+        // `try_with`: the cache may already be gone on some platforms.
+        let _ = LAST_SLOT.try_with(|last| last.set(NO_CACHED_SLOT));
         for entry in self.entries.drain(..) {
             if let Some(table) = entry.table.upgrade() {
                 table.release_on_exit(entry.slot);
@@ -237,7 +251,17 @@ impl Drop for Registry {
 
 thread_local! {
     static REGISTRY: RefCell<Registry> = const { RefCell::new(Registry { entries: Vec::new() }) };
+    /// The (table id, slot) of this thread's latest registry lookup: a pin
+    /// on the same table (the usual case: one store per process) reads this
+    /// one cell instead of borrowing the registry and searching it. Valid
+    /// while the registry entry lives, i.e. until the registry's destructor,
+    /// which resets it; table ids are never reused, so an entry of a
+    /// dropped table never matches a live one.
+    static LAST_SLOT: Cell<(u64, usize)> = const { Cell::new(NO_CACHED_SLOT) };
 }
+
+/// [`LAST_SLOT`] when it caches nothing (table ids start at 1).
+const NO_CACHED_SLOT: (u64, usize) = (0, 0);
 
 /// The distributed hardware epoch table (dissertation §4.5).
 ///
@@ -348,13 +372,27 @@ impl<C: Clock> TscEpochs<C> {
     /// This thread's registered slot in this table, claiming one on first
     /// use. `Ok(None)` when the registry is unavailable (the thread is
     /// running thread-local destructors).
+    #[inline]
     fn registered_slot(&self) -> Result<Option<usize>, EpochError> {
         let table_id = self.table.id;
+        if let Ok((id, slot)) = LAST_SLOT.try_with(Cell::get) {
+            if id == table_id {
+                return Ok(Some(slot));
+            }
+        }
+        self.registered_slot_slow(table_id)
+    }
+
+    /// [`registered_slot`](Self::registered_slot) through the registry,
+    /// claiming a slot on first use; caches the answer in [`LAST_SLOT`].
+    #[inline(never)]
+    fn registered_slot_slow(&self, table_id: u64) -> Result<Option<usize>, EpochError> {
         let lookup = REGISTRY.try_with(|registry| {
             let Ok(mut registry) = registry.try_borrow_mut() else {
                 return Ok(None);
             };
             if let Some(entry) = registry.entries.iter().find(|e| e.table_id == table_id) {
+                let _ = LAST_SLOT.try_with(|last| last.set((table_id, entry.slot)));
                 return Ok(Some(entry.slot));
             }
             let slot = self.table.claim()?;
@@ -366,6 +404,7 @@ impl<C: Clock> TscEpochs<C> {
                 table: Arc::downgrade(&table),
                 slot,
             });
+            let _ = LAST_SLOT.try_with(|last| last.set((table_id, slot)));
             Ok(Some(slot))
         });
         lookup.unwrap_or(Ok(None))
@@ -377,6 +416,7 @@ impl<C: Clock> EpochScheme for TscEpochs<C> {
         crate::EpochKind::Tsc.name()
     }
 
+    #[inline]
     fn try_pin(&self) -> Result<Guard<'_>, EpochError> {
         match self.registered_slot()? {
             Some(index) => Ok(self.table.pin_slot(index, false)),
@@ -506,6 +546,34 @@ mod tests {
         drop(guard);
         assert!(epochs.safe_to_reclaim(retired_at));
         assert_eq!(epochs.name(), "tsc");
+    }
+
+    #[test]
+    fn pins_alternating_between_tables_use_each_tables_slot() {
+        // The thread-local cache holds one table's slot: pins that
+        // alternate between tables (and a table dropped and replaced)
+        // must each land in their own table's slot, never another's.
+        let a = logical(4);
+        let b = logical(4);
+        for _ in 0..3 {
+            let ga = a.pin();
+            assert!(a.min_active().is_some());
+            assert_eq!(b.min_active(), None, "a pin on a leaked into b");
+            let gb = b.pin();
+            drop(ga);
+            assert_eq!(a.min_active(), None);
+            assert!(b.min_active().is_some());
+            drop(gb);
+            assert_eq!(b.min_active(), None);
+        }
+        assert_eq!((a.slots_in_use(), b.slots_in_use()), (1, 1));
+        drop(a);
+        let c = logical(4);
+        let gc = c.pin();
+        assert!(c.min_active().is_some());
+        assert_eq!(b.min_active(), None);
+        drop(gc);
+        assert_eq!(c.min_active(), None);
     }
 
     #[test]

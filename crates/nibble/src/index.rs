@@ -611,7 +611,7 @@ impl Index {
     }
 
     /// The first entry of `bucket` with `tag` for which `f` says yes.
-    #[inline]
+    #[inline(always)]
     fn search<R>(
         bucket: &IndexBucket,
         tag: u64,
@@ -619,7 +619,11 @@ impl Index {
     ) -> Option<R> {
         for i in 0..ENTRIES_PER_BUCKET {
             let e = bucket.load(i);
-            if e != 0 && tag_bits(e) == tag {
+            // The tags are equal when `e ^ tag` has none of the top 16
+            // bits set, and the entry is not empty when its location is
+            // not 0 (a location never is): `e ^ tag` is then in
+            // `1..=LOC_MASK`, one subtract and one compare an entry.
+            if (e ^ tag).wrapping_sub(1) < LOC_MASK {
                 if let Some(r) = f(e & LOC_MASK) {
                     return Some(r);
                 }

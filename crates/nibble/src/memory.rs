@@ -906,8 +906,25 @@ impl Memory {
     /// under a bucket lock): the copy is through raw pointers, never a
     /// reference, and the caller's seqlock validation discards what it
     /// read if a writer was there.
-    #[inline]
-    pub(crate) fn read(&self, mut off: u64, dst: &mut [u8]) -> bool {
+    #[inline(always)]
+    pub(crate) fn read(&self, off: u64, dst: &mut [u8]) -> bool {
+        // The usual case, all of `dst` in `off`'s block: one copy (of a
+        // constant length where the caller's is, as a header prefix's).
+        if dst.len() <= BLOCK_BYTES - (off as usize & (BLOCK_BYTES - 1)) {
+            let src = self.block_ptr(off, dst.len());
+            // SAFETY: `src .. src + dst.len()` lies inside one block of the
+            // pool (`block_ptr`, the test above); a local buffer cannot
+            // overlap the pool.
+            unsafe { ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
+            return true;
+        }
+        self.read_across(off, dst)
+    }
+
+    /// [`Memory::read`] of bytes that continue in the segment's next
+    /// block(s).
+    #[inline(never)]
+    fn read_across(&self, mut off: u64, dst: &mut [u8]) -> bool {
         let mut done = 0;
         while done < dst.len() {
             let in_block = BLOCK_BYTES - (off as usize & (BLOCK_BYTES - 1));
@@ -941,8 +958,29 @@ impl Memory {
     /// meanwhile (readers may read them: see [`Memory::read`]). The
     /// segment's blocks must reach `off + src.len()` (set up before its
     /// first write).
-    #[inline]
-    pub(crate) unsafe fn write(&self, mut off: u64, src: &[u8]) {
+    #[inline(always)]
+    pub(crate) unsafe fn write(&self, off: u64, src: &[u8]) {
+        // The usual case, all of `src` in `off`'s block: one copy.
+        if src.len() <= BLOCK_BYTES - (off as usize & (BLOCK_BYTES - 1)) {
+            let dst = self.block_ptr(off, src.len());
+            // SAFETY: `dst .. dst + src.len()` lies inside one block of
+            // the pool (`block_ptr`, the test above), and the caller has
+            // exclusive write access to these pool bytes (this function's
+            // contract); a caller's slice is not pool memory.
+            unsafe { ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+            return;
+        }
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.write_across(off, src) }
+    }
+
+    /// [`Memory::write`] of bytes that continue in the segment's next
+    /// block(s).
+    ///
+    /// # Safety
+    /// As [`Memory::write`].
+    #[inline(never)]
+    unsafe fn write_across(&self, mut off: u64, src: &[u8]) {
         let mut done = 0;
         while done < src.len() {
             let in_block = BLOCK_BYTES - (off as usize & (BLOCK_BYTES - 1));
@@ -1035,6 +1073,15 @@ impl Memory {
         let in_block = BLOCK_BYTES - (off as usize & (BLOCK_BYTES - 1));
         let mut at = off as usize & !(LINE_BYTES - 1);
         let end = off as usize + len.min(in_block);
+        // Four lines a turn (a 1 KiB value is 17 lines: half the loop's
+        // compares and branches), then the rest one by one.
+        while at + 3 * LINE_BYTES < end {
+            each(self.base.wrapping_add(at));
+            each(self.base.wrapping_add(at + LINE_BYTES));
+            each(self.base.wrapping_add(at + 2 * LINE_BYTES));
+            each(self.base.wrapping_add(at + 3 * LINE_BYTES));
+            at += 4 * LINE_BYTES;
+        }
         while at < end {
             each(self.base.wrapping_add(at));
             at += LINE_BYTES;

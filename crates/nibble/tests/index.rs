@@ -190,6 +190,19 @@ proptest! {
         let t = Table::new(&cfg(2, 2, 64), clustered_hash);
         run_model(&t, &ops)?;
     }
+
+    /// Every key's tag 0, the tag an empty entry (0) shares: a lookup
+    /// must pass over the empty entries and still find every key.
+    #[test]
+    fn model_tag_zero_hash(ops in ops(300)) {
+        let t = Table::new(&cfg(2, 2, 1024), tag_zero_hash);
+        run_model(&t, &ops)?;
+    }
+}
+
+/// A well-mixed hash with the top 16 bits (the tag) cleared.
+fn tag_zero_hash(key: u64) -> u64 {
+    splitmix64(key) & ((1 << LOC_BITS) - 1)
 }
 
 #[test]

@@ -118,10 +118,14 @@ impl WriteGuard<'_> {
     pub fn find(&self, mut is_key: impl FnMut(Loc) -> bool) -> Option<Slot> {
         let mut free = [0u16; NEIGHBOURHOOD_BUCKETS];
         for (b, guard) in self.buckets.iter().enumerate() {
+            // The bucket's mask in a local, not in `free[b]`: indexed by
+            // the loop's `b`, the array lives in memory, where every empty
+            // entry (most of them, in a load) costs a load and a store.
+            let mut bucket_free = 0u16;
             for i in 0..ENTRIES_PER_BUCKET {
                 let e = guard.load(i);
                 if e == 0 {
-                    free[b] |= 1 << i;
+                    bucket_free |= 1 << i;
                 } else if tag_bits(e) == self.tag && is_key(e & LOC_MASK) {
                     return Some(Slot {
                         bucket: b as u8,
@@ -129,6 +133,7 @@ impl WriteGuard<'_> {
                     });
                 }
             }
+            free[b] = bucket_free;
         }
         self.free.set(Some(free));
         None
