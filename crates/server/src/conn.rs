@@ -57,6 +57,13 @@
 //! unwritten replies pass it, which here means one reply larger than the
 //! limit, since the output is written at every [`OUT_SOFT`] bytes.
 //!
+//! Moving: between two batches, a TCP connection may leave its worker for
+//! the one that owns the key stripe it keeps contending on (see
+//! [`crate::migrate`]): its replies so far are written at once, and
+//! [`serve_movable`] returns its socket and its [`Carry`] (input buffer
+//! with at most an incomplete request, parser, session with any MULTI
+//! queue and WATCH records) to be resumed on the new worker.
+//!
 //! A protocol error (RESP) or an unrecoverable one (memcached) is answered
 //! with one error line, then this connection alone is closed. The idle
 //! `timeout` closes a connection that sent nothing for that long; shutdown

@@ -43,6 +43,12 @@
 //! latency tail of those runs is not the stripe at all but workers
 //! waiting for their CPU (the same tail shows on random keys).
 //!
+//! Contention is recorded: an acquisition whose first `try_lock` fails
+//! notes its stripe in a thread-local ([`take_contended`]), on the cold
+//! path only. A connection reads it after each batch, and one that keeps
+//! meeting another worker on one stripe moves to that stripe's owner
+//! worker ([`crate::migrate`]), so a hot key's clients stop contending.
+//!
 //! Versions, for WATCH. Each stripe carries a counter in its lock's cache
 //! line. Dropping a guard that holds a stripe exclusively adds one to it
 //! (a plain load and store: the writer owns the line already, so the bump

@@ -26,7 +26,7 @@
 //! Detection costs the hot path nothing new: a stripe acquisition that
 //! fails its first `try_lock` already takes the cold spin path, which now
 //! also records the stripe in a thread-local ([`crate::keylock::take_contended`]);
-//! the connection reads and clears it once per batch and feeds
+//! the connection clears it before each batch, reads it after, and feeds
 //! [`Affinity`]. A connection moves after [`MOVE_AFTER_CONTENDED`]
 //! contended acquisitions of one stripe owned by another worker within
 //! [`WINDOW_BATCHES`] of its batches. Loads over many keys almost never

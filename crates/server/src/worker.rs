@@ -12,11 +12,15 @@
 //! ```
 //!
 //! Each worker owns one `SO_REUSEPORT` listening socket per address, so the
-//! kernel spreads new connections across workers and no accept lock or
-//! hand-off queue exists. A connection lives on the worker that accepted
-//! it for its whole life; its requests run there, and the engine's writes
-//! go to the log head of that worker's CPU. Workers share nothing on the
-//! request path but the engine and a few relaxed atomics. (A Unix socket
+//! kernel spreads new connections across workers and no accept lock
+//! exists. A connection's requests run on its worker, and the engine's
+//! writes go to the log head of that worker's CPU. A TCP connection stays
+//! on the worker that accepted it unless key affinity moves it between two
+//! batches to the worker that owns the stripe of the key it keeps
+//! contending on ([`crate::migrate`]): each worker has a lane (a channel)
+//! that a task of its own drains, taking moved sockets into its runtime.
+//! Workers share nothing on the request path but the engine and a few
+//! relaxed atomics. (A Unix socket
 //! cannot be shared with `SO_REUSEPORT`; every worker accepts on a
 //! duplicate of the one listening descriptor instead.)
 //!
