@@ -216,3 +216,37 @@ fn shutdown_with_moving_connections() {
     assert_eq!(shared.connected.load(Ordering::Relaxed), 0);
     assert!(shared.client_list().is_empty());
 }
+
+/// memcached clients incrementing one key on two workers (moved or not,
+/// by timing): every reply is one more than the client's last view
+/// allows, none is lost, and the total is exact.
+#[test]
+fn one_key_memcached_clients_lose_no_reply() {
+    let s = start();
+    let port = s.memcached_port().unwrap();
+    const CLIENTS: usize = 8;
+    const ROUNDS: u64 = 300;
+    let mut m = Mc::new(port);
+    assert_eq!(m.req("set hot 0 0 1\r\n0\r\n"), "STORED");
+    let threads: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut c = Mc::new(port);
+                let mut last = 0u64;
+                for _ in 0..ROUNDS {
+                    let v: u64 = c.req("incr hot 1\r\n").parse().expect("a number");
+                    assert!(v > last, "incr went from {last} to {v}");
+                    last = v;
+                }
+                c
+            })
+        })
+        .collect();
+    let conns: Vec<Mc> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_eq!(
+        m.req("incr hot 0\r\n"),
+        (CLIENTS as u64 * ROUNDS).to_string()
+    );
+    assert_eq!(s.shared().connected.load(Ordering::Relaxed), CLIENTS + 1);
+    drop(conns);
+}
