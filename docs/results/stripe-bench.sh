@@ -5,11 +5,13 @@
 # Two nibble builds (--maxmemory 2gb --threads 2) and redis-server 7.0.15,
 # interleaved round by round. Per run: requests/s, p50 and p99 (ms), the
 # server's CPU per request (µs, utime+stime from /proc) and its voluntary
-# context switches per request.
+# context switches per request. PORT0 (default 7701): the first of the
+# three ports used.
 A=$1; B=$2; R=${3:-3}
-$A --port 7701 --maxmemory 2gb --threads 2 > /dev/null 2>&1 &
-$B --port 7702 --maxmemory 2gb --threads 2 > /dev/null 2>&1 &
-redis-server --port 7703 --save '' --appendonly no > /dev/null 2>&1 &
+P1=${PORT0:-7701}; P2=$((P1 + 1)); P3=$((P1 + 2))
+$A --port $P1 --maxmemory 2gb --threads 2 > /dev/null 2>&1 &
+$B --port $P2 --maxmemory 2gb --threads 2 > /dev/null 2>&1 &
+redis-server --port $P3 --save '' --appendonly no > /dev/null 2>&1 &
 sleep 1
 pid_of() { ss -ltnpH "sport = :$1" | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2; }
 cpu() { awk '{print $14+$15}' /proc/$1/stat; }
@@ -28,11 +30,11 @@ run() { # port name n args...
     "vcs $(echo "($v1 - $v0) / $n" | bc -l | xargs printf '%.2f')"
 }
 for i in $(seq $R); do
-  for P in 7701 7702 7703; do
+  for P in $P1 $P2 $P3; do
     run $P hsetnew 5000 -r 100000000 HSET h$i element:__rand_int__ xxx
     run $P lpush 50000 LPUSH q$i x
     run $P rpop 50000 RPOP q$i
   done
 done
-for P in 7701 7702 7703; do redis-cli -p $P shutdown nosave > /dev/null 2>&1; done
+for P in $P1 $P2 $P3; do redis-cli -p $P shutdown nosave > /dev/null 2>&1; done
 wait

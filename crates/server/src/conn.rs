@@ -57,6 +57,13 @@
 //! unwritten replies pass it, which here means one reply larger than the
 //! limit, since the output is written at every [`OUT_SOFT`] bytes.
 //!
+//! Moving: between two batches, a TCP connection may leave its worker for
+//! the one that owns the key stripe it keeps contending on (see
+//! [`crate::migrate`]): its replies so far are written at once, and
+//! [`serve_movable`] returns its socket and its [`Carry`] (input buffer
+//! with at most an incomplete request, parser, session with any MULTI
+//! queue and WATCH records) to be resumed on the new worker.
+//!
 //! A protocol error (RESP) or an unrecoverable one (memcached) is answered
 //! with one error line, then this connection alone is closed. The idle
 //! `timeout` closes a connection that sent nothing for that long; shutdown
@@ -552,39 +559,117 @@ async fn penalty(d: std::time::Duration, shutdown: &mut watch::Receiver<bool>) {
     }
 }
 
-/// Serve one connection until it closes. `fd`: the socket of a plain
-/// (TCP or Unix) connection, whose replies are then written at the end of
-/// the worker's loop turn ([`crate::outq`]); `None` (TLS) writes them at
-/// the end of each batch.
-#[allow(clippy::too_many_arguments)]
+/// A connection's state between two batches: what travels with it when
+/// it moves to another worker (see [`crate::migrate`]).
+pub struct Carry {
+    inb: InBuf,
+    out: Vec<u8>,
+    scratch: Vec<u8>,
+    sess: Session,
+    /// The memcached side's authentication (its authfile), see `auth`.
+    mc_authed: bool,
+    parser: Parser,
+    /// Input bytes the next request needs at least.
+    want: usize,
+    /// memcached: bytes of a too-large data block still to discard.
+    skip: u64,
+    /// memcached: binary protocol (decided by the connection's first byte).
+    mc_bin: Option<bool>,
+}
+
+impl Carry {
+    /// The state of a new connection of client `info`.
+    pub fn new(info: Arc<ClientInfo>, shared: &Shared) -> Box<Carry> {
+        Box::new(Carry {
+            inb: InBuf::new(),
+            out: Vec::new(),
+            scratch: Vec::new(),
+            sess: Session::new(info, shared.settings.password().is_none()),
+            mc_authed: shared.settings.mc_users.is_none(),
+            parser: Parser::new(),
+            want: 1,
+            skip: 0,
+            mc_bin: None,
+        })
+    }
+
+    /// The client.
+    pub fn info(&self) -> &Arc<ClientInfo> {
+        &self.sess.info
+    }
+}
+
+/// A connection that left its worker between two batches: its socket,
+/// deregistered from nothing yet, and its state; `to` is its new worker.
+pub struct Moved<S> {
+    /// The socket (still registered with the old worker's runtime).
+    pub stream: S,
+    /// The worker to move to.
+    pub to: usize,
+    /// Everything else.
+    pub carry: Box<Carry>,
+}
+
+/// Serve one connection until it closes, on this worker. `fd`: the
+/// socket of a plain (TCP or Unix) connection, whose replies are then
+/// written at the end of the worker's loop turn ([`crate::outq`]); `None`
+/// (TLS) writes them at the end of each batch.
 pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
-    mut s: S,
+    s: S,
     fd: Option<std::os::fd::RawFd>,
     protocol: Protocol,
     shared: Arc<Shared>,
     worker: usize,
     info: Arc<ClientInfo>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
+    let carry = Carry::new(info, &shared);
+    let _ = serve_movable(
+        s, fd, protocol, shared, worker, carry, None, false, shutdown,
+    )
+    .await;
+}
+
+/// Serve one connection from state `carry` until it closes, or, if
+/// `movable` and more than one worker runs, until key affinity (or DEBUG
+/// MIGRATE) asks it to move to another worker between two batches: then
+/// its replies so far are written and it is returned (see
+/// [`crate::migrate`]). `moved_at`: when it arrived here by a move.
+#[allow(clippy::too_many_arguments)]
+pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
+    mut s: S,
+    fd: Option<std::os::fd::RawFd>,
+    protocol: Protocol,
+    shared: Arc<Shared>,
+    worker: usize,
+    carry: Box<Carry>,
+    moved_at: Option<std::time::Instant>,
+    movable: bool,
+    mut shutdown: watch::Receiver<bool>,
+) -> Option<Moved<S>> {
     let stats = &shared.stats[worker];
     // Declared after `s`, so dropped (detaching the slot from the socket)
     // before it.
     let deferred = fd.and_then(Deferred::new);
     let dq = deferred.as_ref();
-    let mut inb = InBuf::new();
-    let mut out = Vec::new();
-    let mut scratch = Vec::new();
-    let mut sess = Session::new(info.clone(), shared.settings.password().is_none());
+    let Carry {
+        mut inb,
+        mut out,
+        mut scratch,
+        mut sess,
+        mut mc_authed,
+        mut parser,
+        mut want,
+        mut skip,
+        mut mc_bin,
+    } = *carry;
+    sess.worker = worker;
+    let info = sess.info.clone();
+    let workers = shared.clients.len();
+    let movable = movable && workers > 1;
+    let mut affinity = crate::migrate::Affinity::new(moved_at);
     // Shutdown as the reads wait for it (see `crate::stop`).
     let stop = crate::stop::Waiter::new();
-    // The memcached side's authentication (its authfile), see `auth`.
-    let mut mc_authed = shared.settings.mc_users.is_none();
-    let mut parser = Parser::new();
-    let mut want = 1;
-    // memcached: bytes of a too-large data block still to discard.
-    let mut skip: u64 = 0;
-    // memcached: binary protocol (decided by the connection's first byte).
-    let mut mc_bin: Option<bool> = None;
     // Writes whose replies are not out yet (see `durable`).
     let mut dirty = false;
     // The memcached request just run may have written (reads wait for no
@@ -620,7 +705,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             // Pub/sub messages arrived: write them, then wait again.
             Ok(false) => {
                 if deliver(&mut s, &mut out, stats, &sess, dq).await.is_err() {
-                    return;
+                    return None;
                 }
                 continue;
             }
@@ -629,7 +714,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                     log::debug!("client {} idle timeout", info.id);
                 }
                 let _ = flush(&mut s, &mut out, stats, mail.as_deref(), dq).await;
-                return;
+                return None;
             }
         }
         if skip > 0 && discard(&mut inb, &mut skip) {
@@ -644,7 +729,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             };
             out.extend_from_slice(msg);
             let _ = flush(&mut s, &mut out, stats, mailbox(&sess).as_deref(), dq).await;
-            return;
+            return None;
         }
         if inb.filled - inb.start < want {
             continue;
@@ -663,6 +748,10 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         let mut slice_start = std::time::Instant::now();
         crate::idlespin::note_work(slice_start);
         let mut since_check = 0u32;
+        if movable {
+            // Count only this batch's contended stripes (see `migrate`).
+            let _ = crate::keylock::take_contended();
+        }
         loop {
             let step = match protocol {
                 Protocol::Resp => {
@@ -691,7 +780,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                                     info.id,
                                     out.len()
                                 );
-                                return;
+                                return None;
                             }
                             let used = req.consumed;
                             parser.recycle(req.args);
@@ -829,7 +918,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                         *info.blocked.lock() = None;
                         drop(b);
                         if !ok {
-                            return;
+                            return None;
                         }
                         slice_start = std::time::Instant::now();
                     }
@@ -850,7 +939,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                             .await
                             .is_err()
                     {
-                        return;
+                        return None;
                     }
                     since_check += 1;
                     if since_check >= SLICE_CHECK_EVERY {
@@ -858,14 +947,14 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                         if slice_start.elapsed() >= EXEC_SLICE {
                             durable(&shared, &mut dirty).await;
                             if deliver(&mut s, &mut out, stats, &sess, dq).await.is_err() {
-                                return;
+                                return None;
                             }
                             if let Peek::Gone = peek_input(&mut s, &mut inb, cap, stats).await {
                                 log::debug!(
                                     "client {} gone with requests pending; dropped",
                                     info.id
                                 );
-                                return;
+                                return None;
                             }
                             // tokio skips its park hook while a yielded
                             // task waits: write the other connections'
@@ -888,6 +977,37 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         }
         dirty |= std::mem::take(&mut sess.dirty);
         durable(&shared, &mut dirty).await;
+        if movable {
+            let contended = crate::keylock::take_contended();
+            let to = match sess.move_to.take() {
+                Some(t) => Some(t),
+                None => affinity.after_batch(contended, worker, workers),
+            };
+            // Only in a plain state: nothing to close, skip or deliver.
+            let plain = !close && skip == 0 && sess.subs.is_none() && sess.ready.is_empty();
+            if let Some(to) = to.filter(|&t| plain && t != worker) {
+                // Every reply goes out here: nothing stays behind.
+                if flush(&mut s, &mut out, stats, None, dq).await.is_err() {
+                    return None;
+                }
+                let carry = Box::new(Carry {
+                    inb,
+                    out,
+                    scratch,
+                    sess,
+                    mc_authed,
+                    parser,
+                    want,
+                    skip,
+                    mc_bin,
+                });
+                return Some(Moved {
+                    stream: s,
+                    to,
+                    carry,
+                });
+            }
+        }
         match dq {
             // Written before the worker next waits for events, with the
             // replies of every other connection run in this loop turn.
@@ -895,7 +1015,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             _ => {
                 if deliver(&mut s, &mut out, stats, &sess, dq).await.is_err() || close {
                     let _ = s.shutdown().await;
-                    return;
+                    return None;
                 }
             }
         }

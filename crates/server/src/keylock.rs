@@ -43,6 +43,12 @@
 //! latency tail of those runs is not the stripe at all but workers
 //! waiting for their CPU (the same tail shows on random keys).
 //!
+//! Contention is recorded: an acquisition whose first `try_lock` fails
+//! notes its stripe in a thread-local ([`take_contended`]), on the cold
+//! path only. A connection reads it after each batch, and one that keeps
+//! meeting another worker on one stripe moves to that stripe's owner
+//! worker ([`crate::migrate`]), so a hot key's clients stop contending.
+//!
 //! Versions, for WATCH. Each stripe carries a counter in its lock's cache
 //! line. Dropping a guard that holds a stripe exclusively adds one to it
 //! (a plain load and store: the writer owns the line already, so the bump
@@ -65,6 +71,7 @@
 //! (FLUSHALL, [`KeyLocks::lock_all`]) disarm the drop-time bump and call
 //! [`KeyLocks::bump_held`] for the keys they really changed.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
@@ -91,24 +98,58 @@ struct Stripe {
 }
 
 impl Stripe {
-    /// The lock, exclusive: `try_write` for up to [`SPIN_BEFORE_PARK_NS`],
-    /// then park.
+    /// The lock of stripe `i`, exclusive: `try_write` for up to
+    /// [`SPIN_BEFORE_PARK_NS`], then park. A failed first try is recorded
+    /// (see [`take_contended`]).
     #[inline]
-    fn write(&self) -> RwLockWriteGuard<'_, ()> {
+    fn write(&self, i: usize) -> RwLockWriteGuard<'_, ()> {
         match self.lock.try_write() {
             Some(g) => g,
-            None => spin_then(|| self.lock.try_write(), || self.lock.write()),
+            None => {
+                note_contended(i);
+                spin_then(|| self.lock.try_write(), || self.lock.write())
+            }
         }
     }
 
-    /// The lock, shared, the same way.
+    /// The lock of stripe `i`, shared, the same way.
     #[inline]
-    fn read(&self) -> RwLockReadGuard<'_, ()> {
+    fn read(&self, i: usize) -> RwLockReadGuard<'_, ()> {
         match self.lock.try_read() {
             Some(g) => g,
-            None => spin_then(|| self.lock.try_read(), || self.lock.read()),
+            None => {
+                note_contended(i);
+                spin_then(|| self.lock.try_read(), || self.lock.read())
+            }
         }
     }
+}
+
+thread_local! {
+    /// Contended acquisitions on this thread since the last
+    /// [`take_contended`]: (the last one's stripe, how many).
+    static CONTENDED: Cell<(usize, u32)> = const { Cell::new((0, 0)) };
+}
+
+/// Record a contended acquisition of stripe `i` on this thread.
+#[cold]
+fn note_contended(i: usize) {
+    CONTENDED.with(|c| {
+        let (_, n) = c.get();
+        c.set((i, n.saturating_add(1)));
+    });
+}
+
+/// The contended stripe acquisitions of this thread since the last call,
+/// as (the last one's stripe, how many), and clear them; `None` if there
+/// were none. A connection calls it around each batch to learn which hot
+/// stripe it shares with another worker (see [`crate::migrate`]).
+#[inline]
+pub fn take_contended() -> Option<(usize, u32)> {
+    CONTENDED.with(|c| {
+        let v = c.replace((0, 0));
+        (v.1 > 0).then_some(v)
+    })
 }
 
 /// Retry `attempt` for up to [`SPIN_BEFORE_PARK_NS`], then `park`.
@@ -227,16 +268,17 @@ impl KeyLocks {
 
     /// Take the stripe of one key (most commands): no ordering to do.
     pub fn lock_one(&self, key: &[u8], write: bool) -> KeyGuard<'_> {
-        let s = &self.stripes[Self::stripe_of(key)];
+        let i = Self::stripe_of(key);
+        let s = &self.stripes[i];
         let mut held = SmallVec::new();
         held.push(if write {
             Held::Write {
-                _g: s.write(),
+                _g: s.write(i),
                 version: &s.version,
                 armed: true,
             }
         } else {
-            Held::Read { _g: s.read() }
+            Held::Read { _g: s.read(i) }
         });
         KeyGuard { held }
     }
@@ -258,12 +300,12 @@ impl KeyLocks {
                 let s = &self.stripes[i];
                 if w {
                     Held::Write {
-                        _g: s.write(),
+                        _g: s.write(i),
                         version: &s.version,
                         armed: true,
                     }
                 } else {
-                    Held::Read { _g: s.read() }
+                    Held::Read { _g: s.read(i) }
                 }
             })
             .collect();

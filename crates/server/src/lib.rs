@@ -66,6 +66,7 @@ pub mod mc_binary;
 pub mod mc_exec;
 pub mod mc_meta;
 pub mod memcache;
+pub mod migrate;
 pub mod outq;
 pub mod packed;
 pub mod pubsub;
@@ -317,6 +318,7 @@ impl Server {
             replica: replica::Replication::new(&cfg.replica),
             durability: durability::Durability::new(cfg.appendfsync, cfg.data_dir.is_some()),
             config: cfg.clone(),
+            lanes: migrate::Lanes::new(threads),
         });
         // A dump.rdb (or --load-rdb) is imported before any client is
         // served; a bad file stops the start, as in Redis.

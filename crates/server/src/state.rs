@@ -50,6 +50,8 @@ pub struct WorkerStats {
     pub rejected_calls: AtomicU64,
     /// RESP write commands run (RDB's changes since the last save).
     pub writes: AtomicU64,
+    /// Connections that moved to this worker (see [`crate::migrate`]).
+    pub moved_in: AtomicU64,
 }
 
 impl WorkerStats {
@@ -83,6 +85,8 @@ pub struct StatTotals {
     pub proto_errors: u64,
     /// Commands refused before they ran.
     pub rejected_calls: u64,
+    /// Connections moved between workers (see [`crate::migrate`]).
+    pub moved_in: u64,
 }
 
 /// What CLIENT LIST shows about one client.
@@ -256,6 +260,9 @@ pub struct Shared {
     pub replica: crate::replica::Replication,
     /// `appendfsync` and the flusher (see [`crate::durability`]).
     pub durability: crate::durability::Durability,
+    /// The workers' lanes for connections that move (see
+    /// [`crate::migrate`]).
+    pub lanes: crate::migrate::Lanes<crate::worker::Migrant>,
 }
 
 impl Shared {
@@ -280,6 +287,7 @@ impl Shared {
             t.net_out += l(&s.net_out);
             t.proto_errors += l(&s.proto_errors);
             t.rejected_calls += l(&s.rejected_calls);
+            t.moved_in += l(&s.moved_in);
         }
         t
     }

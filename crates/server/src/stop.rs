@@ -17,7 +17,10 @@
 //! borrow and a pointer compare per read.
 //!
 //! Everything is thread-local: a worker's connections are tasks of its
-//! `LocalSet` and never migrate, and [`trigger`] runs on that thread.
+//! `LocalSet`, and [`trigger`] runs on that thread. A connection that
+//! moves to another worker ([`crate::migrate`]) drops its [`Waiter`] on
+//! the old thread and registers a new one on the new thread (where, if
+//! shutdown was already signalled, it resolves at once).
 
 use std::cell::RefCell;
 use std::future::Future;

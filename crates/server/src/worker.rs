@@ -12,11 +12,15 @@
 //! ```
 //!
 //! Each worker owns one `SO_REUSEPORT` listening socket per address, so the
-//! kernel spreads new connections across workers and no accept lock or
-//! hand-off queue exists. A connection lives on the worker that accepted
-//! it for its whole life; its requests run there, and the engine's writes
-//! go to the log head of that worker's CPU. Workers share nothing on the
-//! request path but the engine and a few relaxed atomics. (A Unix socket
+//! kernel spreads new connections across workers and no accept lock
+//! exists. A connection's requests run on its worker, and the engine's
+//! writes go to the log head of that worker's CPU. A TCP connection stays
+//! on the worker that accepted it unless key affinity moves it between two
+//! batches to the worker that owns the stripe of the key it keeps
+//! contending on ([`crate::migrate`]): each worker has a lane (a channel)
+//! that a task of its own drains, taking moved sockets into its runtime.
+//! Workers share nothing on the request path but the engine and a few
+//! relaxed atomics. (A Unix socket
 //! cannot be shared with `SO_REUSEPORT`; every worker accepts on a
 //! duplicate of the one listening descriptor instead.)
 //!
@@ -84,7 +88,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 
-use crate::conn::{serve, Protocol};
+use crate::conn::{serve_movable, Carry, Protocol};
 use crate::state::{ClientInfo, Shared, WorkerStats};
 
 /// The listening sockets one worker owns.
@@ -126,10 +130,58 @@ pub fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener
 }
 
 /// Unregisters a client when its connection ends.
-struct ClientGuard {
+pub struct ClientGuard {
     shared: Arc<Shared>,
     worker: usize,
     id: u64,
+}
+
+impl ClientGuard {
+    /// Move the client's registry entry to worker `to` (a connection
+    /// that moves, see [`crate::migrate`]).
+    fn rehome(&mut self, to: usize, info: &Arc<ClientInfo>) {
+        let map = |w: usize| {
+            self.shared.clients[w]
+                .map
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+        };
+        map(self.worker).remove(&self.id);
+        map(to).insert(self.id, info.clone());
+        self.worker = to;
+    }
+}
+
+/// A connection on its way to another worker's lane (see
+/// [`crate::migrate`]).
+pub struct Migrant {
+    stream: std::net::TcpStream,
+    protocol: Protocol,
+    carry: Box<Carry>,
+    /// Registered on the new worker already.
+    guard: ClientGuard,
+}
+
+/// A plain stream that can or cannot leave its worker's runtime.
+trait Portable: Sized {
+    /// Whether [`Portable::portable`] can succeed.
+    const MOVABLE: bool;
+    /// The socket, out of this runtime's reactor.
+    fn portable(self) -> Option<std::net::TcpStream>;
+}
+
+impl Portable for tokio::net::TcpStream {
+    const MOVABLE: bool = true;
+    fn portable(self) -> Option<std::net::TcpStream> {
+        self.into_std().ok()
+    }
+}
+
+impl Portable for tokio::net::UnixStream {
+    const MOVABLE: bool = false;
+    fn portable(self) -> Option<std::net::TcpStream> {
+        None
+    }
 }
 
 impl Drop for ClientGuard {
@@ -243,14 +295,87 @@ fn spawn_serve<S>(
     (info, guard): (Arc<ClientInfo>, ClientGuard),
     shutdown: &watch::Receiver<bool>,
 ) where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + AsRawFd + Unpin + 'static,
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + AsRawFd + Portable + Unpin + 'static,
+{
+    let carry = Carry::new(info, shared);
+    spawn_conn(s, protocol, shared, worker, carry, None, guard, shutdown);
+}
+
+/// Serve a plain connection from `carry` in a task of this worker; if it
+/// asks to move (see [`crate::migrate`]), hand it to its new worker's
+/// lane, registered there. `moved_at`: when it arrived by a move.
+#[allow(clippy::too_many_arguments)]
+fn spawn_conn<S>(
+    s: S,
+    protocol: Protocol,
+    shared: &Arc<Shared>,
+    worker: usize,
+    carry: Box<Carry>,
+    moved_at: Option<std::time::Instant>,
+    mut guard: ClientGuard,
+    shutdown: &watch::Receiver<bool>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + AsRawFd + Portable + Unpin + 'static,
 {
     let (sh, rx) = (shared.clone(), shutdown.clone());
     tokio::task::spawn_local(async move {
         let fd = s.as_raw_fd();
-        serve(s, Some(fd), protocol, sh, worker, info, rx).await;
-        drop(guard);
+        let moved = serve_movable(
+            s,
+            Some(fd),
+            protocol,
+            sh.clone(),
+            worker,
+            carry,
+            moved_at,
+            S::MOVABLE,
+            rx,
+        )
+        .await;
+        // Closed, or failed to leave: the guard unregisters the client.
+        let Some(m) = moved else { return };
+        let Some(stream) = m.stream.portable() else {
+            return;
+        };
+        guard.rehome(m.to, m.carry.info());
+        let migrant = Migrant {
+            stream,
+            protocol,
+            carry: m.carry,
+            guard,
+        };
+        // Refused only once the new worker has stopped: the migrant is
+        // dropped, which closes the socket and unregisters the client.
+        let _ = sh.lanes.send(m.to, migrant);
     });
+}
+
+/// Take in the connections that move to this worker (see
+/// [`crate::migrate`]) until shutdown; those still in the lane then are
+/// dropped with it (closed, unregistered).
+async fn receive_moves(
+    mut lane: tokio::sync::mpsc::UnboundedReceiver<Migrant>,
+    shared: Arc<Shared>,
+    worker: usize,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let m = tokio::select! {
+            m = lane.recv() => m,
+            _ = shutdown.wait_for(|v| *v) => None,
+        };
+        let Some(m) = m else { return };
+        match tokio::net::TcpStream::from_std(m.stream) {
+            Ok(s) => {
+                WorkerStats::bump(&shared.stats[worker].moved_in, 1);
+                let now = Some(std::time::Instant::now());
+                spawn_conn(
+                    s, m.protocol, &shared, worker, m.carry, now, m.guard, &shutdown,
+                );
+            }
+            Err(e) => log::warn!("worker {worker}: a moving connection could not join: {e}"),
+        }
+    }
 }
 
 async fn accept_tcp(
@@ -431,6 +556,14 @@ pub fn run(
     let mut shutdown = shared.shutdown_tx.subscribe();
     local.block_on(&rt, async {
         tokio::task::spawn_local(crate::idlespin::spinner());
+        if let Some(lane) = shared.lanes.take_receiver(worker) {
+            tokio::task::spawn_local(receive_moves(
+                lane,
+                shared.clone(),
+                worker,
+                shutdown.clone(),
+            ));
+        }
         for (l, p) in listeners.tcp {
             spawn_accept(worker, "TCP", TcpListener::from_std(l), |l| {
                 accept_tcp(l, p, shared.clone(), worker, shutdown.clone())

@@ -504,8 +504,8 @@ pub fn info_text(ctx: &Ctx, section: &str) -> String {
     if want("stats") {
         let _ = write!(
             o,
-            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\nrejected_connections:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nprotocol_errors:{}\r\nexpired_keys:{}\r\nexpired_segments:{}\r\nexpiry_bytes_read:{}\r\nevicted_keys:{}\r\nexpired_reclaimed:{}\r\ndamaged_objects:{}\r\nrejected_calls:{}\r\n\r\n",
-            t.connections, t.commands, t.rejected, t.hits, t.misses, t.net_in, t.net_out, t.proto_errors, st.expired_reclaimed, st.expired_segments, st.expiry_bytes_read, st.evicted_items, st.expired_reclaimed, st.damaged_objects, t.rejected_calls
+            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\nrejected_connections:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nprotocol_errors:{}\r\nexpired_keys:{}\r\nexpired_segments:{}\r\nexpiry_bytes_read:{}\r\nevicted_keys:{}\r\nexpired_reclaimed:{}\r\ndamaged_objects:{}\r\nrejected_calls:{}\r\nmigrated_clients:{}\r\n\r\n",
+            t.connections, t.commands, t.rejected, t.hits, t.misses, t.net_in, t.net_out, t.proto_errors, st.expired_reclaimed, st.expired_segments, st.expiry_bytes_read, st.evicted_items, st.expired_reclaimed, st.damaged_objects, t.rejected_calls, t.moved_in
         );
     }
     if want("replication") {
@@ -684,10 +684,15 @@ pub fn shutdown(ctx: &mut Ctx, a: &[&[u8]], _r: &mut Reply) -> CmdResult {
     Ok(())
 }
 
-/// DEBUG POPULATE count [prefix] [size].
+/// DEBUG POPULATE count [prefix] [size] | MIGRATE worker.
 pub fn debug(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    if eq(a[1], "migrate") && a.len() == 3 {
+        return debug_migrate(ctx, a[2], r);
+    }
     if !eq(a[1], "populate") || a.len() < 3 || a.len() > 5 {
-        return Err("ERR DEBUG supports only POPULATE count [prefix] [size] here".into());
+        return Err(
+            "ERR DEBUG supports only POPULATE count [prefix] [size] and MIGRATE worker here".into(),
+        );
     }
     let count = int_arg(a[2])?;
     if count < 0 {
@@ -728,6 +733,20 @@ pub fn debug(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
         }
     }
     r.ok();
+    Ok(())
+}
+
+/// DEBUG MIGRATE worker: move this connection to `worker` once its
+/// batch ends, as key affinity would (see [`crate::migrate`]); the reply
+/// is the worker it runs on now. A connection that cannot move (TLS,
+/// Unix socket, subscribed) stays where it is.
+fn debug_migrate(ctx: &mut Ctx, w: &[u8], r: &mut Reply) -> CmdResult {
+    let to = usize::try_from(int_arg(w)?)
+        .ok()
+        .filter(|&t| t < ctx.shared.clients.len())
+        .ok_or_else(|| CmdError::from("ERR no such worker"))?;
+    ctx.sess.move_to = (to != ctx.sess.worker).then_some(to);
+    r.int(ctx.sess.worker as i64);
     Ok(())
 }
 

@@ -171,6 +171,10 @@ pub struct Session {
     /// Keys this connection's writes signalled as ready for blocked
     /// clients, served once its stripes are released.
     pub ready: Vec<Vec<u8>>,
+    /// The worker this connection runs on.
+    pub worker: usize,
+    /// Move to this worker once the batch ends (DEBUG MIGRATE).
+    pub move_to: Option<usize>,
 }
 
 impl Session {
@@ -192,6 +196,8 @@ impl Session {
             blocked: None,
             in_exec: false,
             ready: Vec::new(),
+            worker: 0,
+            move_to: None,
         }
     }
 

@@ -232,7 +232,7 @@ pub static COMMANDS: &[Spec] = &[
         RS,
         K0,
         "server",
-        "DEBUG POPULATE count [prefix] [size].",
+        "DEBUG POPULATE count [prefix] [size] | MIGRATE worker.",
         admin::debug
     ),
     spec!(

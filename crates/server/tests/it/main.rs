@@ -15,6 +15,7 @@ mod limits;
 mod mc_binary;
 mod mc_meta;
 mod memcached;
+mod migrate;
 mod multi;
 mod obuf;
 mod parsers;
