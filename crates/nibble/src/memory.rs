@@ -1054,13 +1054,6 @@ impl Memory {
         self.prefetch_lines(off, len, crate::prefetch::line);
     }
 
-    /// Like [`Memory::prefetch`], for bytes read once (a value copied out
-    /// to a caller): see [`crate::prefetch::line_once`].
-    #[inline]
-    pub(crate) fn prefetch_once(&self, off: u64, len: usize) {
-        self.prefetch_lines(off, len, crate::prefetch::line_once);
-    }
-
     /// Like [`Memory::prefetch`], for bytes about to be written.
     #[inline]
     pub(crate) fn prefetch_for_write(&self, off: u64, len: usize) {

@@ -5,12 +5,10 @@
 //! address, including one computed from racy metadata.
 
 #[cfg(target_arch = "x86_64")]
-use core::arch::x86_64::{_MM_HINT_NTA, _MM_HINT_T0};
-// The intrinsics' values, so that the hint names exist everywhere.
+use core::arch::x86_64::_MM_HINT_T0;
+// The intrinsic's value, so that the hint name exists everywhere.
 #[cfg(not(target_arch = "x86_64"))]
 const _MM_HINT_T0: i32 = 3;
-#[cfg(not(target_arch = "x86_64"))]
-const _MM_HINT_NTA: i32 = 0;
 
 /// An SSE prefetch of the line holding `p` with locality hint `HINT`.
 #[inline(always)]
@@ -47,12 +45,4 @@ pub fn line_for_write(p: *const u8) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
-}
-
-/// Bring the cache line holding `p` close for one use (`PREFETCHNTA`):
-/// the line is not kept in the outer caches when it leaves L1, so
-/// streaming it does not push out data that is reused (the index).
-#[inline(always)]
-pub fn line_once(p: *const u8) {
-    sse_prefetch::<_MM_HINT_NTA>(p);
 }
