@@ -9,7 +9,8 @@
 //! `malloc_trim(0)`, which hands every free page of every arena back with
 //! `MADV_DONTNEED`, at most once per [`TRIM_PERIOD`] and only after at
 //! least [`TRIM_AFTER_CLOSES`] connections closed since the last trim, so
-//! a steady server never pays for it. It also trims once each time the
+//! a steady server never pays for it, and once more when closes stop (the
+//! last few hundred of a mass disconnect). It also trims once each time the
 //! server falls quiet (commands ran during one period and none during the
 //! next): the buffers and temporaries of a burst of requests are free by
 //! then but sit in the worker threads' arenas, which glibc returns only
@@ -38,6 +39,8 @@ pub fn start(shared: &Arc<Shared>) -> std::io::Result<()> {
             // Commands seen at the last look, and whether the period
             // before it ran any.
             let (mut seen, mut busy) = (0u64, false);
+            // Closes counted at the last look.
+            let mut closed_seen = 0u64;
             loop {
                 std::thread::sleep(TRIM_PERIOD);
                 let Some(shared) = weak.upgrade() else { return };
@@ -48,10 +51,14 @@ pub fn start(shared: &Arc<Shared>) -> std::io::Result<()> {
                 let fell_quiet = busy && commands == seen;
                 busy = commands != seen;
                 seen = commands;
-                if fell_quiet
-                    || shared.closed_since_trim.load(Ordering::Relaxed) >= TRIM_AFTER_CLOSES
-                {
+                // Closes that stopped: the last ones (fewer than
+                // TRIM_AFTER_CLOSES after the previous trim) are freed too.
+                let closed = shared.closed_since_trim.load(Ordering::Relaxed);
+                let closes_fell_quiet = closed > 0 && closed == closed_seen;
+                closed_seen = closed;
+                if fell_quiet || closes_fell_quiet || closed >= TRIM_AFTER_CLOSES {
                     shared.closed_since_trim.store(0, Ordering::Relaxed);
+                    closed_seen = 0;
                     trim_heap();
                 }
             }
