@@ -806,21 +806,23 @@ impl Memory {
             // region can run now (its taken count is not 0).
             let first = b as usize / BLOCKS_PER_REGION * BLOCKS_PER_REGION;
             let end = (first + BLOCKS_PER_REGION).min(self.blocks_total as usize);
-            let mut n = 0;
-            for s in &self.block_state[first..end] {
-                if s.compare_exchange(
-                    block_state::WARM_RELEASED,
-                    block_state::WARM,
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
-                {
-                    n += 1;
-                }
-            }
+            let n = self.move_states(first..end, block_state::WARM_RELEASED, block_state::WARM);
             self.warm_released.fetch_sub(n, Ordering::Relaxed);
         }
+    }
+
+    /// Move every block of `blocks` that is in state `from` to `to`;
+    /// returns how many moved.
+    pub(crate) fn move_states(&self, blocks: core::ops::Range<usize>, from: u8, to: u8) -> u64 {
+        let mut n = 0;
+        for s in &self.block_state[blocks] {
+            if s.compare_exchange(from, to, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                n += 1;
+            }
+        }
+        n
     }
 
     /// Put free blocks in the warm cache (they stay resident for now).

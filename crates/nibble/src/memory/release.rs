@@ -59,19 +59,7 @@ impl Memory {
                 libc::MADV_DONTNEED,
             );
         }
-        let mut n = 0;
-        for s in &self.block_state[first..end] {
-            if s.compare_exchange(
-                block_state::WARM,
-                block_state::WARM_RELEASED,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            )
-            .is_ok()
-            {
-                n += 1;
-            }
-        }
+        let n = self.move_states(first..end, block_state::WARM, block_state::WARM_RELEASED);
         self.warm_released.fetch_add(n, Ordering::Relaxed);
         region.store(0, Ordering::Release);
         n
