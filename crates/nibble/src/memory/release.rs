@@ -347,6 +347,20 @@ mod tests {
             .count()
     }
 
+    /// A pool of four regions with one block in use (filled with 0xAB)
+    /// and its region's other blocks given to the buddy allocator by the
+    /// idle release: the store, the segment, its block and its region.
+    fn one_block_after_release() -> (Memory, SegId, u32, usize) {
+        let mem = Memory::new(4 * REGION_BYTES, 0, 1).unwrap();
+        let seg = mem.new_segment(1, false).unwrap();
+        let used = block_of(&mem, seg);
+        let r = used as usize / BLOCKS_PER_REGION;
+        fill(&mem, used, 0xAB);
+        mem.purge_all();
+        assert_eq!(resident_blocks(&mem, r), 1);
+        (mem, seg, used, r)
+    }
+
     /// A region released whole by the decay-time release, whose other
     /// blocks the buddy allocator holds: taking one block of it again and
     /// writing it must not fault the whole huge page in (the buddy's
@@ -355,14 +369,8 @@ mod tests {
     /// block of it is taken, so the idle release drops them.
     #[test]
     fn a_write_into_a_released_region_maps_only_its_block() {
-        let mem = Memory::new(4 * REGION_BYTES, 0, 1).unwrap();
-        let seg = mem.new_segment(1, false).unwrap();
-        let used = block_of(&mem, seg);
-        let r = used as usize / BLOCKS_PER_REGION;
-        fill(&mem, used, 0xAB);
         // The idle release gives the region's spares to the buddy.
-        mem.purge_all();
-        assert_eq!(resident_blocks(&mem, r), 1);
+        let (mem, seg, used, r) = one_block_after_release();
         // The last block is freed and its region released whole.
         mem.free_segment(seg);
         assert_eq!(mem.purge_cold_regions(u64::MAX), 1);
@@ -411,13 +419,7 @@ mod tests {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     #[test]
     fn a_collapse_does_not_map_the_buddy_allocators_blocks_in() {
-        let mem = Memory::new(4 * REGION_BYTES, 0, 1).unwrap();
-        let seg = mem.new_segment(1, false).unwrap();
-        let used = block_of(&mem, seg);
-        let r = used as usize / BLOCKS_PER_REGION;
-        fill(&mem, used, 0xAB);
-        mem.purge_all();
-        assert_eq!(resident_blocks(&mem, r), 1);
+        let (mem, seg, used, r) = one_block_after_release();
         // SAFETY: advice on region `r`, inside the pool's mapping; a
         // collapse keeps every page's contents. Its failure is the point.
         unsafe {
