@@ -476,9 +476,7 @@ fn miss_cell(
             Ok((miss, None, None))
         }
         CacheSys::Opt | CacheSys::TopC => {
-            if t.rate.is_some() {
-                return Err("no offline reference for a paced trace with TTLs".into());
-            }
+            // (`run` skips them on a paced trace with TTLs.)
             let items = (bytes / (KEY_BYTES + value.len()) as u64) as usize;
             let miss = if sys == CacheSys::Opt {
                 bounds::opt_miss_ratio(&t.reqs, items)
