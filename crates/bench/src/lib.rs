@@ -43,6 +43,7 @@ mod expire;
 mod fill;
 mod frag;
 mod jmp;
+mod keys;
 mod kv;
 mod plot;
 mod prims;
@@ -130,6 +131,9 @@ enum Command {
     /// Nibble, Nibble-2, Segcache, memcached and redis-server, and throughput of a
     /// full cache under eviction over the memcached protocol
     Cache(CacheArgs),
+    /// Small objects in process: keys a fixed budget holds (16, 64, 512-byte
+    /// values) in Nibble, Nibble-2 and Segcache's storage engine
+    Keys(KeysArgs),
     /// The nibble server vs redis-server and memcached over loopback: closed-loop
     /// load generator (throughput, p50/p99/p99.9, RSS), churn, redis-benchmark
     #[command(long_about = server::ABOUT)]
@@ -506,6 +510,21 @@ struct ExpireArgs {
 }
 
 #[derive(Args)]
+struct KeysArgs {
+    #[command(flatten)]
+    run: RunOpts,
+    /// Memory budget of every system, MiB [default: 256; --quick: 64]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(16..=65536))]
+    capacity_mib: Option<u64>,
+    /// Value sizes in bytes, comma-separated
+    #[arg(long, value_delimiter = ',', default_value = "16,64,512")]
+    value_bytes: Vec<usize>,
+    /// Systems, comma-separated [default: all]
+    #[arg(long, value_delimiter = ',', value_enum)]
+    systems: Option<Vec<keys::KeysSys>>,
+}
+
+#[derive(Args)]
 struct FillArgs {
     #[command(flatten)]
     run: RunOpts,
@@ -863,6 +882,23 @@ pub fn main_entry(alloc: Alloc) -> ExitCode {
                 repeat: a.run.repeat(1),
             };
             a.run.report(|rep| expire::run(&opts, rep))
+        }
+        Command::Keys(a) => {
+            let opts = keys::KeysOpts {
+                capacity_mib: a.capacity_mib.unwrap_or(if a.run.quick { 64 } else { 256 }) as usize,
+                value_sizes: a.value_bytes.clone(),
+                systems: a.systems.clone().unwrap_or_else(|| {
+                    vec![
+                        keys::KeysSys::Nibble,
+                        keys::KeysSys::Nibble2,
+                        keys::KeysSys::Segcache,
+                        keys::KeysSys::SegcacheHeap,
+                    ]
+                }),
+                // The counts are deterministic: one run unless asked.
+                repeat: a.run.repeat.unwrap_or(1) as usize,
+            };
+            a.run.report(|rep| keys::run(&opts, rep))
         }
         Command::Cache(a) => {
             let q = a.run.quick;
