@@ -20,6 +20,11 @@
 //!  W's task (worker 1):  woken ─ SERVED ─ write the reply ─ unregister ─ next pipelined request
 //! ```
 //!
+//! Which worker waits: a TCP client whose key's stripe another worker
+//! owns moves there with its registered waiter and waits on the owner
+//! (see [`crate::migrate`]), where the key's hot pushers gather, so the
+//! wake-up above is then a task of the pusher's own worker.
+//!
 //! No lost wake-up: registration happens under the key's stripe, and a
 //! pusher looks for waiters only after it released the stripe, so either
 //! the waiter's check saw the element or the pusher sees the waiter.

@@ -62,7 +62,11 @@
 //! [`crate::migrate`]): its replies so far are written at once, and
 //! [`serve_movable`] returns its socket and its [`Carry`] (input buffer
 //! with at most an incomplete request, parser, session with any MULTI
-//! queue and WATCH records) to be resumed on the new worker.
+//! queue and WATCH records) to be resumed on the new worker. A blocking
+//! command that waits on a key another worker owns ends its batch early
+//! instead: the connection moves with its waiter and the requests
+//! pipelined behind it, and the new worker waits, then runs them before
+//! it reads again.
 //!
 //! A protocol error (RESP) or an unrecoverable one (memcached) is answered
 //! with one error line, then this connection alone is closed. The idle
@@ -485,6 +489,15 @@ async fn wait_blocked<S: AsyncRead + Unpin>(
     }
 }
 
+/// The key stripe of a request's first key (none for a command without
+/// keys): where key affinity places a new connection (see
+/// [`crate::migrate`]).
+fn first_key_stripe(args: &[&[u8]]) -> Option<usize> {
+    let spec = commands::lookup(args.first()?)?;
+    let key = commands::key_args(spec, args).next()?;
+    Some(crate::keylock::KeyLocks::stripe_of(key))
+}
+
 /// redis-server's per-client static reply buffer, which its output
 /// buffer limits do not count.
 const REDIS_STATIC_REPLY_BYTES: usize = 16 << 10;
@@ -575,6 +588,9 @@ pub struct Carry {
     skip: u64,
     /// memcached: binary protocol (decided by the connection's first byte).
     mc_bin: Option<bool>,
+    /// A blocking command that waits, moving to its key's owner to wait
+    /// there; the requests pipelined behind it are in `inb`.
+    blocked: Option<crate::blocking::Blocked>,
 }
 
 impl Carry {
@@ -590,6 +606,7 @@ impl Carry {
             want: 1,
             skip: 0,
             mc_bin: None,
+            blocked: None,
         })
     }
 
@@ -662,6 +679,7 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
         mut want,
         mut skip,
         mut mc_bin,
+        blocked,
     } = *carry;
     sess.worker = worker;
     let info = sess.info.clone();
@@ -675,6 +693,21 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
     // The memcached request just run may have written (reads wait for no
     // flush under `appendfsync always`).
     let mut mc_wrote = false;
+    // A blocked client that moved here to wait: wait, then run the rest
+    // of its batch before reading more.
+    let mut resume = false;
+    if let Some(b) = blocked {
+        let cap = usize::try_from(shared.settings.query_buffer_limit(sess.authed))
+            .unwrap_or(usize::MAX)
+            .saturating_add(1);
+        let ok = wait_blocked(&mut s, &mut inb, cap, stats, &mut shutdown, &b, &mut out).await;
+        *info.blocked.lock() = None;
+        drop(b);
+        if !ok {
+            return None;
+        }
+        resume = true;
+    }
     loop {
         let authed = match protocol {
             Protocol::Resp => sess.authed,
@@ -687,52 +720,55 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
             .unwrap_or(usize::MAX)
             .saturating_add(1);
         let want_now = want.min(cap);
-        let mail = mailbox(&sess);
-        match read_more(
-            &mut s,
-            &mut inb,
-            want_now,
-            cap,
-            &shared,
-            stats,
-            &stop,
-            mail.as_deref(),
-            dq,
-        )
-        .await
-        {
-            Ok(true) => {}
-            // Pub/sub messages arrived: write them, then wait again.
-            Ok(false) => {
-                if deliver(&mut s, &mut out, stats, &sess, dq).await.is_err() {
+        // Not after a resumed wait: its batch runs on what is buffered.
+        if !std::mem::take(&mut resume) {
+            let mail = mailbox(&sess);
+            match read_more(
+                &mut s,
+                &mut inb,
+                want_now,
+                cap,
+                &shared,
+                stats,
+                &stop,
+                mail.as_deref(),
+                dq,
+            )
+            .await
+            {
+                Ok(true) => {}
+                // Pub/sub messages arrived: write them, then wait again.
+                Ok(false) => {
+                    if deliver(&mut s, &mut out, stats, &sess, dq).await.is_err() {
+                        return None;
+                    }
+                    continue;
+                }
+                Err(end) => {
+                    if let ReadEnd::Timeout = end {
+                        log::debug!("client {} idle timeout", info.id);
+                    }
+                    let _ = flush(&mut s, &mut out, stats, mail.as_deref(), dq).await;
                     return None;
                 }
+            }
+            if skip > 0 && discard(&mut inb, &mut skip) {
                 continue;
             }
-            Err(end) => {
-                if let ReadEnd::Timeout = end {
-                    log::debug!("client {} idle timeout", info.id);
-                }
-                let _ = flush(&mut s, &mut out, stats, mail.as_deref(), dq).await;
+            if (inb.filled - inb.start) as u64 > qlimit {
+                log::warn!("client {} closed: query buffer limit exceeded", info.id);
+                WorkerStats::bump(&stats.proto_errors, 1);
+                let msg: &[u8] = match protocol {
+                    Protocol::Resp => b"-ERR query buffer limit exceeded\r\n",
+                    Protocol::Memcached => b"SERVER_ERROR query buffer limit exceeded\r\n",
+                };
+                out.extend_from_slice(msg);
+                let _ = flush(&mut s, &mut out, stats, mailbox(&sess).as_deref(), dq).await;
                 return None;
             }
-        }
-        if skip > 0 && discard(&mut inb, &mut skip) {
-            continue;
-        }
-        if (inb.filled - inb.start) as u64 > qlimit {
-            log::warn!("client {} closed: query buffer limit exceeded", info.id);
-            WorkerStats::bump(&stats.proto_errors, 1);
-            let msg: &[u8] = match protocol {
-                Protocol::Resp => b"-ERR query buffer limit exceeded\r\n",
-                Protocol::Memcached => b"SERVER_ERROR query buffer limit exceeded\r\n",
-            };
-            out.extend_from_slice(msg);
-            let _ = flush(&mut s, &mut out, stats, mailbox(&sess).as_deref(), dq).await;
-            return None;
-        }
-        if inb.filled - inb.start < want {
-            continue;
+            if inb.filled - inb.start < want {
+                continue;
+            }
         }
         info.last_ms
             .store(info.created.elapsed().as_millis() as u64, Ordering::Relaxed);
@@ -752,6 +788,13 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
             // Count only this batch's contended stripes (see `migrate`).
             let _ = crate::keylock::take_contended();
         }
+        // A new connection is placed by its batch's first key (see
+        // `migrate`): the stripe of that key, while it is being placed.
+        let mut first_stripe = None;
+        let mut placing = movable && affinity.placing();
+        // A blocked command that waits on its key's owner: the batch
+        // stops, the connection moves there with it.
+        let mut parked: Option<(crate::blocking::Blocked, usize)> = None;
         loop {
             let step = match protocol {
                 Protocol::Resp => {
@@ -771,6 +814,9 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
                                 proto: ctx.sess.proto,
                             };
                             req.with_slices(inb.pending(), |args| {
+                                if std::mem::take(&mut placing) {
+                                    first_stripe = first_key_stripe(args);
+                                }
                                 commands::execute(&mut ctx, args, &mut r)
                             });
                             close = sess.close;
@@ -900,6 +946,19 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
                         break;
                     }
                     if let Some(b) = sess.blocked.take() {
+                        let to = movable
+                            .then(|| b.waiter.keys.first())
+                            .flatten()
+                            .filter(|_| skip == 0 && sess.subs.is_none())
+                            .and_then(|k| {
+                                let stripe = crate::keylock::KeyLocks::stripe_of(k);
+                                affinity.on_block(stripe, worker, workers)
+                            });
+                        if let Some(to) = to {
+                            // Wait on the key's owner: the move follows.
+                            parked = Some((b, to));
+                            break;
+                        }
                         // A blocking command found nothing: send what
                         // is answered so far, then wait (this task only).
                         let ok = flush(&mut s, &mut out, stats, mailbox(&sess).as_deref(), dq)
@@ -977,11 +1036,37 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
         }
         dirty |= std::mem::take(&mut sess.dirty);
         durable(&shared, &mut dirty).await;
+        if let Some((b, to)) = parked {
+            // Chosen in a plain state (see the block above); every reply
+            // so far goes out here.
+            if flush(&mut s, &mut out, stats, None, dq).await.is_err() {
+                return None;
+            }
+            let carry = Box::new(Carry {
+                inb,
+                out,
+                scratch,
+                sess,
+                mc_authed,
+                parser,
+                want,
+                skip,
+                mc_bin,
+                blocked: Some(b),
+            });
+            return Some(Moved {
+                stream: s,
+                to,
+                carry,
+            });
+        }
         if movable {
             let contended = crate::keylock::take_contended();
             let to = match sess.move_to.take() {
                 Some(t) => Some(t),
-                None => affinity.after_batch(contended, worker, workers),
+                None => {
+                    affinity.after_batch(contended, first_stripe, worker, workers, &shared.heat)
+                }
             };
             // Only in a plain state: nothing to close, skip or deliver.
             let plain = !close && skip == 0 && sess.subs.is_none() && sess.ready.is_empty();
@@ -1000,6 +1085,7 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
                     want,
                     skip,
                     mc_bin,
+                    blocked: None,
                 });
                 return Some(Moved {
                     stream: s,

@@ -319,6 +319,7 @@ impl Server {
             durability: durability::Durability::new(cfg.appendfsync, cfg.data_dir.is_some()),
             config: cfg.clone(),
             lanes: migrate::Lanes::new(threads),
+            heat: migrate::Heat::new(),
         });
         // A dump.rdb (or --load-rdb) is imported before any client is
         // served; a bad file stops the start, as in Redis.

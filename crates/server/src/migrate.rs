@@ -35,6 +35,33 @@
 //! busy; the clients of one hot key end up on one worker, which then
 //! serves them as redis-server does, the others idle.
 //!
+//! Hot stripes move connections sooner. Every contended batch also adds
+//! its count to the stripe's [`Heat`]: contended acquisitions by all
+//! connections in the current and the last [`HEAT_WINDOW_MS`] window. A
+//! stripe with [`HOT_CONTENDED`] of them is hot (hundreds of contentions
+//! a second, which many keys spread over 4096 stripes never reach), and
+//! then one contention moves a connection, and a new connection moves in
+//! its first [`PLACE_BATCHES`] batches, without contending at all, when
+//! its batch's first key falls on a hot stripe of another worker (the key
+//! by the command table, looked up for those batches only). So when 50
+//! clients start on one key, the first few contentions heat the stripe
+//! and the rest move on their first batch or first contention, where the
+//! two-contention rule alone made each meet the other worker twice.
+//!
+//! Blocked clients wait on their key's owner. A blocking command (BLPOP
+//! and its kin, [`crate::blocking`]) that finds nothing registers its
+//! waiter on the worker it runs on; if that is not the owner of its first
+//! key's stripe, the batch stops there and the connection moves to the
+//! owner with the waiter ([`Affinity::on_block`]), and waits there. Its
+//! reply, and the requests it pipelined behind the blocking one, follow
+//! on the owner. A queue's pushers gather on the owner (they contend on
+//! the key), so the push that serves the waiter wakes a task of its own
+//! worker: no cross-worker wake-up, no second CPU woken per element. The
+//! wait may end while the connection is in transit (served, timed out,
+//! CLIENT UNBLOCK): the waiter is shared, and the owner looks at its
+//! state before it waits. A blocked client does not move sooner than
+//! [`MIN_STAY_MS`] after its last move either.
+//!
 //! Ping-pong: a connection only ever moves to the owner of the stripe it
 //! contended on, and the owner's own connections never move for that
 //! stripe, so one hot key settles after one move per client. A client
@@ -51,9 +78,9 @@
 //! runs on the new worker; atomicity comes from the stripes, not from the
 //! thread), WATCH records (stripe versions, global). A connection does not
 //! move while it is subscribed (its mailbox wakes its task, and it takes no
-//! stripes), while it must close, while a memcached value is being
-//! skipped, or while a blocking command waits (that wait is inside a
-//! batch, so by the batch's end it is over). TLS and Unix-socket
+//! stripes), while it must close, or while a memcached value is being
+//! skipped; a blocking command that waits moves with its waiter (above)
+//! or not at all, its wait then being part of the batch. TLS and Unix-socket
 //! connections never move (only a TCP socket is handed over).
 //!
 //! The hand-over is tokio's `into_std` (deregister from this runtime's
@@ -68,10 +95,13 @@
 //! unregisters it; one that arrives earlier is served until the worker's
 //! stop signal, like any connection.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
+
+use crate::keylock::KEY_LOCK_STRIPES;
 
 /// Contended acquisitions of one foreign-owned stripe that move a
 /// connection.
@@ -84,10 +114,102 @@ pub const WINDOW_BATCHES: u32 = 64;
 /// move again.
 pub const MIN_STAY_MS: u64 = 200;
 
+/// Length of one window of a stripe's heat.
+pub const HEAT_WINDOW_MS: u64 = 10;
+
+/// Contended acquisitions of a stripe, by all connections, within one
+/// heat window (this one or the last) that make it hot.
+pub const HOT_CONTENDED: u32 = 8;
+
+/// A connection's first batches, in which it is placed by the stripe of
+/// its batch's first key when that stripe is hot.
+pub const PLACE_BATCHES: u32 = 8;
+
 /// The worker that owns `stripe` among `workers`.
 #[inline]
 pub fn owner_of(stripe: usize, workers: usize) -> usize {
     stripe % workers.max(1)
+}
+
+/// How hot each stripe is: contended acquisitions of it, by every
+/// connection of every worker, in the current and the last window of
+/// [`HEAT_WINDOW_MS`]. Written only by connections whose batch
+/// contended, read by those and by new connections ([`PLACE_BATCHES`]):
+/// never on an uncontended command's path.
+pub struct Heat {
+    epoch: Instant,
+    /// Per stripe: window number (high 32 bits), the last window's count
+    /// (bits 16..32), the current window's count (bits 0..16).
+    stripes: Box<[AtomicU64]>,
+}
+
+impl Default for Heat {
+    fn default() -> Self {
+        Heat::new()
+    }
+}
+
+fn pack(window: u32, last: u32, cur: u32) -> u64 {
+    (u64::from(window) << 32) | (u64::from(last.min(0xffff)) << 16) | u64::from(cur.min(0xffff))
+}
+
+/// The (last, current) counts of `v` as seen in window `now`.
+fn counts(v: u64, now: u32) -> (u32, u32) {
+    let (w, last, cur) = (
+        (v >> 32) as u32,
+        ((v >> 16) & 0xffff) as u32,
+        (v & 0xffff) as u32,
+    );
+    match now.wrapping_sub(w) {
+        0 => (last, cur),
+        1 => (cur, 0),
+        _ => (0, 0),
+    }
+}
+
+impl Heat {
+    /// Every stripe cold.
+    pub fn new() -> Heat {
+        Heat {
+            epoch: Instant::now(),
+            stripes: (0..KEY_LOCK_STRIPES).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn window(&self) -> u32 {
+        (self.epoch.elapsed().as_millis() as u64 / HEAT_WINDOW_MS) as u32
+    }
+
+    /// Add `n` contended acquisitions of `stripe`; is it hot now?
+    pub fn note(&self, stripe: usize, n: u32) -> bool {
+        let Some(a) = self.stripes.get(stripe) else {
+            return false;
+        };
+        let now = self.window();
+        let mut v = a.load(Ordering::Relaxed);
+        loop {
+            let (last, cur) = counts(v, now);
+            let cur = cur.saturating_add(n);
+            match a.compare_exchange_weak(
+                v,
+                pack(now, last, cur),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return last.max(cur) >= HOT_CONTENDED,
+                Err(x) => v = x,
+            }
+        }
+    }
+
+    /// Is `stripe` hot (see [`HOT_CONTENDED`])?
+    pub fn is_hot(&self, stripe: usize) -> bool {
+        let Some(a) = self.stripes.get(stripe) else {
+            return false;
+        };
+        let (last, cur) = counts(a.load(Ordering::Relaxed), self.window());
+        last.max(cur) >= HOT_CONTENDED
+    }
 }
 
 /// One connection's record of the stripes it contended on.
@@ -98,6 +220,8 @@ pub struct Affinity {
     hits: u32,
     /// Batches since the window opened.
     batches: u32,
+    /// Batches run on this worker, up to [`PLACE_BATCHES`].
+    placed: u32,
     /// When the connection last moved (none: never).
     moved_at: Option<Instant>,
 }
@@ -110,45 +234,75 @@ impl Affinity {
             stripe: usize::MAX,
             hits: 0,
             batches: 0,
+            placed: 0,
             moved_at,
         }
     }
 
+    /// Is the connection still to be placed by its first key? A new one,
+    /// in its first [`PLACE_BATCHES`] batches; not one that moved here.
+    #[inline]
+    pub fn placing(&self) -> bool {
+        self.moved_at.is_none() && self.placed < PLACE_BATCHES
+    }
+
+    /// May it move now (it stayed [`MIN_STAY_MS`] since its last move)?
+    fn may_move(&self) -> bool {
+        self.moved_at
+            .is_none_or(|t| t.elapsed() >= Duration::from_millis(MIN_STAY_MS))
+    }
+
     /// Account one batch run on worker `here` of `workers`, in which
-    /// `contended` = (last stripe, count) acquisitions were contended;
-    /// the worker to move to, if the connection should.
+    /// `contended` = (last stripe, count) acquisitions were contended and
+    /// whose first key has stripe `first` (given while [`Self::placing`]);
+    /// the worker to move to, if the connection should: the owner of a
+    /// foreign stripe it contended on [`MOVE_AFTER_CONTENDED`] times in
+    /// [`WINDOW_BATCHES`], or once if the stripe is hot; or, while it is
+    /// being placed, the owner of its first key's stripe if that is hot.
     pub fn after_batch(
         &mut self,
         contended: Option<(usize, u32)>,
+        first: Option<usize>,
         here: usize,
         workers: usize,
+        heat: &Heat,
     ) -> Option<usize> {
         self.batches = self.batches.saturating_add(1);
+        self.placed = self.placed.saturating_add(1);
         if self.batches > WINDOW_BATCHES {
             self.hits = 0;
             self.batches = 0;
         }
-        let (stripe, n) = contended?;
+        let to = match contended {
+            Some((stripe, n)) => {
+                let owner = owner_of(stripe, workers);
+                if owner == here {
+                    return None;
+                }
+                if stripe != self.stripe {
+                    self.stripe = stripe;
+                    self.hits = 0;
+                    self.batches = 0;
+                }
+                self.hits = self.hits.saturating_add(n);
+                let hot = heat.note(stripe, n);
+                (hot || self.hits >= MOVE_AFTER_CONTENDED).then_some(owner)
+            }
+            None => first
+                .filter(|&s| owner_of(s, workers) != here && heat.is_hot(s))
+                .map(|s| owner_of(s, workers)),
+        };
+        to.filter(|_| self.may_move())
+    }
+
+    /// A blocking command of this connection, on worker `here` of
+    /// `workers`, waits on a key of stripe `stripe`: the worker to wait
+    /// on instead, the stripe's owner, where the key's pushers gather
+    /// once it is hot, and whose pushes then wake the waiter without a
+    /// cross-worker wake-up.
+    pub fn on_block(&self, stripe: usize, here: usize, workers: usize) -> Option<usize> {
         let owner = owner_of(stripe, workers);
-        if owner == here {
-            return None;
-        }
-        if stripe != self.stripe {
-            self.stripe = stripe;
-            self.hits = 0;
-            self.batches = 0;
-        }
-        self.hits = self.hits.saturating_add(n);
-        if self.hits < MOVE_AFTER_CONTENDED {
-            return None;
-        }
-        if self
-            .moved_at
-            .is_some_and(|t| t.elapsed() < Duration::from_millis(MIN_STAY_MS))
-        {
-            return None;
-        }
-        Some(owner)
+        (owner != here && self.may_move()).then_some(owner)
     }
 }
 
@@ -198,44 +352,121 @@ impl<T> Lanes<T> {
 mod tests {
     use super::*;
 
+    /// `a.after_batch` on worker 0 of 2 with no first key.
+    fn batch(a: &mut Affinity, c: Option<(usize, u32)>, h: &Heat) -> Option<usize> {
+        a.after_batch(c, None, 0, 2, h)
+    }
+
     /// Stripe 7 is owned by worker 1 of 2.
     #[test]
     fn moves_after_repeated_contention_on_a_foreign_stripe() {
+        let h = Heat::new();
         let mut a = Affinity::new(None);
-        assert_eq!(a.after_batch(None, 0, 2), None);
-        assert_eq!(a.after_batch(Some((7, 1)), 0, 2), None);
-        assert_eq!(a.after_batch(None, 0, 2), None);
-        assert_eq!(a.after_batch(Some((7, 1)), 0, 2), Some(1));
+        assert_eq!(batch(&mut a, None, &h), None);
+        assert_eq!(batch(&mut a, Some((7, 1)), &h), None);
+        assert_eq!(batch(&mut a, None, &h), None);
+        assert_eq!(batch(&mut a, Some((7, 1)), &h), Some(1));
     }
 
     #[test]
     fn own_stripes_and_scattered_stripes_do_not_move() {
+        let h = Heat::new();
         let mut a = Affinity::new(None);
         for i in 0..1000 {
             // Own stripe (even on worker 0 of 2): never a move.
-            assert_eq!(a.after_batch(Some((6, 5)), 0, 2), None);
-            // A different foreign stripe each time: never two hits.
-            assert_eq!(a.after_batch(Some((2 * i + 1, 1)), 0, 2), None);
+            assert_eq!(batch(&mut a, Some((6, 5)), &h), None);
+            // A different foreign stripe each time: never two hits, and
+            // no stripe gets hot.
+            assert_eq!(batch(&mut a, Some((2 * i + 1, 1)), &h), None);
         }
+        assert!(!h.is_hot(6), "own-stripe contention is not counted");
     }
 
     #[test]
     fn hits_outside_the_window_do_not_add_up() {
+        let h = Heat::new();
         let mut a = Affinity::new(None);
-        assert_eq!(a.after_batch(Some((7, 1)), 0, 2), None);
+        assert_eq!(batch(&mut a, Some((7, 1)), &h), None);
         for _ in 0..WINDOW_BATCHES {
-            assert_eq!(a.after_batch(None, 0, 2), None);
+            assert_eq!(batch(&mut a, None, &h), None);
         }
-        assert_eq!(a.after_batch(Some((7, 1)), 0, 2), None);
-        assert_eq!(a.after_batch(Some((7, 1)), 0, 2), Some(1));
+        assert_eq!(batch(&mut a, Some((7, 1)), &h), None);
+        assert_eq!(batch(&mut a, Some((7, 1)), &h), Some(1));
     }
 
     #[test]
     fn a_moved_connection_stays_its_minimum() {
+        let h = Heat::new();
         let mut a = Affinity::new(Some(Instant::now()));
-        assert_eq!(a.after_batch(Some((7, 5)), 0, 2), None);
+        assert_eq!(batch(&mut a, Some((7, 5)), &h), None);
+        assert_eq!(a.on_block(7, 0, 2), None);
         let mut b = Affinity::new(Some(Instant::now() - Duration::from_millis(MIN_STAY_MS)));
-        assert_eq!(b.after_batch(Some((7, 5)), 0, 2), Some(1));
+        assert_eq!(batch(&mut b, Some((7, 5)), &h), Some(1));
+        assert_eq!(b.on_block(7, 0, 2), Some(1));
+    }
+
+    /// Other connections made stripe 9 hot: one contention moves.
+    #[test]
+    fn one_contention_moves_on_a_hot_stripe_only() {
+        let h = Heat::new();
+        let mut cold = Affinity::new(None);
+        assert_eq!(batch(&mut cold, Some((9, 1)), &h), None, "cold: stays");
+        for _ in 0..HOT_CONTENDED {
+            h.note(9, 1);
+        }
+        assert!(h.is_hot(9));
+        let mut a = Affinity::new(None);
+        assert_eq!(batch(&mut a, Some((9, 1)), &h), Some(1), "hot: moves");
+        // A hot stripe the connection's worker owns: no move.
+        for _ in 0..HOT_CONTENDED {
+            h.note(10, 1);
+        }
+        assert_eq!(batch(&mut a, Some((10, 1)), &h), None);
+    }
+
+    /// A new connection whose first key's stripe is hot and foreign
+    /// moves without contending; on a cold stripe, or once placed, or
+    /// after a move, it does not.
+    #[test]
+    fn new_connections_are_placed_by_a_hot_first_key() {
+        let h = Heat::new();
+        let mut a = Affinity::new(None);
+        assert!(a.placing());
+        assert_eq!(a.after_batch(None, Some(11), 0, 2, &h), None, "cold");
+        h.note(11, HOT_CONTENDED);
+        assert_eq!(a.after_batch(None, Some(11), 0, 2, &h), Some(1));
+        assert_eq!(a.after_batch(None, Some(11), 1, 2, &h), None, "owner");
+        for _ in 0..PLACE_BATCHES {
+            a.after_batch(None, None, 0, 2, &h);
+        }
+        assert!(!a.placing(), "placed after its first batches");
+        let moved = Affinity::new(Some(Instant::now() - Duration::from_secs(1)));
+        assert!(!moved.placing(), "a moved connection is placed already");
+    }
+
+    /// Heat counts the current and the last window only.
+    #[test]
+    fn heat_cools_after_two_windows() {
+        let h = Heat::new();
+        assert!(!h.note(3, HOT_CONTENDED - 1));
+        assert!(h.note(3, 1));
+        // The counts as seen in their window, one and two windows later.
+        let v = h.stripes[3].load(Ordering::Relaxed);
+        let w = (v >> 32) as u32;
+        assert_eq!(counts(v, w), (0, HOT_CONTENDED));
+        assert_eq!(counts(v, w + 1), (HOT_CONTENDED, 0));
+        assert_eq!(counts(v, w + 2), (0, 0));
+        assert!(!h.is_hot(KEY_LOCK_STRIPES), "out of range: cold");
+        assert!(!h.note(KEY_LOCK_STRIPES, 100));
+    }
+
+    /// A blocked client waits on its key's owner.
+    #[test]
+    fn a_blocked_client_goes_to_the_owner() {
+        let a = Affinity::new(None);
+        assert_eq!(a.on_block(7, 0, 2), Some(1));
+        assert_eq!(a.on_block(7, 1, 2), None);
+        assert_eq!(a.on_block(7, 0, 1), None, "one worker");
     }
 
     #[test]

@@ -263,6 +263,8 @@ pub struct Shared {
     /// The workers' lanes for connections that move (see
     /// [`crate::migrate`]).
     pub lanes: crate::migrate::Lanes<crate::worker::Migrant>,
+    /// How hot each key stripe is (see [`crate::migrate::Heat`]).
+    pub heat: crate::migrate::Heat,
 }
 
 impl Shared {

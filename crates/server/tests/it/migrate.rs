@@ -250,3 +250,89 @@ fn one_key_memcached_clients_lose_no_reply() {
     assert_eq!(s.shared().connected.load(Ordering::Relaxed), CLIENTS + 1);
     drop(conns);
 }
+
+/// A key whose stripe worker `w` of 2 owns (see `server::migrate`).
+fn key_owned_by(w: usize, prefix: &str) -> String {
+    (0..)
+        .map(|i| format!("{prefix}{i}"))
+        .find(|k| {
+            server::migrate::owner_of(server::keylock::KeyLocks::stripe_of(k.as_bytes()), 2) == w
+        })
+        .expect("a key")
+}
+
+/// A connection on worker 0 that may move at once (its last move, if
+/// any, is older than the least stay).
+fn settled_on_0(port: u16) -> Resp {
+    let mut c = Resp::new(port);
+    if hop(&mut c, 0) != 0 {
+        assert_eq!(hop(&mut c, 0), 0);
+        std::thread::sleep(std::time::Duration::from_millis(
+            server::migrate::MIN_STAY_MS + 50,
+        ));
+    }
+    c
+}
+
+/// A client that blocks on a key owned by the other worker waits there:
+/// it is served on the owner, and the request it pipelined behind the
+/// blocking one runs after the reply, in order.
+#[test]
+fn a_blocked_client_waits_on_its_keys_owner() {
+    let s = start();
+    let port = s.resp_port().unwrap();
+    let k = key_owned_by(1, "bq");
+    let mut consumer = settled_on_0(port);
+    let mut producer = Resp::new(port);
+    let mut b = resp_cmd(&["BLPOP", &k, "10"]);
+    b.extend(resp_cmd(&["RPUSH", "after", "x"]));
+    consumer.send(&b);
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let moved = s.shared().totals().moved_in;
+    assert!(moved >= 1, "the blocked client moved");
+    assert_eq!(producer.cmd(&["LPUSH", &k, "a"]), V::Int(1));
+    assert_eq!(consumer.read(), V::Array(vec![bulk(&k), bulk("a")]));
+    assert_eq!(consumer.read(), V::Int(1));
+    assert_eq!(hop(&mut consumer, 1), 1, "on the key's owner");
+    // A key its worker owns: it waits where it is.
+    let own = key_owned_by(1, "own");
+    consumer.send(&resp_cmd(&["BLPOP", &own, "10"]));
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert_eq!(producer.cmd(&["RPUSH", &own, "b"]), V::Int(1));
+    assert_eq!(consumer.read(), V::Array(vec![bulk(&own), bulk("b")]));
+    assert_eq!(s.shared().totals().moved_in, moved);
+    assert_eq!(s.shared().connected.load(Ordering::Relaxed), 2);
+}
+
+/// A blocked client that moved to its key's owner times out there, can
+/// be unblocked there, and one that disconnects while it waits leaves
+/// no waiter behind: a later push stays in the list.
+#[test]
+fn a_moved_blocked_client_times_out_unblocks_and_leaves() {
+    let s = start();
+    let port = s.resp_port().unwrap();
+    let k = key_owned_by(1, "tq");
+    let mut c = settled_on_0(port);
+    assert_eq!(c.cmd(&["BLPOP", &k, "0.2"]), V::Null);
+    assert_eq!(hop(&mut c, 1), 1);
+    let mut d = settled_on_0(port);
+    let id = match d.cmd(&["CLIENT", "ID"]) {
+        V::Int(i) => i,
+        v => panic!("{v:?}"),
+    };
+    d.send(&resp_cmd(&["BLPOP", &k, "0"]));
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let mut ctl = Resp::new(port);
+    assert_eq!(
+        ctl.cmd(&["CLIENT", "UNBLOCK", &id.to_string(), "ERROR"]),
+        V::Int(1)
+    );
+    assert!(matches!(d.read(), V::Err(e) if e.starts_with("UNBLOCKED")));
+    let mut e = settled_on_0(port);
+    e.send(&resp_cmd(&["BLPOP", &k, "0"]));
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    drop(e);
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert_eq!(ctl.cmd(&["RPUSH", &k, "kept"]), V::Int(1));
+    assert_eq!(ctl.cmd(&["LLEN", &k]), V::Int(1));
+}
