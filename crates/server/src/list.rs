@@ -29,7 +29,8 @@
 //!
 //! * LPUSH/RPUSH/LPOP/RPOP: one root read and one root write, plus one
 //!   chunk write (push) or one chunk read and delete (pop) per c
-//!   operations at that end. The root is stored with spare room, so under
+//!   operations at that end. The root is stored with spare room (in
+//!   powers of two: `List::encode_root_into`), so under
 //!   Nibble-2 most writes overwrite it in place (same size) rather than
 //!   append a new copy for compaction to clean. A list of up to 2c short
 //!   elements is the root alone, as Redis's listpack-encoded list is one
@@ -113,31 +114,27 @@ fn corrupt() -> CmdError {
     CmdError::from("ERR corrupt list value")
 }
 
-/// `b` as a pooled [`PairBuf`]; spare room after the last element is
-/// allowed only with `room`.
-fn pairs_of(b: &[u8], room: bool) -> Option<PairBuf> {
+/// `b` as a pooled [`PairBuf`] (nothing may follow the last element).
+fn pairs_of(b: &[u8]) -> Option<PairBuf> {
     let mut v = take_buf(b.len());
     v.extend_from_slice(b);
-    if room {
-        PairBuf::from_bytes(v, false)
-    } else {
-        PairBuf::from_exact_bytes(v, false)
-    }
+    PairBuf::from_exact_bytes(v, false)
 }
 
-/// A list root's fields and ends; `None` if `b` is not a list root or its
-/// counts disagree (every chunk holds at least one element).
-fn decode_list_root(b: &[u8]) -> Option<(Root, PairBuf, PairBuf)> {
-    let (_, root) = decode_root(b).filter(|(k, _)| *k == Kind::List)?;
-    let rest = b.get(ROOT_BYTES..)?;
-    let (head, tail) = if rest.is_empty() {
+/// A list root's fields and ends, from the root item's bytes `b` (a
+/// pooled buffer, which becomes the tail's: the tail is moved to its
+/// front, so an open copies the head alone); `None` if `b` is not a list
+/// root or its counts disagree (every chunk holds at least one element).
+fn decode_list_root(mut b: Vec<u8>) -> Option<(Root, PairBuf, PairBuf)> {
+    let (_, root) = decode_root(&b).filter(|(k, _)| *k == Kind::List)?;
+    let (head, tail) = if b.len() <= ROOT_BYTES {
+        give_buf(b);
         (PairBuf::new(false), PairBuf::new(false))
     } else {
-        let hl = u32::from_le_bytes(rest.get(..HEAD_LEN_BYTES)?.try_into().ok()?) as usize;
-        let split = HEAD_LEN_BYTES.checked_add(hl)?;
-        let head = pairs_of(rest.get(HEAD_LEN_BYTES..split)?, false)?;
-        let tail = pairs_of(rest.get(split..)?, true)?;
-        (head, tail)
+        let (head, split) = decode_head(&b)?;
+        b.copy_within(split.., 0);
+        b.truncate(b.len() - split);
+        (head, PairBuf::from_bytes(b, false)?)
     };
     let ends = (head.len() + tail.len()) as u64;
     let ok = if root.nbuckets == 0 {
@@ -146,6 +143,16 @@ fn decode_list_root(b: &[u8]) -> Option<(Root, PairBuf, PairBuf)> {
         root.count >= ends + u64::from(root.nbuckets)
     };
     ok.then_some((root, head, tail))
+}
+
+/// The head of a list root with ends (`b` longer than coll's fields), as
+/// a pooled copy, and the offset in `b` where the tail starts.
+fn decode_head(b: &[u8]) -> Option<(PairBuf, usize)> {
+    let rest = b.get(ROOT_BYTES..)?;
+    let hl = u32::from_le_bytes(rest.get(..HEAD_LEN_BYTES)?.try_into().ok()?) as usize;
+    let split = HEAD_LEN_BYTES.checked_add(hl)?;
+    let head = pairs_of(rest.get(HEAD_LEN_BYTES..split)?)?;
+    Some((head, ROOT_BYTES + split))
 }
 
 /// The list at `key`: `Ok(None)` if absent, WRONGTYPE for another type.
@@ -159,10 +166,8 @@ pub fn open<'e>(store: &'e Engine, key: &'e [u8]) -> Result<Option<List<'e>>, Cm
         give_buf(buf);
         return Err(WRONGTYPE.into());
     }
-    let decoded = decode_list_root(&buf);
     let root_stored_bytes = buf.len();
-    give_buf(buf);
-    let (root, head, tail) = decoded.ok_or_else(corrupt)?;
+    let (root, head, tail) = decode_list_root(buf).ok_or_else(corrupt)?;
     Ok(Some(List {
         store,
         key,
@@ -543,8 +548,15 @@ impl List<'_> {
 
     /// The root's bytes into `out`: coll's fields, the head's length, the
     /// head, the tail, then (where the engine overwrites in place) spare
-    /// room as `crate::packed` gives a node, so that most pushes and pops
-    /// keep the item's size.
+    /// room, so that most pushes and pops keep the item's size: the
+    /// stored length while the root fits it and fills at least half of
+    /// it, else the root's length plus a node's room (`crate::packed`)
+    /// rounded up to a power of two. The rounding is for elements of a
+    /// hundred bytes and more, where a node's room (a quarter, at least
+    /// 64 bytes) holds no second element and every push would append a
+    /// new copy of the root: in powers of two, a list growing from one
+    /// element appends its root about log2(n) times, and one going up and
+    /// down by an element at a time (a queue) almost never.
     fn encode_root_into(&self, out: &mut Vec<u8>) {
         encode_root_into(Kind::List, &self.root, out);
         out.extend_from_slice(&(self.head.bytes().len() as u32).to_le_bytes());
@@ -558,7 +570,8 @@ impl List<'_> {
         let want = if len <= stored && len >= stored / 2 {
             stored
         } else {
-            len + (len / NODE_ROOM_DIVISOR).clamp(NODE_ROOM_MIN_BYTES, NODE_ROOM_MAX_BYTES)
+            (len + (len / NODE_ROOM_DIVISOR).clamp(NODE_ROOM_MIN_BYTES, NODE_ROOM_MAX_BYTES))
+                .next_power_of_two()
         };
         let max = usize::try_from(self.store.max_value_bytes()).unwrap_or(usize::MAX);
         if want <= max {
@@ -918,7 +931,10 @@ mod tests {
             first: FIRST_CHUNK,
         };
         let mut b = encode_root(Kind::List, &r);
-        assert!(decode_list_root(&b).is_none(), "3 elements, none stored");
+        assert!(
+            decode_list_root(b.clone()).is_none(),
+            "3 elements, none stored"
+        );
         let mut head = PairBuf::new(false);
         head.push(b"a", &[]);
         b.extend_from_slice(&(head.bytes().len() as u32).to_le_bytes());
@@ -928,14 +944,14 @@ mod tests {
         tail.push(b"c", &[]);
         b.extend_from_slice(tail.bytes());
         b.extend_from_slice(&[0; 40]);
-        let (root, h, t) = decode_list_root(&b).unwrap();
+        let (root, h, t) = decode_list_root(b.clone()).unwrap();
         assert_eq!((root.count, h.len(), t.len()), (3, 1, 2));
         for cut in 0..b.len() - 40 {
-            let _ = decode_list_root(&b[..cut]);
+            let _ = decode_list_root(b[..cut].to_vec());
         }
         let mut bad = b.clone();
         bad[ROOT_BYTES] = 200;
-        assert!(decode_list_root(&bad).is_none());
-        assert!(decode_list_root(&encode_root(Kind::Set, &r)).is_none());
+        assert!(decode_list_root(bad).is_none());
+        assert!(decode_list_root(encode_root(Kind::Set, &r)).is_none());
     }
 }

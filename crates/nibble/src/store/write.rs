@@ -2,9 +2,9 @@
 //! (dissertation §4.1, §4.4, §6.2).
 //!
 //! ```text
-//!  put_with   check ─ start_put (header, prefetch) ─ pin ─ optimistic condition
-//!             ─ Nibble-2: overwrite_in_place (bucket lock; fits? write value + header)
-//!             ─ append_object (local head; full log: wait for compaction unpinned)
+//!  put_with   check ─ start_put (header, prefetch) ─ pin
+//!             ─ Nibble-2: overwrite_in_place (bucket lock; condition; fits? write value + header)
+//!             ─ optimistic condition ─ append_object (local head; full log: wait for compaction unpinned)
 //!             ─ publish (bucket lock: condition, version, expiry; swap entry; old dead;
 //!               a kept TTL the new object has no expiry slot for: append again with it)
 //!  delete_if  pin ─ bucket lock ─ condition ─ remove entry ─ old dead ─ live−
@@ -79,10 +79,10 @@ impl Store {
     /// Returns the new version.
     ///
     /// The steps: check the sizes, build the header and start the cache
-    /// misses ahead of the index work; pin; check the condition
-    /// optimistically (so a failing one leaves no dead object in the log);
-    /// in Nibble-2, try the in-place overwrite; otherwise append the object
-    /// and publish it in the index.
+    /// misses ahead of the index work; pin; in Nibble-2, try the in-place
+    /// overwrite (the condition decided under the bucket lock); otherwise
+    /// check the condition optimistically (so a failing one leaves no dead
+    /// object in the log), append the object and publish it in the index.
     pub fn put_with(&self, key: &[u8], value: &[u8], opts: PutOptions) -> Result<u64, Error> {
         self.put_inner(key, value, opts, false)
     }
@@ -129,25 +129,28 @@ impl Store {
         // this thread's previous append prefetched its head's next object
         // (`Log::append`).
         let seen = inner.prefetch_old(hash, old_bytes);
-        if opts.condition != Condition::Always || opts.expiry == Expiry::Keep {
-            // Cheap optimistic check first, so a failing condition does not
-            // leave a dead object in the log; and a kept TTL needs the
-            // expiry slot (`publish` checks again under the lock).
-            let cur = self.read_header(hash, key);
-            check_condition(opts.condition, cur.as_ref())?;
-            if opts.expiry == Expiry::Keep {
-                h.expiry_ms = opts.expiry.expiry_ms(cur.as_ref());
-                h.expiry_slot = h.expiry_ms != 0;
-            }
-        }
         // Nibble-2 tries the in-place overwrite only where the peek saw a
         // candidate: for a new key it would lock the buckets just to find
         // nothing. A key the peek missed (a racing resize or writer) is
         // appended and published like any other, which is correct, only
-        // not in place.
+        // not in place. The overwrite decides the condition and a kept
+        // TTL under the bucket lock itself, so it comes before the
+        // optimistic check below, which only an append needs.
         if inner.cfg.mode == Mode::Nibble2 && seen {
             if let Some(version) = self.overwrite_in_place(hash, key, value, &opts, &mut h)? {
                 return Ok(version);
+            }
+        }
+        if opts.condition != Condition::Always || opts.expiry == Expiry::Keep {
+            // Cheap optimistic check before appending, so a failing
+            // condition does not leave a dead object in the log; and a
+            // kept TTL needs the expiry slot (`publish` checks again under
+            // the lock).
+            let cur = self.read_header(hash, key);
+            check_condition(opts.condition, cur.as_ref())?;
+            if opts.expiry == Expiry::Keep {
+                h.expiry_ms = opts.expiry.expiry_ms(cur.as_ref());
+                h.expiry_slot |= h.expiry_ms != 0;
             }
         }
         let mut guard = guard;

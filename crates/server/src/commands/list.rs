@@ -73,8 +73,14 @@ fn pop(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply, left: bool) -> CmdResult {
             l.pop_back()
         }
     };
+    let Some(n) = count else {
+        // One element: no list of them to build (a list is never stored
+        // empty, so a present one gives an element).
+        let e = list::modify_existing(store, a[1], take)?.flatten();
+        r.opt_bulk(e.as_deref());
+        return Ok(());
+    };
     let out = list::modify_existing(store, a[1], |l| {
-        let n = count.unwrap_or(1);
         let mut out = Vec::new();
         for _ in 0..n {
             match take(l)? {
@@ -84,11 +90,9 @@ fn pop(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply, left: bool) -> CmdResult {
         }
         Ok(out)
     })?;
-    match (out, count) {
-        (None, None) => r.null(),
-        (None, Some(_)) => r.null_array(),
-        (Some(out), None) => r.opt_bulk(out.first().map(|e| &e[..])),
-        (Some(out), Some(_)) => r.bulks(out.iter()),
+    match out {
+        None => r.null_array(),
+        Some(out) => r.bulks(out.iter()),
     }
     Ok(())
 }
