@@ -668,6 +668,11 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
     let workers = shared.clients.len();
     let movable = movable && workers > 1;
     let mut affinity = crate::migrate::Affinity::new(moved_at);
+    // CPU placement (see `crate::steer`): loopback TCP peers only.
+    let steer_fd = fd.filter(|_| {
+        movable && !shared.cpu_worker.is_empty() && crate::steer::is_loopback(&info.addr)
+    });
+    let mut steer = crate::steer::Steer::new();
     // Shutdown as the reads wait for it (see `crate::stop`).
     let stop = crate::stop::Waiter::new();
     // Writes whose replies are not out yet (see `durable`).
@@ -983,6 +988,15 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
                 Some(t) => Some(t),
                 None => affinity.after_batch(contended, worker, workers),
             };
+            let to = to.or_else(|| {
+                let fd = steer_fd?;
+                steer.after_batch(
+                    worker,
+                    || crate::steer::incoming_cpu(fd),
+                    &shared.cpu_worker,
+                    moved_at,
+                )
+            });
             // Only in a plain state: nothing to close, skip or deliver.
             let plain = !close && skip == 0 && sess.subs.is_none() && sess.ready.is_empty();
             if let Some(to) = to.filter(|&t| plain && t != worker) {

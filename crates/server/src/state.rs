@@ -263,6 +263,9 @@ pub struct Shared {
     /// The workers' lanes for connections that move (see
     /// [`crate::migrate`]).
     pub lanes: crate::migrate::Lanes<crate::worker::Migrant>,
+    /// The worker pinned to each CPU, `usize::MAX` where none; empty when
+    /// loopback connections are not steered (see [`crate::steer`]).
+    pub cpu_worker: Vec<usize>,
 }
 
 impl Shared {
