@@ -133,6 +133,10 @@ pub struct Cli {
     /// Do not pin worker threads to CPUs.
     #[arg(long)]
     pub no_pin: bool,
+    /// Do not move loopback connections to the worker on their client's
+    /// CPU. See `steer.rs`.
+    #[arg(long)]
+    pub no_steer: bool,
     /// Microseconds a worker keeps polling for events after a batch before
     /// it sleeps, while it has its CPU to itself (default 0: off). See
     /// `idlespin.rs`.
@@ -217,6 +221,9 @@ pub struct ServerConfig {
     pub threads: usize,
     /// Pin workers.
     pub pin: bool,
+    /// Move loopback connections to the worker on their client's CPU
+    /// (`steer`, see [`crate::steer`]).
+    pub steer: bool,
     /// idle-poll-us: a worker's polling window after a batch (µs, 0 = off).
     pub idle_poll_us: u64,
     /// requirepass.
@@ -381,6 +388,7 @@ impl Default for ServerConfig {
             compaction_workers: None,
             threads: topology::allowed_cpus().len().max(1),
             pin: true,
+            steer: true,
             idle_poll_us: 0,
             requirepass: None,
             memcached_authfile: None,
@@ -546,6 +554,7 @@ impl ServerConfig {
                 parse_output_limits(value, &mut self.output_buffer_limits)?
             }
             "pin" => self.pin = matches!(value, "yes" | "true" | "1"),
+            "steer" => self.steer = matches!(value, "yes" | "true" | "1"),
             n if n.starts_with("tls-") => self.tls.apply(n, value)?,
             n if crate::rdb::RdbConfig::owns(n) => self.rdb.apply(n, value)?,
             n if crate::replica::ReplicaConfig::owns(n) => self.replica.apply(n, value)?,
@@ -644,6 +653,9 @@ impl ServerConfig {
         }
         if cli.no_pin {
             c.pin = false;
+        }
+        if cli.no_steer {
+            c.steer = false;
         }
         if cli.memcached_no_evict {
             c.memcached_no_evict = true;

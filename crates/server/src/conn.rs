@@ -686,6 +686,11 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
     let workers = shared.clients.len();
     let movable = movable && workers > 1;
     let mut affinity = crate::migrate::Affinity::new(moved_at);
+    // CPU placement (see `crate::steer`): loopback TCP peers only.
+    let steer_fd = fd.filter(|_| {
+        movable && !shared.cpu_worker.is_empty() && crate::steer::is_loopback(&info.addr)
+    });
+    let mut steer = crate::steer::Steer::new();
     // Shutdown as the reads wait for it (see `crate::stop`).
     let stop = crate::stop::Waiter::new();
     // Writes whose replies are not out yet (see `durable`).
@@ -1037,6 +1042,7 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
         dirty |= std::mem::take(&mut sess.dirty);
         durable(&shared, &mut dirty).await;
         if let Some((b, to)) = parked {
+            sess.key_bound = true;
             // Chosen in a plain state (see the block above); every reply
             // so far goes out here.
             if flush(&mut s, &mut out, stats, None, dq).await.is_err() {
@@ -1068,6 +1074,17 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
                     affinity.after_batch(contended, first_stripe, worker, workers, &shared.heat)
                 }
             };
+            // A key's worker wins over the client's CPU.
+            sess.key_bound |= to.is_some();
+            let to = to.or_else(|| {
+                let fd = steer_fd.filter(|_| !sess.key_bound)?;
+                steer.after_batch(
+                    worker,
+                    || crate::steer::incoming_cpu(fd),
+                    &shared.cpu_worker,
+                    moved_at,
+                )
+            });
             // Only in a plain state: nothing to close, skip or deliver.
             let plain = !close && skip == 0 && sess.subs.is_none() && sess.ready.is_empty();
             if let Some(to) = to.filter(|&t| plain && t != worker) {

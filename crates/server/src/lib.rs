@@ -74,6 +74,7 @@ pub mod rdb;
 pub mod replica;
 pub mod resp;
 pub mod state;
+pub mod steer;
 pub mod stop;
 pub mod tls;
 pub mod trim;
@@ -257,6 +258,11 @@ impl Server {
             );
         }
         let threads = cfg.threads.max(1);
+        // The CPU each worker is pinned to (none: not pinned).
+        let cpus = topology::allowed_cpus();
+        let worker_cpus: Vec<Option<usize>> = (0..threads)
+            .map(|i| (cfg.pin && !cpus.is_empty()).then(|| cpus[i % cpus.len()]))
+            .collect();
         let mut per_worker: Vec<WorkerListeners> =
             (0..threads).map(|_| WorkerListeners::default()).collect();
         let resp_port = match cfg.port {
@@ -320,6 +326,11 @@ impl Server {
             config: cfg.clone(),
             lanes: migrate::Lanes::new(threads),
             heat: migrate::Heat::new(),
+            cpu_worker: if cfg.steer {
+                steer::cpu_to_worker(&worker_cpus)
+            } else {
+                Vec::new()
+            },
         });
         // A dump.rdb (or --load-rdb) is imported before any client is
         // served; a bad file stops the start, as in Redis.
@@ -328,7 +339,6 @@ impl Server {
         let _ = shared.persist.load.set(loaded);
         rdb::persist::start(&shared)?;
         trim::start(&shared)?;
-        let cpus = topology::allowed_cpus();
         let mut handles = Vec::with_capacity(threads + 2);
         // The flusher of a store on disk (see `durability`).
         handles.extend(durability::start(&shared)?);
@@ -347,7 +357,7 @@ impl Server {
                 .spawn(move || replica::run(sh))?,
         );
         for (i, l) in per_worker.into_iter().enumerate() {
-            let cpu = (cfg.pin && !cpus.is_empty()).then(|| cpus[i % cpus.len()]);
+            let cpu = worker_cpus[i];
             let idle_poll = std::time::Duration::from_micros(cfg.idle_poll_us);
             let sh = shared.clone();
             let h = std::thread::Builder::new()

@@ -265,6 +265,9 @@ pub struct Shared {
     pub lanes: crate::migrate::Lanes<crate::worker::Migrant>,
     /// How hot each key stripe is (see [`crate::migrate::Heat`]).
     pub heat: crate::migrate::Heat,
+    /// The worker pinned to each CPU, `usize::MAX` where none; empty when
+    /// loopback connections are not steered (see [`crate::steer`]).
+    pub cpu_worker: Vec<usize>,
 }
 
 impl Shared {

@@ -17,7 +17,9 @@
 //! writes go to the log head of that worker's CPU. A TCP connection stays
 //! on the worker that accepted it unless key affinity moves it between two
 //! batches to the worker that owns the stripe of the key it keeps
-//! contending on ([`crate::migrate`]): each worker has a lane (a channel)
+//! contending on ([`crate::migrate`]), or, for a loopback client, CPU
+//! placement moves it to the worker pinned to the CPU its client runs on
+//! ([`crate::steer`]): each worker has a lane (a channel)
 //! that a task of its own drains, taking moved sockets into its runtime.
 //! Workers share nothing on the request path but the engine and a few
 //! relaxed atomics. (A Unix socket

@@ -175,6 +175,10 @@ pub struct Session {
     pub worker: usize,
     /// Move to this worker once the batch ends (DEBUG MIGRATE).
     pub move_to: Option<usize>,
+    /// Its worker was chosen for a key (key affinity, a blocked wait on
+    /// a key's owner, DEBUG MIGRATE): CPU placement ([`crate::steer`])
+    /// leaves it there, so the two never move it back and forth.
+    pub key_bound: bool,
 }
 
 impl Session {
@@ -198,6 +202,7 @@ impl Session {
             ready: Vec::new(),
             worker: 0,
             move_to: None,
+            key_bound: false,
         }
     }
 

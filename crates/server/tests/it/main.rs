@@ -26,4 +26,5 @@ mod rdb;
 mod replica;
 mod resp3;
 mod security;
+mod steer;
 mod tls;
