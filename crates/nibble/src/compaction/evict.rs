@@ -26,8 +26,10 @@
 //! store's frequency sketch (module `sketch`, TinyLFU's: every GET counts,
 //! found or not, and the counts halve after ten reads per key held), so a
 //! key read often keeps its standing when it was evicted and set again
-//! after a miss, and a key never read since the last halving is not kept
-//! (at least [`MERGE_MIN_READS`]). The sweep visits the victims' objects in
+//! after a miss. A key counted once that was not read since it was
+//! written here (the GET that missed it and nothing since, as a scan's
+//! keys) ranks as never read, and those are not kept (`score`, at least
+//! [`MERGE_MIN_READS`]). The sweep visits the victims' objects in
 //! log order, not by count, so a pass first reads the victims' headers and
 //! keys once to count the live bytes at each estimate (0 to 15) and cuts
 //! from the top: the fewest reads `t` whose objects all fit the budget,
@@ -74,11 +76,10 @@ const MERGE_SEGMENTS: usize = 4;
 /// segments still frees one segment's worth.
 const MERGE_RETAIN_PERMILLE: u64 = 750;
 
-/// Fewest reads (frequency sketch) for merge eviction to keep an object:
-/// one, since cache-aside sets a key after the GET that missed it, and a
-/// cache of a tenth of the keys holds many keys read once when hotter
-/// ones leave room (a floor of two missed 5 % more at zipf 1.2 and a
-/// 10 % cache, `memlab cache`).
+/// Fewest reads (`score`) for merge eviction to keep an object: one, so
+/// that a key read once since the counters last halved, and read since
+/// it was written here, is kept where hotter ones leave room (a floor of
+/// two missed 3 % more at zipf 1.2 and a 10 % cache, `memlab cache`).
 const MERGE_MIN_READS: u8 = 1;
 
 /// What an eviction sweep keeps (see [`Rule::Evict`]).
@@ -111,7 +112,7 @@ impl Keep {
         let size = size as u64;
         let read_enough = match mem.sketch() {
             Some(s) => {
-                let e = s.estimate(hash);
+                let e = score(mem, s, off, hash);
                 if e >= self.min_reads {
                     true
                 } else if e + 1 == self.min_reads && self.edge_bytes >= size {
@@ -164,7 +165,7 @@ fn read_histogram(
                 .read(hash, |l| (l == here).then_some(()))
                 .is_some()
             {
-                hist[usize::from(sketch.estimate(hash).min(15))] += h.object_bytes() as u64;
+                hist[usize::from(score(mem, sketch, off, hash))] += h.object_bytes() as u64;
             }
         }
     }
@@ -277,6 +278,20 @@ pub(super) fn evict_once(inner: &Inner, st: &mut WorkerState, e: Eviction) -> Pa
         Pass::Progress
     } else {
         Pass::Nothing
+    }
+}
+
+/// The reads merge eviction ranks the object at `off` by: the sketch's
+/// estimate, except that a key counted fewer than two reads that was not
+/// read since it was written here counts none (the GET that missed it and
+/// nothing since: a one-off, as a scan's keys are).
+#[inline]
+fn score(mem: &Memory, s: &crate::sketch::Sketch, off: u64, hash: u64) -> u8 {
+    let e = s.estimate(hash).min(15);
+    if e < 2 && !mem.accessed(off) {
+        0
+    } else {
+        e
     }
 }
 
