@@ -65,7 +65,6 @@ use crate::object::{now_ms, Header};
 use crate::store::Inner;
 
 mod evict;
-pub(crate) use evict::MERGE_MIN_READS;
 mod expire;
 
 /// How often an idle worker wakes to free retired segments.

@@ -187,10 +187,6 @@ pub(crate) struct Inner {
     /// The eviction setting ([`Eviction::encode`]); starts as
     /// `cfg.eviction`, changed by [`Store::set_eviction`].
     eviction: AtomicU8,
-    /// Merge eviction keeps an object whose key the frequency sketch has
-    /// seen read at least this often (adapted pass by pass, see
-    /// `compaction/evict.rs`).
-    pub(crate) merge_min_reads: AtomicU8,
     wake: (Mutex<u64>, Condvar),
     space: (Mutex<u64>, Condvar),
     pub(crate) stats: CompactionCounters,
@@ -381,7 +377,6 @@ impl Store {
             expiry_reserve_blocks: AtomicU64::new(0),
             force_compaction: AtomicBool::new(false),
             eviction: AtomicU8::new(Eviction::default().encode()),
-            merge_min_reads: AtomicU8::new(crate::compaction::MERGE_MIN_READS),
             wake: (Mutex::new(0), Condvar::new()),
             space: (Mutex::new(0), Condvar::new()),
             stats: CompactionCounters::default(),
