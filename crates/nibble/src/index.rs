@@ -2,7 +2,8 @@
 //! every GET and PUT consults, built for many cores. It is an open-addressing
 //! hash table split into independent subtables (spread over NUMA nodes);
 //! the hash picks the subtable (bits 47.., just below the tag) and the home
-//! bucket in it (the low bits). A bucket is 128 bytes, two cache lines: a
+//! bucket in it (the low 32 bits scaled to the subtable's size,
+//! multiply-shift, so a subtable can have any number of buckets). A bucket is 128 bytes, two cache lines: a
 //! version word and 15 entries, each a 16-bit tag (the hash's top bits) and
 //! a 48-bit [`Loc`]. Keys live in the log, not here: a lookup offers every
 //! tag-matching location to the caller, who checks the key in the object.
@@ -13,11 +14,12 @@
 //! relaxed entry loads and an acquire fence; the argument is in `bucket`).
 //!
 //! Overflow: an entry may sit in its home bucket or in one second bucket,
-//! `(home + (tag | 1)) mod n` (a two-bucket neighbourhood, [`Neighbour`]).
+//! `(home + d) mod n` with `d` in `1..n` scaled from the tag (a two-bucket
+//! neighbourhood, [`Neighbour`]).
 //! Writers lock both, lower index first (one global order, shared with the
 //! resizer, so no deadlock); readers validate both. Insert goes home
 //! while home has [`HOME_SPARE_SLOTS`] free entries, else to the emptier,
-//! so a full bucket spills instead of forcing a doubling (only when both
+//! so a full bucket spills instead of forcing a growth (only when both
 //! are full must the subtable grow), yet most keys sit where a read looks
 //! first. Why not unbounded linear
 //! probing: a lookup stays 2 buckets, 4 cache lines, 2 versions to check,
@@ -28,31 +30,35 @@
 //!
 //! Growth, per subtable and in place: the subtable maps its largest bucket
 //! array once (`MAP_NORESERVE`, module `reservation`) and uses the first `n`.
-//! Doubling locks all `n` buckets in ascending order (the global order
-//! writers use, so no deadlock), moves each entry that belongs to the upper
-//! half from bucket `c` to `c + n` (same slot: an entry keeps its role,
-//! home or second, and both map to `c` or `c + n`, so the split cannot
-//! overflow), publishes `2n` with a release store and unlocks. It never
-//! moves an entry that spilled to its second bucket back home, though home
-//! has room after the doubling: [`Index::scan`]'s guarantee rests on
-//! entries moving only from `c` to `c + n` (an entry moved home could jump
-//! behind a concurrent scan's cursor and be missed), so spills of earlier
-//! growth phases stay. Everyone
+//! The dissertation doubles a subtable (§4.3: bucket `c` splits into `c`
+//! and `c + n`); here a growth adds a quarter ([`GROWTH_DIVISOR`]),
+//! because a table that doubles is under 60 % full half of its life and
+//! the index is the largest overhead of a store of small objects (issue
+//! 23: `memlab frag`'s 64→128 pair ended with 1.15 M keys in a 16 MiB
+//! index 58 % full; growing by quarters keeps it 68-85 % full, 12 MiB
+//! there). A growth locks all `n` buckets in ascending order (the global
+//! order writers use, so no deadlock), rebuilds the entries into a
+//! scratch array of the new size with the writers' two-choice rule
+//! (`index/grow.rs`), writes it over the locked buckets and the new
+//! ones, bumps the subtable's generation, publishes the new size with a
+//! release store and unlocks. Every key moves, so SCAN cannot rely on
+//! the paper's split order: its cursor carries the subtable's generation
+//! and restarts a subtable that resized under it (`index/scan.rs`).
+//! Everyone
 //! reads `n` (acquire) before touching buckets and re-checks it after
 //! locking or validating: a resize that finished in between is seen there
 //! (its unlock happened after the store of `n`) and the operation retries.
 //! The entry holds only 16 hash bits, so the resizer asks the store for the
-//! hash of each moved object ([`Index::new`]'s `rehash`). Growth fails with
+//! hash of each object ([`Index::new`]'s `rehash`). Growth fails with
 //! [`IndexError::Full`] beyond the reservation or the byte budget; it also
 //! starts early once a subtable's load passes `grow_load_factor`. A store
 //! told how many keys to expect (`Config::expected_keys`, [`initial_buckets_for`])
 //! starts each subtable at the size that holds its share of them at
 //! [`PRESIZE_LOAD`] (below the growth threshold and below the load where
 //! the first neighbourhood fills), so a load of that many keys never stops its
-//! writers for a doubling (a doubling locks a whole subtable, and with
+//! writers for a growth (a growth locks a whole subtable, and with
 //! eight subtables the other writers soon wait on it; it rehashes every
-//! key from the log: 14 % of a growing load's instructions). A new
-//! bucket array's pages are populated writable before the resizer
+//! key of the subtable from the log). A growth's new buckets' pages are populated writable before the resizer
 //! locks its buckets (`Reservation::populate`). The byte
 //! budget (`max_bytes`) is the index's own share; with an
 //! [`IndexOverflow`] set ([`Index::set_overflow`]) the index may grow past
@@ -60,17 +66,17 @@
 //! lends it from the log's free blocks), so the split between index and
 //! log follows the data instead of a fixed share. The index also shrinks:
 //! once deletes leave a subtable under [`SHRINK_LOAD`], the store's
-//! compaction worker halves it in place on its next step (every 20 ms, while
-//! clients run as while they are quiet) (buckets `c` and `c + n/2` merge
-//! into `c`, which keeps every key in its neighbourhood and SCAN's
-//! reverse-binary guarantee, as Redis's dict shrink does) and releases the
-//! upper half's pages once the epoch passes, so a store's index follows
-//! its key count down as well as up (`index/shrink.rs`).
+//! compaction worker rebuilds it smaller in place on its next step (every
+//! 20 ms, while clients run as while they are quiet), to half full, and
+//! releases the buckets above the new size once the epoch passes, so a
+//! store's index follows its key count down as well as up
+//! (`index/shrink.rs`).
 //!
 //! Files: this one holds the types, construction and the optimistic read;
 //! `index/bucket.rs` the seqlocked bucket, `index/write.rs` the writers'
-//! lock and guard, `index/grow.rs` the in-place doubling,
-//! `index/shrink.rs` the halving of sparse subtables, `index/scan.rs`
+//! lock and guard, `index/grow.rs` the growth by a quarter and the
+//! rebuild it shares with `index/shrink.rs`, the shrinking of sparse
+//! subtables, `index/scan.rs`
 //! the SCAN cursor, `index/reservation.rs` the never-moving bucket arrays.
 
 pub mod bucket;
@@ -85,9 +91,11 @@ use core::fmt;
 
 use crossbeam_utils::CachePadded;
 
+pub use self::grow::GROWTH_DIVISOR;
 use self::reservation::{IndexBucket, Reservation};
-pub use self::shrink::{Shrunk, SHRINK_LOAD};
-use self::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+pub use self::scan::GENERATION_BITS;
+pub use self::shrink::{Shrunk, SHRINK_LOAD, SHRINK_TO_LOAD};
+use self::sync::{AtomicU64, AtomicUsize, Ordering};
 use self::write::free_slots;
 pub use self::write::{Slot, WriteGuard};
 
@@ -148,7 +156,7 @@ pub const DEFAULT_GROW_LOAD_FACTOR: f64 = 0.85;
 /// reaches at its expected key count: below the growth threshold
 /// ([`DEFAULT_GROW_LOAD_FACTOR`]) and below the load where the first
 /// two-bucket neighbourhood fills (about 0.83-0.87, `tests/index.rs`), which
-/// would double a subtable as surely as the threshold.
+/// would grow a subtable as surely as the threshold.
 pub const PRESIZE_LOAD: f64 = 0.75;
 
 /// Buckets per subtable for an index of `subtables` subtables that should
@@ -208,7 +216,7 @@ pub struct IndexConfig {
     /// `usize::MAX` means "only the reservations limit growth".
     pub max_bytes: usize,
     /// Load factor (entries / slots of a subtable) past which the next
-    /// writer to lock in that subtable doubles it first; `>= 1.0` disables
+    /// writer to lock in that subtable grows it first; `>= 1.0` disables
     /// proactive growth (subtables then grow only when a neighbourhood is
     /// full).
     pub grow_load_factor: f64,
@@ -294,13 +302,13 @@ pub struct IndexStats {
     pub memory_bytes: u64,
     /// Address space reserved for buckets, all subtables.
     pub reserved_bytes: u64,
-    /// Completed doublings.
+    /// Completed growths.
     pub resizes: u64,
-    /// Completed halvings (`index/shrink.rs`).
+    /// Completed shrinks (`index/shrink.rs`).
     pub shrinks: u64,
-    /// Halvings cancelled because a merged bucket pair would not fit.
+    /// Shrinks cancelled because a neighbourhood of the smaller table would overflow.
     pub shrinks_cancelled: u64,
-    /// Doublings refused for lack of reservation or budget.
+    /// Growths refused for lack of reservation or budget.
     pub failed_resizes: u64,
     /// Inserts that went to the neighbour bucket rather than home.
     pub neighbour_inserts: u64,
@@ -328,18 +336,19 @@ struct Counters {
 /// One subtable: a reservation of which the first `n` buckets are in use.
 struct Subtable {
     buckets: Reservation,
-    /// Buckets in use, a power of two. Stored (release) only by a resizer
-    /// holding every bucket lock; read (acquire) before every access.
+    /// Buckets in use (any count from 2 up to the reservation). Stored
+    /// (release) only by a resizer holding every bucket lock; read
+    /// (acquire) before every access.
     n: AtomicUsize,
+    /// Completed resizes (growths and shrinks), bumped before `n` is
+    /// published: a SCAN cursor carries the low bits and restarts the
+    /// subtable when they changed (`index/scan.rs`).
+    generation: AtomicU64,
     /// Entry count past which the next `lock` grows the subtable first.
     grow_at: AtomicU64,
-    /// Buckets `[n, 2n)` may hold copies from a resize that was abandoned
-    /// (its `rehash` panicked) and must be zeroed before reuse. Accessed
-    /// only with every bucket of the subtable locked.
-    dirty_above_n: AtomicBool,
-    /// A halving is tried only while the entry count is below this
-    /// (`u64::MAX`: no limit): a halving that a full merged pair cancelled
-    /// sets it to 3/4 of the count it saw, so a subtable that cannot halve
+    /// A shrink is tried only while the entry count is below this
+    /// (`u64::MAX`: no limit): a shrink that a full neighbourhood cancelled
+    /// sets it to 3/4 of the count it saw, so a subtable that cannot shrink
     /// is not locked whole again on every compaction step until deletes
     /// have thinned it further; a completed resize lifts it.
     shrink_below: AtomicU64,
@@ -354,7 +363,7 @@ impl Subtable {
 }
 
 /// Why a resize was requested; re-checked once every bucket is locked, so
-/// that a resize that lost the race to another does not double again.
+/// that a resize that lost the race to another does not grow again.
 #[derive(Clone, Copy)]
 enum Trigger {
     /// The neighbourhood of this hash was full.
@@ -390,7 +399,7 @@ pub struct Index {
     /// cursor.
     cursor_bucket_bits: u32,
     max_buckets: usize,
-    /// Buckets a subtable starts with; a halving stops there.
+    /// Buckets a subtable starts with; a shrink stops there.
     initial_buckets: usize,
     grow_load_factor: f64,
     neighbour: Neighbour,
@@ -476,6 +485,13 @@ impl Index {
                 cfg.subtables
             ));
         }
+        // A scan cursor holds the subtable, a generation and the bucket.
+        if subtable_bits + cursor_bucket_bits + GENERATION_BITS >= 64 {
+            return bad(format!(
+                "{} subtables × {max} buckets leave no room for a scan cursor",
+                cfg.subtables
+            ));
+        }
         if cfg.grow_load_factor.is_nan() || cfg.grow_load_factor <= 0.0 {
             return bad(format!("grow_load_factor = {}", cfg.grow_load_factor));
         }
@@ -515,7 +531,7 @@ impl Index {
                 buckets: Reservation::new(max, node)?,
                 n: AtomicUsize::new(initial),
                 grow_at: AtomicU64::new(grow_threshold(cfg.grow_load_factor, initial)),
-                dirty_above_n: AtomicBool::new(false),
+                generation: AtomicU64::new(0),
                 shrink_below: AtomicU64::new(u64::MAX),
                 counters: CachePadded::new(Counters::default()),
             }));
@@ -542,18 +558,24 @@ impl Index {
         })
     }
 
-    /// Home and second bucket of `hash` in a subtable of `n` buckets. The
-    /// two differ (the distance is odd and `n >= 2`), and for `2n` buckets
-    /// each is the same or `n` higher, which is what makes the split of a
-    /// doubling overflow-free and the scan cursor sound.
+    /// Home and second bucket of `hash` in a subtable of `n` buckets
+    /// (`n >= 2`, any count). Home is the low 32 hash bits scaled to `n`
+    /// (multiply-shift, Lemire's "fast alternative to the modulo
+    /// reduction"); the second is `home + d mod n` with `d` in `1..n`
+    /// taken from the tag by the same scaling, so the two differ and are
+    /// chosen by independent bits. Two multiplications replace two masks;
+    /// the table can then have any size, which is what lets it grow by a
+    /// quarter instead of doubling.
     #[inline]
     fn neighbourhood(&self, hash: u64, n: usize) -> (usize, usize) {
-        let home = hash as usize & (n - 1);
+        let n64 = n as u64;
+        let home = (((hash & 0xffff_ffff) * n64) >> 32) as usize;
         let distance = match self.neighbour {
-            Neighbour::TagOffset => (hash >> LOC_BITS) as usize | 1,
+            Neighbour::TagOffset => 1 + (((hash >> LOC_BITS) * (n64 - 1)) >> 16) as usize,
             Neighbour::Adjacent => 1,
         };
-        (home, home.wrapping_add(distance) & (n - 1))
+        let second = home + distance;
+        (home, if second >= n { second - n } else { second })
     }
 
     /// The subtable of `hash`: the bits just below the tag.

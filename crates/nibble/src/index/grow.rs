@@ -1,21 +1,102 @@
-//! Growth: doubling one subtable in place (dissertation §4.3).
+//! Resizing one subtable in place: growth by a quarter, and the rebuild
+//! that growth and shrinking share (dissertation §4.3; the dissertation
+//! doubles).
 //!
 //! The resizer locks every bucket of the subtable in ascending order (the
-//! order writers use), re-checks that the growth is still needed, reserves
-//! the new half's bytes against the index budget, then moves each entry
-//! whose bucket changes from `c` to `c + n` (same slot, so the split cannot
-//! overflow) and publishes `2n` with a release store before it unlocks.
-//! Entries keep only 16 hash bits, so the resizer asks the store for each
-//! moved key's full hash (`rehash`); if that panics, the copies are
-//! unpublished and the budget is given back. The keys are scattered over
-//! the log, so each rehash is a cache miss: the resizer hints the objects
-//! of the bucket [`REHASH_PREFETCH_BUCKETS`] ahead to the owner
-//! (`rehash_prefetch`), and those misses overlap.
+//! order writers use), re-checks that the resize is still needed, and
+//! rebuilds: every entry's key is rehashed (entries keep only 16 hash
+//! bits, so the store is asked for the full hash, `rehash`) and placed in
+//! a scratch copy of the new bucket array with the writers' two-choice
+//! rule, in the order of the old buckets. Only once every entry has a
+//! place does anything change: the new buckets' budget is reserved, the
+//! scratch copy is written over the locked buckets, the subtable's
+//! generation is bumped and the new size is published with a release
+//! store before the unlock. So a `rehash` that panics, or an entry with
+//! no room in the new size, leaves the subtable as it was. The scratch
+//! copy is transient heap of the new subtable's size (120 bytes a
+//! bucket), freed before the resize returns.
+//!
+//! Why a quarter and a rebuild rather than the paper's doubling, in which
+//! bucket `c` splits into `c` and `c + n` and nothing else moves: a table
+//! that can only double spends half its life under 60 % full (0.85 / 2
+//! right after each doubling), and its index is the largest overhead of a
+//! store of small objects (issue 23: 16 MiB, 12.5 % of 128 MiB of 64→128
+//! B objects). Multiply-shift home buckets (`Index::neighbourhood`) let
+//! the subtable take any size, and a growth by a quarter keeps the load
+//! between 0.68 and 0.85. What it costs: every growth rehashes every key
+//! of the subtable (a doubling rehashes them too), and a growth comes
+//! every 1.25× of keys instead of every 2×, so a load of `K` keys rehashes
+//! about `4K` of them instead of `2K`; and SCAN cannot rely on entries
+//! moving only from `c` to `c + n`, so its cursor restarts a subtable
+//! that resized under it (`index/scan.rs`).
+//!
+//! The keys are scattered over the log, so each rehash is a cache miss:
+//! the resizer hints the objects of the bucket [`REHASH_PREFETCH_BUCKETS`]
+//! ahead to the owner (`rehash_prefetch`), and those misses overlap.
 
+use super::bucket::BucketGuard;
 use super::*;
 
+/// A growth adds `n / GROWTH_DIVISOR` buckets (at least one) to a
+/// subtable of `n`: 1.25× a step, so the load right after a growth at
+/// [`DEFAULT_GROW_LOAD_FACTOR`] is 0.68, not the doubling's 0.425.
+pub const GROWTH_DIVISOR: usize = 4;
+
+/// The size a subtable of `n` buckets grows to, before the reservation's
+/// cap.
+fn grown_size(n: usize) -> usize {
+    n + (n / GROWTH_DIVISOR).max(1)
+}
+
+/// A new bucket array being filled by a rebuild: entries in slot order
+/// and each bucket's fill count.
+pub(super) struct Scratch {
+    buckets: Vec<[u64; ENTRIES_PER_BUCKET]>,
+    fill: Vec<u8>,
+}
+
+impl Scratch {
+    fn new(n: usize) -> Scratch {
+        Scratch {
+            buckets: vec![[0; ENTRIES_PER_BUCKET]; n],
+            fill: vec![0; n],
+        }
+    }
+
+    /// Place `entry` by the writers' rule ([`WriteGuard::insert`]): home
+    /// while home has [`HOME_SPARE_SLOTS`] free, else the emptier, home
+    /// on a tie. False when both are full.
+    fn place(&mut self, home: usize, second: usize, entry: u64) -> bool {
+        let free = |b: usize| ENTRIES_PER_BUCKET - self.fill[b] as usize;
+        let (fh, fs) = (free(home), free(second));
+        if fh + fs == 0 {
+            return false;
+        }
+        let b = if fh >= HOME_SPARE_SLOTS || fh >= fs {
+            home
+        } else {
+            second
+        };
+        let slot = self.fill[b] as usize;
+        self.buckets[b][slot] = entry;
+        self.fill[b] += 1;
+        true
+    }
+
+    /// Write the new array over `guards` (one a bucket, at least as many
+    /// as the array has); buckets past it are emptied.
+    pub(super) fn write(&self, guards: &mut [BucketGuard<'_, ENTRIES_PER_BUCKET>]) {
+        for (c, g) in guards.iter_mut().enumerate() {
+            let src = self.buckets.get(c);
+            for i in 0..ENTRIES_PER_BUCKET {
+                g.store(i, src.map_or(0, |b| b[i]));
+            }
+        }
+    }
+}
+
 impl Index {
-    /// Doubles the subtable of `hash` unless its neighbourhood has room
+    /// Grows the subtable of `hash` unless its neighbourhood has room
     /// again (another thread grew it, or an entry was removed). Call it
     /// after [`WriteGuard::insert`] returned [`IndexError::Full`], with the
     /// guard dropped, then retry the insert. Fails with
@@ -25,13 +106,14 @@ impl Index {
         self.grow_subtable(self.subtable(hash), Trigger::Full(hash))
     }
 
-    /// The resize of §4.3: lock every bucket, split, publish, unlock.
+    /// The resize of §4.3, by a quarter: lock every bucket, rebuild,
+    /// publish, unlock.
     pub(super) fn grow_subtable(&self, st: &Subtable, trigger: Trigger) -> Result<(), IndexError> {
         // Bucket 0 first: this also serialises concurrent resizers, and
         // once we hold it `n` cannot change (publishing needs it).
         let first = st.bucket(0).lock();
         let n = st.n.load(Ordering::Acquire);
-        let mut guards = Vec::with_capacity(2 * n);
+        let mut guards = Vec::with_capacity(grown_size(n).min(self.max_buckets).max(n));
         guards.push(first);
         guards.extend((1..n).map(|c| st.bucket(c).lock()));
 
@@ -48,14 +130,24 @@ impl Index {
             return Ok(());
         }
 
-        let m = 2 * n;
-        let added_bytes = (n * BUCKET_BYTES) as u64;
-        let reserved = if m <= self.max_buckets {
-            self.reserve_budget(added_bytes)
-        } else {
-            None
+        // The new size: a quarter more, or more again in the rare case
+        // that a neighbourhood of the rebuilt table would overflow.
+        let mut m = n;
+        let mut mismatches = 0;
+        let built = loop {
+            if m >= self.max_buckets {
+                break None;
+            }
+            m = grown_size(m).min(self.max_buckets);
+            mismatches = 0;
+            if let Some(s) = self.rebuild(&guards, m, &mut mismatches) {
+                break Some(s);
+            }
         };
-        let Some(mut reserved) = reserved else {
+        let reserved = built
+            .as_ref()
+            .and_then(|_| self.reserve_budget(((m - n) * BUCKET_BYTES) as u64));
+        let (Some(scratch), Some(mut reserved)) = (built, reserved) else {
             st.counters.failed_resizes.fetch_add(1, Ordering::Relaxed);
             // Stop the proactive check from locking the subtable again: the
             // reservation never grows back, and the budget only when the
@@ -65,36 +157,57 @@ impl Index {
             return Err(IndexError::Full);
         };
 
-        // The new half is unpublished (no reader or writer can reach it
-        // before `n` changes); locking it only lets us write through guards.
-        // Locking writes every new bucket, so whole huge pages there cost
-        // no more resident memory than 4 KiB ones; its pages are mapped in
-        // writable first (`populate`), so that the locks' loads do not map
-        // the zero page for their CAS to replace with a TLB flush.
+        // The new buckets are unpublished (no reader or writer can reach
+        // them before `n` changes); locking them only lets us write through
+        // guards. Their pages are mapped in writable first (`populate`),
+        // so that the locks' loads do not map the zero page for their CAS
+        // to replace with a TLB flush.
         st.buckets.in_use(m);
         st.buckets.populate(n, m);
         guards.extend((n..m).map(|c| st.bucket(c).lock()));
-        if st.dirty_above_n.load(Ordering::Relaxed) {
-            for guard in &mut guards[n..] {
-                for i in 0..ENTRIES_PER_BUCKET {
-                    guard.store(i, 0);
-                }
-            }
+        scratch.write(&mut guards);
+        drop(scratch);
+        reserved.bytes = 0;
+        if mismatches > 0 {
+            st.counters
+                .rehash_mismatches
+                .fetch_add(mismatches, Ordering::Relaxed);
         }
-        st.dirty_above_n.store(true, Ordering::Relaxed);
+        st.grow_at
+            .store(grow_threshold(self.grow_load_factor, m), Ordering::Relaxed);
+        st.generation.fetch_add(1, Ordering::Relaxed);
+        // Release: whoever learns the new size also sees the new entries
+        // and generation (and the bucket unlocks below come after it,
+        // which is what the re-checks of `n` in `read` and `lock` rely on).
+        st.n.store(m, Ordering::Release);
+        st.counters.resizes.fetch_add(1, Ordering::Relaxed);
+        st.shrink_below.store(u64::MAX, Ordering::Relaxed);
+        drop(guards);
+        // Chunks that held old buckets were faulted in 4 KiB pages; now
+        // that every bucket below `m` is resident, fold them into huge
+        // pages (outside the locks: it copies up to the subtable's size).
+        st.buckets.collapse(m);
+        Ok(())
+    }
 
-        // Pass 1: copy every entry whose bucket changes from c to c + n.
-        // An entry keeps its role (home or second bucket), and each of
-        // those is, for 2n buckets, the same index or that plus n: the
-        // split moves entries only from c to c + n, slot for slot, so it
-        // can never overflow. Only user code (`rehash`) can panic here;
-        // until pass 2 the old half is intact and the copies invisible.
-        let mut mismatches = 0u64;
+    /// Place every entry of the locked buckets `guards` (the subtable's
+    /// `guards.len()` buckets in use) in a new array of `m` buckets;
+    /// `None` if some neighbourhood of it overflows. Entries whose
+    /// `rehash` disagrees with their tag or bucket (a store bug) are
+    /// counted in `mismatches` and placed by the hash it gave.
+    pub(super) fn rebuild(
+        &self,
+        guards: &[BucketGuard<'_, ENTRIES_PER_BUCKET>],
+        m: usize,
+        mismatches: &mut u64,
+    ) -> Option<Scratch> {
+        let n = guards.len();
+        let mut scratch = Scratch::new(m);
         // The objects of the first buckets, then each step the bucket
         // `REHASH_PREFETCH_BUCKETS` ahead: hints only, read from locked
         // buckets.
         let prefetch = self.rehash_prefetch.get();
-        let prefetch_bucket = |g: &bucket::BucketGuard<'_, ENTRIES_PER_BUCKET>| {
+        let prefetch_bucket = |g: &BucketGuard<'_, ENTRIES_PER_BUCKET>| {
             if let Some(p) = prefetch {
                 for i in 0..ENTRIES_PER_BUCKET {
                     let e = g.load(i);
@@ -108,7 +221,7 @@ impl Index {
             prefetch_bucket(g);
         }
         for c in 0..n {
-            if let Some(g) = guards[..n].get(c + REHASH_PREFETCH_BUCKETS) {
+            if let Some(g) = guards.get(c + REHASH_PREFETCH_BUCKETS) {
                 prefetch_bucket(g);
             }
             for i in 0..ENTRIES_PER_BUCKET {
@@ -118,52 +231,16 @@ impl Index {
                 }
                 let hash = (self.rehash)(e & LOC_MASK);
                 let (home, second) = self.neighbourhood(hash, n);
-                let (home2, second2) = self.neighbourhood(hash, m);
-                let c2 = if c == home {
-                    home2
-                } else if c == second {
-                    second2
-                } else {
-                    usize::MAX
-                };
-                if tag_bits(hash) != tag_bits(e) || (c2 != c && c2 != c + n) {
-                    mismatches += 1;
-                    continue;
+                if tag_bits(hash) != tag_bits(e) || (c != home && c != second) {
+                    *mismatches += 1;
                 }
-                if c2 != c {
-                    guards[c2].store(i, e);
+                let (home, second) = self.neighbourhood(hash, m);
+                if !scratch.place(home, second, e) {
+                    return None;
                 }
             }
         }
-        // Pass 2: remove the originals of what was copied.
-        for c in 0..n {
-            for i in 0..ENTRIES_PER_BUCKET {
-                if guards[c + n].load(i) != 0 {
-                    guards[c].store(i, 0);
-                }
-            }
-        }
-        st.dirty_above_n.store(false, Ordering::Relaxed);
-        reserved.bytes = 0;
-        if mismatches > 0 {
-            st.counters
-                .rehash_mismatches
-                .fetch_add(mismatches, Ordering::Relaxed);
-        }
-        st.grow_at
-            .store(grow_threshold(self.grow_load_factor, m), Ordering::Relaxed);
-        // Release: whoever learns the new size also sees the moved entries
-        // (and the bucket unlocks below come after it, which is what the
-        // re-checks of `n` in `read` and `lock` rely on).
-        st.n.store(m, Ordering::Release);
-        st.counters.resizes.fetch_add(1, Ordering::Relaxed);
-        st.shrink_below.store(u64::MAX, Ordering::Relaxed);
-        drop(guards);
-        // Chunks that held old buckets were faulted in 4 KiB pages; now
-        // that every bucket below `m` is resident, fold them into huge
-        // pages (outside the locks: it copies up to the subtable's size).
-        st.buckets.collapse(m);
-        Ok(())
+        Some(scratch)
     }
 }
 
@@ -206,8 +283,7 @@ impl Index {
 }
 
 /// Gives reserved budget bytes (and what was borrowed for them) back
-/// unless the resize completed (a panicking `rehash` must not leak
-/// budget).
+/// unless the resize completed.
 struct BudgetReservation<'a> {
     index: &'a Index,
     bytes: u64,

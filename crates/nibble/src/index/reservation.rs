@@ -12,7 +12,7 @@
 //! below the subtable's published size, whose buckets a resize has already
 //! locked (written) or is about to: huge pages there add no resident
 //! memory, and an index of millions of keys on 4 KiB pages misses the TLB
-//! on nearly every lookup. A halving switches them off again for the
+//! on nearly every lookup. A shrink switches them off again for the
 //! chunks its released half touches ([`Reservation::release`]), so that
 //! khugepaged cannot fold released buckets back in. A reservation of at
 //! least 2 MiB is aligned to 2 MiB so that its chunks are whole huge pages. Buckets about to come into use (the

@@ -20,7 +20,7 @@ impl Index {
     /// Locks the neighbourhood of `hash` for writing and returns the guard;
     /// readers of these two buckets retry until it is dropped.
     ///
-    /// If the subtable's load has passed `grow_load_factor`, doubles it
+    /// If the subtable's load has passed `grow_load_factor`, grows it
     /// first (a failure to grow is ignored here: the insert will report
     /// [`IndexError::Full`] if it matters). Hence, and because of the lock
     /// order, a thread must hold at most one guard at a time.
