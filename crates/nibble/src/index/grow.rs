@@ -53,13 +53,17 @@ fn grown_size(n: usize) -> usize {
 pub(super) struct Scratch {
     buckets: Vec<[u64; ENTRIES_PER_BUCKET]>,
     fill: Vec<u8>,
+    /// The locked buckets' entries as the rebuild read them (buckets past
+    /// them hold zeros: growth and shrinking leave free entries above `n`).
+    old: Vec<[u64; ENTRIES_PER_BUCKET]>,
 }
 
 impl Scratch {
-    fn new(n: usize) -> Scratch {
+    fn new(n: usize, old_n: usize) -> Scratch {
         Scratch {
             buckets: vec![[0; ENTRIES_PER_BUCKET]; n],
             fill: vec![0; n],
+            old: Vec::with_capacity(old_n),
         }
     }
 
@@ -84,12 +88,17 @@ impl Scratch {
     }
 
     /// Write the new array over `guards` (one a bucket, at least as many
-    /// as the array has); buckets past it are emptied.
+    /// as the array has); buckets past it are emptied. Only entries that
+    /// change are stored: most of a growth's entries keep their slot.
     pub(super) fn write(&self, guards: &mut [BucketGuard<'_, ENTRIES_PER_BUCKET>]) {
         for (c, g) in guards.iter_mut().enumerate() {
             let src = self.buckets.get(c);
+            let was = self.old.get(c);
             for i in 0..ENTRIES_PER_BUCKET {
-                g.store(i, src.map_or(0, |b| b[i]));
+                let v = src.map_or(0, |b| b[i]);
+                if v != was.map_or(0, |b| b[i]) {
+                    g.store(i, v);
+                }
             }
         }
     }
@@ -202,7 +211,7 @@ impl Index {
         mismatches: &mut u64,
     ) -> Option<Scratch> {
         let n = guards.len();
-        let mut scratch = Scratch::new(m);
+        let mut scratch = Scratch::new(m, n);
         // The objects of the first buckets, then each step the bucket
         // `REHASH_PREFETCH_BUCKETS` ahead: hints only, read from locked
         // buckets.
@@ -224,8 +233,12 @@ impl Index {
             if let Some(g) = guards.get(c + REHASH_PREFETCH_BUCKETS) {
                 prefetch_bucket(g);
             }
-            for i in 0..ENTRIES_PER_BUCKET {
-                let e = guards[c].load(i);
+            let mut row = [0; ENTRIES_PER_BUCKET];
+            for (i, slot) in row.iter_mut().enumerate() {
+                *slot = guards[c].load(i);
+            }
+            scratch.old.push(row);
+            for e in row {
                 if e == 0 {
                     continue;
                 }

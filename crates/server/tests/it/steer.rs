@@ -71,5 +71,8 @@ fn a_connection_moved_for_a_key_is_not_steered_back() {
     })
     .join()
     .expect("client");
-    assert_eq!(on, 1, "the client's CPU moved it back from its key's worker");
+    assert_eq!(
+        on, 1,
+        "the client's CPU moved it back from its key's worker"
+    );
 }
