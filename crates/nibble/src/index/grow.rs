@@ -175,9 +175,30 @@ impl Index {
         st.buckets.in_use(m);
         st.buckets.populate(n, m);
         guards.extend((n..m).map(|c| st.bucket(c).lock()));
+        reserved.bytes = 0;
+        self.publish_rebuild(st, guards, scratch, mismatches, m);
+        st.counters.resizes.fetch_add(1, Ordering::Relaxed);
+        // Chunks that held old buckets were faulted in 4 KiB pages; now
+        // that every bucket below `m` is resident, fold them into huge
+        // pages (outside the locks: it copies up to the subtable's size).
+        st.buckets.collapse(m);
+        Ok(())
+    }
+
+    /// Make the rebuilt array `scratch` of `m` buckets the subtable's:
+    /// write it over the locked `guards` (buckets past it emptied), reset
+    /// the resize thresholds for the new size, bump the generation, publish
+    /// `m`, unlock. Growth and shrinking end with it.
+    pub(super) fn publish_rebuild(
+        &self,
+        st: &Subtable,
+        mut guards: Vec<BucketGuard<'_, ENTRIES_PER_BUCKET>>,
+        scratch: Scratch,
+        mismatches: u64,
+        m: usize,
+    ) {
         scratch.write(&mut guards);
         drop(scratch);
-        reserved.bytes = 0;
         if mismatches > 0 {
             st.counters
                 .rehash_mismatches
@@ -185,19 +206,13 @@ impl Index {
         }
         st.grow_at
             .store(grow_threshold(self.grow_load_factor, m), Ordering::Relaxed);
+        st.shrink_below.store(u64::MAX, Ordering::Relaxed);
         st.generation.fetch_add(1, Ordering::Relaxed);
         // Release: whoever learns the new size also sees the new entries
         // and generation (and the bucket unlocks below come after it,
         // which is what the re-checks of `n` in `read` and `lock` rely on).
         st.n.store(m, Ordering::Release);
-        st.counters.resizes.fetch_add(1, Ordering::Relaxed);
-        st.shrink_below.store(u64::MAX, Ordering::Relaxed);
         drop(guards);
-        // Chunks that held old buckets were faulted in 4 KiB pages; now
-        // that every bucket below `m` is resident, fold them into huge
-        // pages (outside the locks: it copies up to the subtable's size).
-        st.buckets.collapse(m);
-        Ok(())
     }
 
     /// Place every entry of the locked buckets `guards` (the subtable's

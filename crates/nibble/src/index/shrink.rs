@@ -125,20 +125,8 @@ impl Index {
         };
         // The buckets above `m` go back to free (zero) entries, as a
         // growth expects of buckets above `n`.
-        scratch.write(&mut guards);
-        drop(scratch);
-        if mismatches > 0 {
-            st.counters
-                .rehash_mismatches
-                .fetch_add(mismatches, Ordering::Relaxed);
-        }
-        st.grow_at
-            .store(grow_threshold(self.grow_load_factor, m), Ordering::Relaxed);
-        st.generation.fetch_add(1, Ordering::Relaxed);
-        st.n.store(m, Ordering::Release);
+        self.publish_rebuild(st, guards, scratch, mismatches, m);
         st.counters.shrinks.fetch_add(1, Ordering::Relaxed);
-        st.shrink_below.store(u64::MAX, Ordering::Relaxed);
-        drop(guards);
         self.return_budget(((n - m) * BUCKET_BYTES) as u64);
         Some((n, m))
     }
