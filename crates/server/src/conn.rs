@@ -1041,32 +1041,13 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
         }
         dirty |= std::mem::take(&mut sess.dirty);
         durable(&shared, &mut dirty).await;
-        if let Some((b, to)) = parked {
+        // Where this connection goes between two batches, if anywhere: a
+        // blocked wait to its key's owner (chosen in a plain state, see the
+        // block above), else the key's worker, else the client's CPU's.
+        let moving = if let Some((b, to)) = parked {
             sess.key_bound = true;
-            // Chosen in a plain state (see the block above); every reply
-            // so far goes out here.
-            if flush(&mut s, &mut out, stats, None, dq).await.is_err() {
-                return None;
-            }
-            let carry = Box::new(Carry {
-                inb,
-                out,
-                scratch,
-                sess,
-                mc_authed,
-                parser,
-                want,
-                skip,
-                mc_bin,
-                blocked: Some(b),
-            });
-            return Some(Moved {
-                stream: s,
-                to,
-                carry,
-            });
-        }
-        if movable {
+            Some((to, Some(b)))
+        } else if movable {
             let contended = crate::keylock::take_contended();
             let to = match sess.move_to.take() {
                 Some(t) => Some(t),
@@ -1087,29 +1068,32 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
             });
             // Only in a plain state: nothing to close, skip or deliver.
             let plain = !close && skip == 0 && sess.subs.is_none() && sess.ready.is_empty();
-            if let Some(to) = to.filter(|&t| plain && t != worker) {
-                // Every reply goes out here: nothing stays behind.
-                if flush(&mut s, &mut out, stats, None, dq).await.is_err() {
-                    return None;
-                }
-                let carry = Box::new(Carry {
-                    inb,
-                    out,
-                    scratch,
-                    sess,
-                    mc_authed,
-                    parser,
-                    want,
-                    skip,
-                    mc_bin,
-                    blocked: None,
-                });
-                return Some(Moved {
-                    stream: s,
-                    to,
-                    carry,
-                });
+            to.filter(|&t| plain && t != worker).map(|t| (t, None))
+        } else {
+            None
+        };
+        if let Some((to, blocked)) = moving {
+            // Every reply so far goes out here: nothing stays behind.
+            if flush(&mut s, &mut out, stats, None, dq).await.is_err() {
+                return None;
             }
+            let carry = Box::new(Carry {
+                inb,
+                out,
+                scratch,
+                sess,
+                mc_authed,
+                parser,
+                want,
+                skip,
+                mc_bin,
+                blocked,
+            });
+            return Some(Moved {
+                stream: s,
+                to,
+                carry,
+            });
         }
         match dq {
             // Written before the worker next waits for events, with the
