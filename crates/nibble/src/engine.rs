@@ -137,6 +137,15 @@ pub struct EngineStats {
     pub damaged_objects: u64,
     /// Live items evicted (cache mode; 0 for an engine that never evicts).
     pub evicted_items: u64,
+    /// Bytes of the evicted items.
+    pub evicted_bytes: u64,
+    /// Eviction passes that freed segments.
+    pub eviction_passes: u64,
+    /// Writes that found the log full and waited for compaction or
+    /// eviction to free space.
+    pub write_waits: u64,
+    /// Time those writes waited, microseconds in all.
+    pub write_wait_us: u64,
     /// Expired items reclaimed unread (memcached `expired_unfetched`;
     /// counted only while the engine keeps accessed bits, i.e. in cache
     /// mode).
@@ -228,6 +237,10 @@ impl KvEngine for Store {
             expired_reclaimed: st.expired_reclaimed,
             damaged_objects: 0,
             evicted_items: st.evicted_items,
+            evicted_bytes: st.evicted_bytes,
+            eviction_passes: st.eviction_passes,
+            write_waits: st.write_waits,
+            write_wait_us: st.write_wait_us,
             expired_unfetched: st.expired_unfetched,
             expired_segments: st.expired_segments,
             expiry_bytes_read: st.expiry_bytes_read,

@@ -10,8 +10,13 @@
 //! to do, has made no progress for a while, or the configured wait
 //! (`Config::max_write_wait_ms`) is over ([`Inner::wait_for_space`]).
 //! In cache mode the worker step a waiting writer runs also evicts
-//! (`compaction::evict`), so a write waits only for that step. Every
-//! wait is counted (`Stats::write_waits`, `write_wait_us`).
+//! (`compaction::evict`), so a write waits only for that step. A
+//! round's wait ends as soon as a segment is freed after the writer
+//! began the round (it reads the count of frees before it helps), so
+//! space that its own help or a worker frees meanwhile is taken at once
+//! instead of a round (`APPEND_WAIT_ROUND_MS`) later. Every wait is
+//! counted (`Stats::write_waits`, `write_wait_us`; INFO
+//! `nibble_write_waits`, `nibble_write_wait_us`).
 //! Also here: the prefetches that start a write's cache misses early.
 use super::*;
 
@@ -57,8 +62,22 @@ impl Inner {
     }
 
     pub(super) fn wait_space(&self, d: Duration) {
+        self.wait_space_since(self.space_seen(), d);
+    }
+
+    /// How many times space was freed (`notify_space`) so far: what
+    /// [`Inner::wait_space_since`] waits for a change of.
+    pub(super) fn space_seen(&self) -> u64 {
+        *self.space.0.lock()
+    }
+
+    /// Wait up to `d` for space to be freed after the moment `seen` was
+    /// read ([`Inner::space_seen`]); at once if it already was. A writer
+    /// reads `seen` before it looks for space, so a segment freed
+    /// between its look and its wait (by its own help, or by a worker)
+    /// ends the wait instead of being missed.
+    pub(super) fn wait_space_since(&self, seen: u64, d: Duration) {
         let mut g = self.space.0.lock();
-        let seen = *g;
         self.space.1.wait_while_for(&mut g, |v| *v == seen, d);
     }
 
@@ -214,6 +233,11 @@ impl Inner {
             self.stats.refused_at.store(freed + 1, Ordering::Release);
             return Err(Error::OutOfMemory { what: "log" });
         }
+        // Read before helping: a segment freed from here on (by this
+        // writer's own help, which frees the retired segments the epoch
+        // has passed, or by a worker's pass meanwhile) ends the wait
+        // below at once instead of a round later.
+        let seen = self.space_seen();
         self.wake_workers();
         let cpu = topology::current_cpu();
         let node = self.cpu_slot.get(cpu).map_or(0, |&(n, _)| n);
@@ -223,14 +247,14 @@ impl Inner {
             crate::compaction::Help::Progress => {}
             crate::compaction::Help::Idle => {
                 w.stalled += 1;
-                self.wait_space(Duration::from_millis(APPEND_WAIT_ROUND_MS));
+                self.wait_space_since(seen, Duration::from_millis(APPEND_WAIT_ROUND_MS));
             }
             crate::compaction::Help::Busy => {
                 // Every worker is inside a pass (a pass over sparse
                 // segments takes tens of milliseconds at 10 %
                 // utilization): space is coming, so this round does not
                 // count as one without progress.
-                self.wait_space(Duration::from_millis(APPEND_WAIT_ROUND_MS));
+                self.wait_space_since(seen, Duration::from_millis(APPEND_WAIT_ROUND_MS));
             }
         }
         Ok(())
@@ -276,5 +300,40 @@ impl Drop for SpaceWait<'_> {
         c.write_waits.fetch_add(1, Ordering::Relaxed);
         c.write_wait_us
             .fetch_add(self.start.elapsed().as_micros() as u64, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::store::{Config, Store};
+    use std::time::{Duration, Instant};
+
+    /// A segment freed after a writer looked for space, but before it
+    /// began to wait, ends the wait at once: the writer reads the count
+    /// before it looks (and helps), so the notice is not lost and the
+    /// writer does not sleep a whole round with space free.
+    #[test]
+    fn space_freed_before_the_wait_ends_it_at_once() {
+        let s = Store::new(Config::new(crate::MIN_CAPACITY_BYTES)).expect("store");
+        let inner = &*s.inner;
+        let seen = inner.space_seen();
+        inner.notify_space();
+        let t = Instant::now();
+        inner.wait_space_since(seen, Duration::from_secs(10));
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "waited {:?} for space freed before the wait",
+            t.elapsed()
+        );
+        // Nothing freed since `seen`: the wait runs to its bound (or an
+        // unrelated notice from a worker).
+        let seen = inner.space_seen();
+        let t = Instant::now();
+        inner.wait_space_since(seen, Duration::from_millis(20));
+        assert!(
+            t.elapsed() >= Duration::from_millis(20) || inner.space_seen() != seen,
+            "returned after {:?} with nothing freed",
+            t.elapsed()
+        );
     }
 }

@@ -447,6 +447,11 @@ impl nibble::KvEngine for SharedStore {
             // The shared store never evicts (its segment table is fixed and
             // shared between processes; see the nibble engine essay).
             evicted_items: 0,
+            evicted_bytes: 0,
+            eviction_passes: 0,
+            // Not counted by the shared store.
+            write_waits: 0,
+            write_wait_us: 0,
             expired_unfetched: 0,
             // Expired objects are reclaimed by its compaction only.
             expired_segments: 0,
