@@ -29,7 +29,10 @@
 //!
 //! * LPUSH/RPUSH/LPOP/RPOP: one root read and one root write, plus one
 //!   chunk write (push) or one chunk read and delete (pop) per c
-//!   operations at that end. The root is stored with spare room (in
+//!   operations at that end. Under Nibble-2 the root's read and write
+//!   are one engine read-modify-write (`modify_in_place`: one index
+//!   lookup, the write in place under the root's bucket lock) whenever
+//!   the operation touches the ends alone; the others run unlocked. The root is stored with spare room (in
 //!   powers of two: `List::encode_root_into`), so under
 //!   Nibble-2 most writes overwrite it in place (same size) rather than
 //!   append a new copy for compaction to clean. A list of up to 2c short
