@@ -25,7 +25,7 @@
 //! thin forwarder marked `#[inline]`, so it costs nothing over calling the
 //! store directly.
 
-use crate::item::{Condition, ItemMeta, PutOptions};
+use crate::item::{Condition, ItemMeta, PutOptions, Rmw};
 use crate::store::{Error, Store};
 use crate::BLOCK_BYTES;
 
@@ -71,6 +71,29 @@ pub trait KvEngine {
 
     /// Statistics in the shape both engines share.
     fn engine_stats(&self) -> EngineStats;
+
+    /// Read `key` into `buf`, let `f` change it and, where the engine can,
+    /// write it back in place under the key's lock
+    /// (`Store::read_modify_write`: one lookup, no writer in between).
+    /// `f` must not call into the engine. This default, for an engine
+    /// without in-place overwrites, is a read and `f`, writing nothing:
+    /// the caller appends `buf` with `put_with` conditioned on
+    /// `Rmw::old`.
+    #[inline]
+    fn read_modify_write<T>(
+        &self,
+        key: &[u8],
+        buf: &mut Vec<u8>,
+        f: impl FnOnce(Option<ItemMeta>, &mut Vec<u8>) -> (T, bool),
+    ) -> Result<Rmw<T>, Error> {
+        let old = self.get_into(key, buf)?;
+        let (out, _) = f(old, buf);
+        Ok(Rmw {
+            out,
+            old,
+            written: None,
+        })
+    }
 
     /// Store `value` under `key`, unconditionally; the new version.
     /// As [`put_with`](KvEngine::put_with), and an evicting store must
@@ -175,6 +198,16 @@ impl KvEngine for Store {
     #[inline]
     fn get_into(&self, key: &[u8], buf: &mut Vec<u8>) -> Result<Option<ItemMeta>, Error> {
         Store::get_into(self, key, buf)
+    }
+
+    #[inline]
+    fn read_modify_write<T>(
+        &self,
+        key: &[u8],
+        buf: &mut Vec<u8>,
+        f: impl FnOnce(Option<ItemMeta>, &mut Vec<u8>) -> (T, bool),
+    ) -> Result<Rmw<T>, Error> {
+        Store::read_modify_write(self, key, buf, f)
     }
 
     #[inline]

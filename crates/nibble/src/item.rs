@@ -50,6 +50,24 @@ pub struct PutOptions {
     pub flags: u32,
 }
 
+/// What a read-modify-write ([`crate::KvEngine::read_modify_write`])
+/// saw and did: the closure's result, the item it read (`None`: absent
+/// or expired), and the new version if the engine wrote the closure's
+/// bytes in place. `written` is `None` when the closure asked for no
+/// write, or asked for one the engine could not do in place (no live
+/// item, a value that does not fit its allocation, an append-only
+/// engine): the new bytes are then in the caller's buffer, for a
+/// `put_with` conditioned on `old` (`IfVersion`, or `IfAbsent`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rmw<T> {
+    /// What the closure returned.
+    pub out: T,
+    /// The item the closure was given.
+    pub old: Option<ItemMeta>,
+    /// The version written in place, if the write happened.
+    pub written: Option<u64>,
+}
+
 /// Metadata of an item.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ItemMeta {

@@ -62,5 +62,5 @@ pub use memory::BLOCK_BYTES;
 pub type Result<T> = std::result::Result<T, Error>;
 pub use store::{
     hash_key, Condition, Config, Error, Eviction, EvictionPolicy, Expiry, ItemMeta, Mode,
-    PutOptions, Stats, Store, MAX_KEY_BYTES, MIN_CAPACITY_BYTES,
+    PutOptions, Rmw, Stats, Store, MAX_KEY_BYTES, MIN_CAPACITY_BYTES,
 };

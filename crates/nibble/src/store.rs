@@ -57,7 +57,7 @@ pub use self::config::{
 };
 use self::space::SpaceWait;
 pub(crate) use self::write::note_expiry;
-pub use crate::item::{check_condition, Condition, Expiry, ItemMeta, PutOptions};
+pub use crate::item::{check_condition, Condition, Expiry, ItemMeta, PutOptions, Rmw};
 
 /// Metadata bytes the store sets aside per 64 KiB block (tables, SegmentInfo,
 /// buddy lists).

@@ -48,7 +48,9 @@
 //! new bucket `nbuckets`: one bucket read, two written. So an insert
 //! or delete costs: read the root, read one bucket, write it, write the
 //! root (count) — four engine operations, plus an amortized split —
-//! independent of the size. A write that leaves the root as it was (a
+//! independent of the size. Under Nibble-2 the bucket's read and write
+//! are one engine read-modify-write of its item
+//! (`Coll::change_bucket_in_place`), so three. A write that leaves the root as it was (a
 //! field overwritten, HSET of the value a field has, SADD of a present
 //! member: the latter two write nothing at all) skips the root write.
 //! Both writes are usually Nibble-2 in-place overwrites, not appends: the
@@ -232,6 +234,23 @@ impl Limits {
                 intset: 0,
             },
         }
+    }
+}
+
+/// What a change of a bucket returns: whether it changed the bucket.
+trait Changed {
+    fn changed(&self) -> bool;
+}
+
+impl Changed for Upserted {
+    fn changed(&self) -> bool {
+        *self != Upserted::Unchanged
+    }
+}
+
+impl Changed for bool {
+    fn changed(&self) -> bool {
+        *self
     }
 }
 
@@ -607,6 +626,61 @@ impl Coll<'_> {
         }
     }
 
+    /// Change bucket `b` of a large collection with `change` in one
+    /// engine read-modify-write of its item (`Engine::read_modify_write`:
+    /// one index lookup, the write in place under the item's lock), where
+    /// the engine overwrites in place and the bucket is not cached yet.
+    /// `change` returns what it did, and whether it changed the bucket
+    /// (`Changed::changed`). The bucket is cached afterwards, clean when
+    /// the write happened in place; a change that outgrows the item's
+    /// room, or empties the bucket (its item is deleted), stays dirty for
+    /// [`commit`](Coll::commit). `Ok(None)`: not done (no in-place
+    /// engine, a cached or absent bucket): use [`bucket`](Coll::bucket).
+    ///
+    /// Writing the bucket before the root is the order `commit` keeps
+    /// anyway (nodes first, the root last): the command holds the key's
+    /// stripe, and a root that changed meanwhile makes the command rerun
+    /// over a new collection, whose nodes these are not.
+    fn change_bucket_in_place<R: Changed>(
+        &mut self,
+        b: u32,
+        change: impl FnOnce(&mut PairBuf) -> R,
+    ) -> Result<Option<R>, CmdError> {
+        let Repr::Big { root, cache, .. } = &mut self.repr else {
+            return Ok(None);
+        };
+        if !self.store.overwrites_in_place() || cache.contains_key(&b) {
+            return Ok(None);
+        }
+        let store = self.store;
+        let max = usize::try_from(store.max_value_bytes()).unwrap_or(usize::MAX);
+        let mut buf = take_buf(BUCKET_READ_BYTES);
+        let rmw = store.raw_read_modify_write(&node_key(root.id, b), &mut buf, |old, buf| {
+            if old.is_none() {
+                return (None, false);
+            }
+            let Some(mut items) = PairBuf::from_bytes(std::mem::take(buf), true) else {
+                return (Some(None), false);
+            };
+            let r = change(&mut items);
+            if !r.changed() || items.is_empty() {
+                return (Some(Some((r, items))), false);
+            }
+            *buf = take_buf(BUCKET_READ_BYTES);
+            items.write_with(true, max, |bytes| buf.extend_from_slice(bytes));
+            (Some(Some((r, items))), true)
+        });
+        give_buf(buf);
+        let rmw = rmw?;
+        let Some(done) = rmw.out else {
+            return Ok(None);
+        };
+        let (r, items) = done.ok_or(CmdError::from("ERR corrupt collection node"))?;
+        let dirty = r.changed() && rmw.written.is_none();
+        cache.insert(b, (items, dirty));
+        Ok(Some(r))
+    }
+
     /// The value of element `e`, if present.
     pub fn get(&mut self, e: &[u8]) -> Result<Option<Vec<u8>>, CmdError> {
         match &self.repr {
@@ -667,16 +741,22 @@ impl Coll<'_> {
             }
             Repr::Big { root, .. } => {
                 let b = bucket_of(elem_hash(e), root.nbuckets);
-                let (items, dirty) = self.bucket(b)?;
-                match items.upsert(e, v) {
+                let up = match self.change_bucket_in_place(b, |items| items.upsert(e, v))? {
+                    Some(up) => up,
+                    None => {
+                        let (items, dirty) = self.bucket(b)?;
+                        let up = items.upsert(e, v);
+                        *dirty |= up != Upserted::Unchanged;
+                        up
+                    }
+                };
+                match up {
                     Upserted::Unchanged => false,
                     Upserted::Changed => {
-                        *dirty = true;
                         self.dirty = true;
                         false
                     }
                     Upserted::New => {
-                        *dirty = true;
                         self.dirty = true;
                         if let Repr::Big { root, .. } = &mut self.repr {
                             root.count += 1;
@@ -700,11 +780,18 @@ impl Coll<'_> {
             }
             Repr::Big { root, .. } => {
                 let b = bucket_of(elem_hash(e), root.nbuckets);
-                let (items, dirty) = self.bucket(b)?;
-                if !items.remove(e) {
+                let removed = match self.change_bucket_in_place(b, |items| items.remove(e))? {
+                    Some(removed) => removed,
+                    None => {
+                        let (items, dirty) = self.bucket(b)?;
+                        let removed = items.remove(e);
+                        *dirty |= removed;
+                        removed
+                    }
+                };
+                if !removed {
                     return Ok(false);
                 }
-                *dirty = true;
                 if let Repr::Big { root, .. } = &mut self.repr {
                     root.count -= 1;
                 }
@@ -1347,6 +1434,50 @@ pub(crate) mod tests {
         item.extend_from_slice(&v);
         assert_eq!(pairs_of(&small_items(item, true).unwrap()), items);
         assert!(small_items(Vec::new(), true).is_none());
+    }
+
+    /// Several inserts, overwrites and removes per command on a large
+    /// hash, with values long enough that a bucket outgrows its room: on
+    /// Nibble-2 the first change of a bucket is written in place at once
+    /// (`Coll::change_bucket_in_place`), a later one in the same command
+    /// goes to the cached bucket, a grown or emptied one to the commit;
+    /// the collection matches a model after every command, in both
+    /// modes, and the count in the root stays right.
+    #[test]
+    fn several_changes_per_command_match_a_model() {
+        use std::collections::BTreeMap;
+        let limits = Limits {
+            entries: 4,
+            value: 8,
+            intset: 0,
+        };
+        for store in &both_modes() {
+            let key = b"multi".to_vec();
+            let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+            let mut x = 0x1234_5678_u64;
+            for round in 0..400u32 {
+                let mut c = open_or_new(store, &key, Kind::Hash, limits).unwrap();
+                for _ in 0..1 + round % 5 {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let r = x >> 33;
+                    let e = format!("f{}", r % 700).into_bytes();
+                    if (r >> 10).is_multiple_of(4) {
+                        assert_eq!(c.remove(&e).unwrap(), model.remove(&e).is_some());
+                    } else {
+                        let v = vec![b'a' + (r % 26) as u8; (r >> 12) as usize % 90];
+                        let new = c.insert(&e, &v).unwrap();
+                        assert_eq!(new, model.insert(e, v).is_none());
+                    }
+                }
+                assert!(c.commit().unwrap());
+                let mut c = open(store, &key, Kind::Hash, limits).unwrap().unwrap();
+                assert_eq!(c.len(), model.len() as u64, "round {round}");
+                let all: BTreeMap<_, _> = c.all().unwrap().into_iter().collect();
+                assert_eq!(all, model, "round {round}");
+            }
+        }
     }
 
     /// Random inserts, overwrites and removes on a large-capable hash and

@@ -53,7 +53,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 pub use nibble::EngineStats;
-use nibble::{Condition, Error, ItemMeta, KvEngine, PutOptions};
+use nibble::{Condition, Error, ItemMeta, KvEngine, PutOptions, Rmw};
 
 use crate::config::ServerConfig;
 
@@ -233,6 +233,19 @@ impl Engine {
         dispatch!(self, get_into(&user_key(key), buf))
     }
 
+    /// Read, change and (Nibble-2, when it fits) write back the value in
+    /// place under the key's lock (`nibble::Store::read_modify_write`);
+    /// `f` must not call into the engine.
+    #[inline]
+    pub fn read_modify_write<T>(
+        &self,
+        key: &[u8],
+        buf: &mut Vec<u8>,
+        f: impl FnOnce(Option<ItemMeta>, &mut Vec<u8>) -> (T, bool),
+    ) -> Result<Rmw<T>, Error> {
+        dispatch!(self, read_modify_write(&user_key(key), buf, f))
+    }
+
     /// Metadata without the value.
     #[inline]
     pub fn meta(&self, key: &[u8]) -> Result<Option<ItemMeta>, Error> {
@@ -285,6 +298,17 @@ impl Engine {
     #[inline]
     pub fn raw_put_with(&self, raw: &[u8], value: &[u8], opts: PutOptions) -> Result<u64, Error> {
         dispatch!(self, put_with(raw, value, opts))
+    }
+
+    /// `read_modify_write` of an engine key as it is.
+    #[inline]
+    pub fn raw_read_modify_write<T>(
+        &self,
+        raw: &[u8],
+        buf: &mut Vec<u8>,
+        f: impl FnOnce(Option<ItemMeta>, &mut Vec<u8>) -> (T, bool),
+    ) -> Result<Rmw<T>, Error> {
+        dispatch!(self, read_modify_write(raw, buf, f))
     }
 
     /// `delete` of an engine key as it is.

@@ -29,7 +29,10 @@
 //!
 //! * LPUSH/RPUSH/LPOP/RPOP: one root read and one root write, plus one
 //!   chunk write (push) or one chunk read and delete (pop) per c
-//!   operations at that end. The root is stored with spare room (in
+//!   operations at that end. Under Nibble-2 the root's read and write
+//!   are one engine read-modify-write (`modify_in_place`: one index
+//!   lookup, the write in place under the root's bucket lock) whenever
+//!   the operation touches the ends alone; the others run unlocked. The root is stored with spare room (in
 //!   powers of two: `List::encode_root_into`), so under
 //!   Nibble-2 most writes overwrite it in place (same size) rather than
 //!   append a new copy for compaction to clean. A list of up to 2c short
@@ -108,6 +111,12 @@ pub struct List<'e> {
     /// Chunk numbers to delete at commit.
     dropped: Vec<u32>,
     dirty: bool,
+    /// Opened under the root's bucket lock ([`modify_in_place`]): no
+    /// chunk may be read from the engine.
+    locked: bool,
+    /// A chunk read was refused because of `locked`: the command reruns
+    /// on the unlocked path.
+    needs_engine: bool,
 }
 
 fn corrupt() -> CmdError {
@@ -166,28 +175,59 @@ pub fn open<'e>(store: &'e Engine, key: &'e [u8]) -> Result<Option<List<'e>>, Cm
         give_buf(buf);
         return Err(WRONGTYPE.into());
     }
-    let root_stored_bytes = buf.len();
-    let (root, head, tail) = decode_list_root(buf).ok_or_else(corrupt)?;
-    Ok(Some(List {
-        store,
-        key,
-        version: Some(m.version),
-        root,
-        head,
-        tail,
-        root_stored_bytes,
-        has_instance: root.nbuckets > 0,
-        cache: HashMap::new(),
-        dropped: Vec::new(),
-        dirty: false,
-    }))
+    Ok(Some(List::of_root(store, key, m.version, buf)?))
 }
 
 /// [`open`], or a new empty list.
 pub fn open_or_new<'e>(store: &'e Engine, key: &'e [u8]) -> Result<List<'e>, CmdError> {
     Ok(match open(store, key)? {
         Some(l) => l,
-        None => List {
+        None => List::new(store, key),
+    })
+}
+
+impl Drop for List<'_> {
+    /// The ends' and chunks' buffers go back to the thread's pool.
+    fn drop(&mut self) {
+        for (_, (items, _)) in self.cache.drain() {
+            give_buf(items.into_bytes());
+        }
+        give_buf(self.head.take_bytes());
+        give_buf(self.tail.take_bytes());
+    }
+}
+
+impl<'e> List<'e> {
+    /// The list whose root item (version `version`) is `buf`, a pooled
+    /// buffer the list keeps.
+    fn of_root(
+        store: &'e Engine,
+        key: &'e [u8],
+        version: u64,
+        buf: Vec<u8>,
+    ) -> Result<List<'e>, CmdError> {
+        let root_stored_bytes = buf.len();
+        let (root, head, tail) = decode_list_root(buf).ok_or_else(corrupt)?;
+        Ok(List {
+            store,
+            key,
+            version: Some(version),
+            root,
+            head,
+            tail,
+            root_stored_bytes,
+            has_instance: root.nbuckets > 0,
+            cache: HashMap::new(),
+            dropped: Vec::new(),
+            dirty: false,
+            locked: false,
+            needs_engine: false,
+        })
+    }
+
+    /// A new empty list at `key`, not stored yet.
+    fn new(store: &'e Engine, key: &'e [u8]) -> List<'e> {
+        List {
             store,
             key,
             version: None,
@@ -204,18 +244,9 @@ pub fn open_or_new<'e>(store: &'e Engine, key: &'e [u8]) -> Result<List<'e>, Cmd
             cache: HashMap::new(),
             dropped: Vec::new(),
             dirty: false,
-        },
-    })
-}
-
-impl Drop for List<'_> {
-    /// The ends' and chunks' buffers go back to the thread's pool.
-    fn drop(&mut self) {
-        for (_, (items, _)) in self.cache.drain() {
-            give_buf(items.into_bytes());
+            locked: false,
+            needs_engine: false,
         }
-        give_buf(self.head.take_bytes());
-        give_buf(self.tail.take_bytes());
     }
 }
 
@@ -239,6 +270,10 @@ impl List<'_> {
     /// Chunk `c`, loaded into the cache.
     fn chunk(&mut self, c: u32) -> Result<&mut (PairBuf, bool), CmdError> {
         use std::collections::hash_map::Entry;
+        if self.locked && !self.cache.contains_key(&c) {
+            self.needs_engine = true;
+            return Err(corrupt());
+        }
         match self.cache.entry(c) {
             Entry::Occupied(o) => Ok(o.into_mut()),
             Entry::Vacant(v) => {
@@ -646,13 +681,107 @@ impl List<'_> {
     }
 }
 
+/// What [`modify_in_place`] did.
+enum InPlace<T> {
+    /// `f` ran and its changes are stored (or it changed nothing).
+    Done(T),
+    /// No list at the key (and none to create).
+    Absent,
+    /// `f` needs more than the root (a chunk, a delete): run it again on
+    /// the unlocked path.
+    Unlocked,
+    /// `f` or the open failed; nothing was written.
+    Failed(CmdError),
+}
+
+/// Run `f` over the list at `key` (new if absent and `create`) inside
+/// one engine read-modify-write of the root (`Engine::read_modify_write`):
+/// a push or pop that touches only the ends in the root is one index
+/// lookup and one write in place, with no version check to lose. `f`
+/// runs under the root's bucket lock, so a chunk read makes it give up
+/// (`InPlace::Unlocked`), as does a change that would write or delete
+/// other items (a new or emptied chunk, an empty list). A root that no
+/// longer fits its item is appended with `put_with` conditioned on the
+/// version read; a lost race there is `Unlocked` as well.
+fn modify_in_place<T>(
+    store: &Engine,
+    key: &[u8],
+    create: bool,
+    f: &mut impl FnMut(&mut List) -> Result<T, CmdError>,
+) -> Result<InPlace<T>, CmdError> {
+    let mut buf = take_buf(LIST_ROOT_READ_BYTES);
+    let rmw = store.read_modify_write(key, &mut buf, |old, buf| {
+        let opened = match old {
+            None if !create => return ((InPlace::Absent, false), false),
+            None => Ok(List::new(store, key)),
+            Some(m) if m.flags != LIST_FLAGS => Err(CmdError::from(WRONGTYPE)),
+            Some(m) => {
+                let root = std::mem::replace(buf, take_buf(LIST_ROOT_READ_BYTES));
+                List::of_root(store, key, m.version, root)
+            }
+        };
+        let mut l = match opened {
+            Ok(l) => l,
+            Err(e) => return ((InPlace::Failed(e), false), false),
+        };
+        l.locked = true;
+        let r = f(&mut l);
+        if l.needs_engine {
+            return ((InPlace::Unlocked, false), false);
+        }
+        match r {
+            Err(e) => ((InPlace::Failed(e), false), false),
+            Ok(out) if !l.dirty => ((InPlace::Done(out), false), false),
+            Ok(_) if l.root.count == 0 || !l.cache.is_empty() || !l.dropped.is_empty() => {
+                ((InPlace::Unlocked, false), false)
+            }
+            Ok(out) => {
+                buf.clear();
+                l.encode_root_into(buf);
+                ((InPlace::Done(out), true), true)
+            }
+        }
+    });
+    let out = match rmw {
+        Ok(r) => match r.out {
+            (InPlace::Done(out), true) if r.written.is_none() => {
+                let opts = PutOptions {
+                    condition: r
+                        .old
+                        .map_or(Condition::IfAbsent, |m| Condition::IfVersion(m.version)),
+                    expiry: Expiry::Keep,
+                    flags: LIST_FLAGS,
+                };
+                match store.put_with(key, &buf, opts) {
+                    Ok(_) => Ok(InPlace::Done(out)),
+                    Err(e) if is_race(&e) => Ok(InPlace::Unlocked),
+                    Err(e) => Err(e.into()),
+                }
+            }
+            (out, _) => Ok(out),
+        },
+        Err(e) => Err(e.into()),
+    };
+    give_buf(buf);
+    out
+}
+
 /// Run `f` over the list at `key` (new if absent), commit, rerun on a
-/// lost race with a writer outside the stripe.
+/// lost race with a writer outside the stripe. Where the engine
+/// overwrites in place, a change to the ends alone is one
+/// [`modify_in_place`].
 pub fn modify<T>(
     store: &Engine,
     key: &[u8],
     mut f: impl FnMut(&mut List) -> Result<T, CmdError>,
 ) -> Result<T, CmdError> {
+    if store.overwrites_in_place() {
+        match modify_in_place(store, key, true, &mut f)? {
+            InPlace::Done(out) => return Ok(out),
+            InPlace::Failed(e) => return Err(e),
+            InPlace::Absent | InPlace::Unlocked => {}
+        }
+    }
     loop {
         let mut l = open_or_new(store, key)?;
         let out = f(&mut l)?;
@@ -669,6 +798,14 @@ pub fn modify_existing<T>(
     key: &[u8],
     mut f: impl FnMut(&mut List) -> Result<T, CmdError>,
 ) -> Result<Option<T>, CmdError> {
+    if store.overwrites_in_place() {
+        match modify_in_place(store, key, false, &mut f)? {
+            InPlace::Done(out) => return Ok(Some(out)),
+            InPlace::Absent => return Ok(None),
+            InPlace::Failed(e) => return Err(e),
+            InPlace::Unlocked => {}
+        }
+    }
     loop {
         let Some(mut l) = open(store, key)? else {
             return Ok(None);
@@ -851,6 +988,100 @@ mod tests {
                 None
             );
         }
+    }
+
+    /// Pushes and pops through `modify`/`modify_existing` (on Nibble-2 a
+    /// read-modify-write of the root in place where the ends suffice, the
+    /// unlocked path where a chunk is read, written or dropped, or the
+    /// root outgrows its item) against a model; the key's TTL survives
+    /// every write, a push onto another type is WRONGTYPE and changes
+    /// nothing, and the last pop leaves no item.
+    #[test]
+    fn pushes_and_pops_in_place_match_a_model() {
+        for store in &crate::coll::tests::both_modes() {
+            let key = b"rmw".to_vec();
+            let ttl_ms = nibble_now_ms() + 3_600_000;
+            let mut model: VecDeque<Vec<u8>> = VecDeque::new();
+            let mut x = 0x2545_f491_u64;
+            for i in 0..6000u32 {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let r = x >> 33;
+                let size = match r % 23 {
+                    0 => 3000,
+                    1..=8 => 128,
+                    _ => (r >> 8) as usize % 40,
+                };
+                let e = vec![b'a' + (i % 26) as u8; size];
+                // Pops a little more often than pushes once the list is
+                // long, so it empties and fills again.
+                let push = model.len() < 50 || (r >> 20) % 9 < 4;
+                if push {
+                    let left = (r >> 24).is_multiple_of(2);
+                    let n = modify(store, &key, |l| {
+                        if left {
+                            l.push_front(&e)?;
+                        } else {
+                            l.push_back(&e)?;
+                        }
+                        Ok(l.len())
+                    })
+                    .unwrap();
+                    if left {
+                        model.push_front(e);
+                    } else {
+                        model.push_back(e);
+                    }
+                    assert_eq!(n, model.len() as u64);
+                    if model.len() == 1 {
+                        assert!(store.set_expiry(&key, Some(ttl_ms)).unwrap());
+                    }
+                } else {
+                    let left = (r >> 24).is_multiple_of(2);
+                    let got = modify_existing(store, &key, |l| {
+                        if left {
+                            l.pop_front()
+                        } else {
+                            l.pop_back()
+                        }
+                    })
+                    .unwrap()
+                    .flatten();
+                    let want = if left {
+                        model.pop_front()
+                    } else {
+                        model.pop_back()
+                    };
+                    assert_eq!(got, want, "pop {i}");
+                }
+                let meta = store.meta(&key).unwrap();
+                assert_eq!(meta.is_some(), !model.is_empty());
+                if let Some(m) = meta {
+                    assert_eq!(m.expiry_ms, Some(ttl_ms), "TTL kept at {i}");
+                }
+                if i % 500 == 0 {
+                    let want: Vec<_> = model.iter().cloned().collect();
+                    assert_eq!(load_all(store, &key).unwrap().unwrap_or_default(), want);
+                }
+            }
+            let want: Vec<_> = model.iter().cloned().collect();
+            assert_eq!(load_all(store, &key).unwrap().unwrap_or_default(), want);
+            store.put(b"str", b"v").unwrap();
+            let e = modify(store, b"str", |l| l.push_front(b"x")).unwrap_err();
+            assert_eq!(e, CmdError::from(WRONGTYPE));
+            assert!(modify_existing(store, b"str", |l| l.pop_front()).is_err());
+            let mut v = Vec::new();
+            assert!(store.get_into(b"str", &mut v).unwrap().is_some());
+            assert_eq!(v, b"v");
+        }
+    }
+
+    fn nibble_now_ms() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
     }
 
     /// A root of coll's fields alone over chunks larger than an end (as

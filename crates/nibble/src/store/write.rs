@@ -7,11 +7,21 @@
 //!             ─ optimistic condition ─ append_object (local head; full log: wait for compaction unpinned)
 //!             ─ publish (bucket lock: condition, version, expiry; swap entry; old dead;
 //!               a kept TTL the new object has no expiry slot for: append again with it)
+//!  read_modify_write  pin ─ Nibble-2: bucket lock ─ copy the live value out ─ caller's closure
+//!             ─ fits? write value + header (new version; flags, TTL kept) ─ unlock
+//!             ─ Nibble, or a read that fails: optimistic read ─ closure (no write)
 //!  delete_if  pin ─ bucket lock ─ condition ─ remove entry ─ old dead ─ live−
 //!  set_expiry pin ─ bucket lock ─ expiry slot, or no TTL: header rewritten in place
 //!             ─ else relocate: append a copy with the slot (full log: half the
 //!               compaction reserve, then wait for compaction unlocked), swap entry
 //! ```
+//!
+//! `read_modify_write` is a collection write's one engine operation: the
+//! read and the in-place overwrite of `put_with` under one bucket lock,
+//! one index lookup and no seqlock validation (nobody else writes the
+//! object while the lock is held). What does not fit the allocation goes
+//! back to the caller, which appends it with `put_with` conditioned on
+//! the version it read.
 //!
 //! Every write to a published object's bytes happens under its bucket
 //! lock, so an optimistic reader that raced it fails its seqlock
@@ -245,6 +255,107 @@ impl Store {
         }
         note_expiry(mem, off, new.expiry_ms);
         Ok(Some(new.version))
+    }
+
+    /// Read `key`'s value into `buf`, let `f` change it, and write the
+    /// result back in place, all under the key's bucket lock (Nibble-2):
+    /// one index lookup for the read and the write, and no concurrent
+    /// writer between them. `f` gets the live item's metadata (`None`,
+    /// and `buf` empty, if absent or expired) and `buf`, and returns its
+    /// result and whether to write `buf`. The in-place write keeps the
+    /// item's flags, expiry and eviction mark and gives it a new version;
+    /// it happens when the item is live and `buf` fits its allocation
+    /// (`Header::can_hold`). Otherwise (`Rmw::written` is `None`) the
+    /// new bytes stay in `buf` for the caller to `put_with`, conditioned
+    /// on `Rmw::old`. In Nibble mode (no in-place overwrite) the read is
+    /// the optimistic one of [`get_into`](Store::get_into) and nothing is
+    /// written.
+    ///
+    /// `f` runs with the bucket lock held: it must not call into this
+    /// store (a read of a key in a locked bucket waits for the lock), and
+    /// should be short, since readers of the bucket retry meanwhile.
+    pub fn read_modify_write<T>(
+        &self,
+        key: &[u8],
+        buf: &mut Vec<u8>,
+        f: impl FnOnce(Option<ItemMeta>, &mut Vec<u8>) -> (T, bool),
+    ) -> Result<Rmw<T>, Error> {
+        if key.len() > MAX_KEY_BYTES {
+            return Err(Error::BadKey { len: key.len() });
+        }
+        let inner = &*self.inner;
+        if inner.cfg.mode != Mode::Nibble2 {
+            let old = self.get_into(key, buf)?;
+            let (out, _) = f(old, buf);
+            return Ok(Rmw {
+                out,
+                old,
+                written: None,
+            });
+        }
+        let mem = &inner.mem;
+        let max_value = inner.cfg.max_value_bytes;
+        let _guard = inner.epochs.try_pin()?;
+        let hash = hash_key(key);
+        inner.index.prefetch_for_lock(hash);
+        let g = inner.index.lock(hash);
+        let mut old = None;
+        let found = g.find(|l| {
+            old = header_if_key(mem, off_of(l), key);
+            old.is_some()
+        });
+        let cur = match (found, old) {
+            (Some(slot), Some(h)) if !h.expired() => {
+                let off = off_of(g.loc(slot));
+                let n = (h.value_len.min(h.value_cap) as usize).min(max_value);
+                buf.resize(n, 0);
+                if !mem.read_part(off, h.header_bytes() + key.len(), buf) {
+                    // A published object reads whole under its lock; if
+                    // it did not, read it the lock-free way and write
+                    // nothing here.
+                    drop(g);
+                    let old = self.get_into(key, buf)?;
+                    let (out, _) = f(old, buf);
+                    return Ok(Rmw {
+                        out,
+                        old,
+                        written: None,
+                    });
+                }
+                Some((off, h))
+            }
+            _ => {
+                buf.clear();
+                None
+            }
+        };
+        let meta = cur.map(|(_, h)| ItemMeta::of(&h));
+        let (out, write) = f(meta, buf);
+        let written = match cur {
+            Some((off, h)) if write && h.can_hold(buf.len()) => {
+                let new = Header {
+                    value_len: buf.len() as u32,
+                    version: next_log_version(h.version),
+                    ..h
+                };
+                // SAFETY: we hold the key's bucket locks (`g`) and an epoch
+                // guard: the object is live and we are its only writer;
+                // `can_hold` checked that the value fits its allocation.
+                // Readers validate their copy against the bucket version.
+                unsafe {
+                    mem.write_part(off, h.header_bytes() + h.key_len as usize, buf);
+                    mem.write_header(off, &new);
+                }
+                Some(new.version)
+            }
+            _ => None,
+        };
+        drop(g);
+        Ok(Rmw {
+            out,
+            old: meta,
+            written,
+        })
     }
 
     /// Append the object (`h`, `key`, `value`) to this CPU's log head.
