@@ -797,6 +797,11 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
         // `migrate`): the stripe of that key, while it is being placed.
         let mut first_stripe = None;
         let mut placing = movable && affinity.placing();
+        // The stripe of the first key of a batch after which steering
+        // may move the connection: it does not move one off the owner of
+        // a stripe whose clients gathered there.
+        let mut steer_stripe = None;
+        let mut steer_probe = movable && steer_fd.is_some() && !sess.key_bound && steer.due();
         // A blocked command that waits on its key's owner: the batch
         // stops, the connection moves there with it.
         let mut parked: Option<(crate::blocking::Blocked, usize)> = None;
@@ -819,8 +824,14 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
                                 proto: ctx.sess.proto,
                             };
                             req.with_slices(inb.pending(), |args| {
-                                if std::mem::take(&mut placing) {
-                                    first_stripe = first_key_stripe(args);
+                                if placing || steer_probe {
+                                    let st = first_key_stripe(args);
+                                    if std::mem::take(&mut placing) {
+                                        first_stripe = st;
+                                    }
+                                    if std::mem::take(&mut steer_probe) {
+                                        steer_stripe = st;
+                                    }
                                 }
                                 commands::execute(&mut ctx, args, &mut r)
                             });
@@ -1059,12 +1070,18 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
             sess.key_bound |= to.is_some();
             let to = to.or_else(|| {
                 let fd = steer_fd.filter(|_| !sess.key_bound)?;
-                steer.after_batch(
+                let t = steer.after_batch(
                     worker,
                     || crate::steer::incoming_cpu(fd),
                     &shared.cpu_worker,
                     moved_at,
-                )
+                )?;
+                // The key's worker wins here too: bound from now on.
+                let home = steer_stripe.is_some_and(|s| {
+                    crate::migrate::owner_of(s, workers) == worker && shared.heat.gathered(s)
+                });
+                sess.key_bound |= home;
+                (!home).then_some(t)
             });
             // Only in a plain state: nothing to close, skip or deliver.
             let plain = !close && skip == 0 && sess.subs.is_none() && sess.ready.is_empty();

@@ -95,7 +95,7 @@
 //! unregisters it; one that arrives earlier is served until the worker's
 //! stop signal, like any connection.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -121,6 +121,11 @@ pub const HEAT_WINDOW_MS: u64 = 10;
 /// heat window (this one or the last) that make it hot.
 pub const HOT_CONTENDED: u32 = 8;
 
+/// How long a stripe stays gathered on its owner after it was last hot:
+/// CPU steering does not move a connection whose key is on such a stripe
+/// away from the stripe's owner ([`Heat::gathered`]).
+pub const GATHERED_MS: u64 = 10_000;
+
 /// A connection's first batches, in which it is placed by the stripe of
 /// its batch's first key when that stripe is hot.
 pub const PLACE_BATCHES: u32 = 8;
@@ -141,6 +146,9 @@ pub struct Heat {
     /// Per stripe: window number (high 32 bits), the last window's count
     /// (bits 16..32), the current window's count (bits 0..16).
     stripes: Box<[AtomicU64]>,
+    /// Per stripe: 1 + the window in which it was last seen hot (0:
+    /// never).
+    hot_at: Box<[AtomicU32]>,
 }
 
 impl Default for Heat {
@@ -173,6 +181,7 @@ impl Heat {
         Heat {
             epoch: Instant::now(),
             stripes: (0..KEY_LOCK_STRIPES).map(|_| AtomicU64::new(0)).collect(),
+            hot_at: (0..KEY_LOCK_STRIPES).map(|_| AtomicU32::new(0)).collect(),
         }
     }
 
@@ -196,10 +205,30 @@ impl Heat {
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => return last.max(cur) >= HOT_CONTENDED,
+                Ok(_) => {
+                    let hot = last.max(cur) >= HOT_CONTENDED;
+                    if hot {
+                        if let Some(h) = self.hot_at.get(stripe) {
+                            h.store(now.wrapping_add(1), Ordering::Relaxed);
+                        }
+                    }
+                    return hot;
+                }
                 Err(x) => v = x,
             }
         }
+    }
+
+    /// Was `stripe` hot within the last [`GATHERED_MS`]? Its clients
+    /// have then gathered on its owner, and stopped contending there.
+    pub fn gathered(&self, stripe: usize) -> bool {
+        let Some(h) = self.hot_at.get(stripe) else {
+            return false;
+        };
+        let at = h.load(Ordering::Relaxed);
+        at != 0
+            && u64::from(self.window().wrapping_sub(at.wrapping_sub(1)))
+                <= GATHERED_MS / HEAT_WINDOW_MS
     }
 
     /// Is `stripe` hot (see [`HOT_CONTENDED`])?
@@ -355,6 +384,18 @@ mod tests {
     /// `a.after_batch` on worker 0 of 2 with no first key.
     fn batch(a: &mut Affinity, c: Option<(usize, u32)>, h: &Heat) -> Option<usize> {
         a.after_batch(c, None, 0, 2, h)
+    }
+
+    #[test]
+    fn a_stripe_once_hot_stays_gathered() {
+        let h = Heat::new();
+        assert!(!h.gathered(5));
+        for _ in 0..HOT_CONTENDED {
+            h.note(5, 1);
+        }
+        assert!(h.is_hot(5));
+        assert!(h.gathered(5));
+        assert!(!h.gathered(6));
     }
 
     /// Stripe 7 is owned by worker 1 of 2.

@@ -75,6 +75,12 @@ impl Steer {
         }
     }
 
+    /// True if the next [`Self::after_batch`] reads the client's CPU (and
+    /// may move the connection).
+    pub fn due(&self) -> bool {
+        self.batches + 1 >= CHECK_EVERY_BATCHES
+    }
+
     /// Account one batch run on worker `here`; `incoming_cpu` reads the
     /// CPU of the client (called once per [`CHECK_EVERY_BATCHES`]),
     /// `cpu_worker[cpu]` is the worker pinned to `cpu` (`usize::MAX`:
