@@ -87,12 +87,7 @@ pub trait KvEngine {
         f: impl FnOnce(Option<ItemMeta>, &mut Vec<u8>) -> (T, bool),
     ) -> Result<Rmw<T>, Error> {
         let old = self.get_into(key, buf)?;
-        let (out, _) = f(old, buf);
-        Ok(Rmw {
-            out,
-            old,
-            written: None,
-        })
+        Ok(Rmw::unwritten(old, buf, f))
     }
 
     /// Store `value` under `key`, unconditionally; the new version.

@@ -68,6 +68,24 @@ pub struct Rmw<T> {
     pub written: Option<u64>,
 }
 
+impl<T> Rmw<T> {
+    /// `f` run over a value read without the lock (`old`, in `buf`), as an
+    /// engine that cannot overwrite in place does it: nothing is written,
+    /// the caller appends `buf` conditioned on `old`.
+    pub fn unwritten(
+        old: Option<ItemMeta>,
+        buf: &mut Vec<u8>,
+        f: impl FnOnce(Option<ItemMeta>, &mut Vec<u8>) -> (T, bool),
+    ) -> Rmw<T> {
+        let (out, _) = f(old, buf);
+        Rmw {
+            out,
+            old,
+            written: None,
+        }
+    }
+}
+
 /// Metadata of an item.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ItemMeta {

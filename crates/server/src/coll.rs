@@ -50,7 +50,7 @@
 //! root (count) — four engine operations, plus an amortized split —
 //! independent of the size. Under Nibble-2 the bucket's read and write
 //! are one engine read-modify-write of its item
-//! (`Coll::change_bucket_in_place`), so three. A write that leaves the root as it was (a
+//! (`Coll::change_bucket`), so three. A write that leaves the root as it was (a
 //! field overwritten, HSET of the value a field has, SADD of a present
 //! member: the latter two write nothing at all) skips the root write.
 //! Both writes are usually Nibble-2 in-place overwrites, not appends: the
@@ -634,17 +634,34 @@ impl Coll<'_> {
     /// (`Changed::changed`). The bucket is cached afterwards, clean when
     /// the write happened in place; a change that outgrows the item's
     /// room, or empties the bucket (its item is deleted), stays dirty for
-    /// [`commit`](Coll::commit). `Ok(None)`: not done (no in-place
-    /// engine, a cached or absent bucket): use [`bucket`](Coll::bucket).
+    /// [`commit`](Coll::commit). Elsewhere (no in-place engine, a cached
+    /// or absent bucket) `change` runs on the cached
+    /// [`bucket`](Coll::bucket), left dirty if it changed.
     ///
     /// Writing the bucket before the root is the order `commit` keeps
     /// anyway (nodes first, the root last): the command holds the key's
     /// stripe, and a root that changed meanwhile makes the command rerun
     /// over a new collection, whose nodes these are not.
+    fn change_bucket<R: Changed>(
+        &mut self,
+        b: u32,
+        mut change: impl FnMut(&mut PairBuf) -> R,
+    ) -> Result<R, CmdError> {
+        if let Some(r) = self.change_bucket_in_place(b, &mut change)? {
+            return Ok(r);
+        }
+        let (items, dirty) = self.bucket(b)?;
+        let r = change(items);
+        *dirty |= r.changed();
+        Ok(r)
+    }
+
+    /// [`change_bucket`](Coll::change_bucket)'s read-modify-write;
+    /// `Ok(None)` where it does not apply, `change` not run.
     fn change_bucket_in_place<R: Changed>(
         &mut self,
         b: u32,
-        change: impl FnOnce(&mut PairBuf) -> R,
+        change: &mut impl FnMut(&mut PairBuf) -> R,
     ) -> Result<Option<R>, CmdError> {
         let Repr::Big { root, cache, .. } = &mut self.repr else {
             return Ok(None);
@@ -741,16 +758,7 @@ impl Coll<'_> {
             }
             Repr::Big { root, .. } => {
                 let b = bucket_of(elem_hash(e), root.nbuckets);
-                let up = match self.change_bucket_in_place(b, |items| items.upsert(e, v))? {
-                    Some(up) => up,
-                    None => {
-                        let (items, dirty) = self.bucket(b)?;
-                        let up = items.upsert(e, v);
-                        *dirty |= up != Upserted::Unchanged;
-                        up
-                    }
-                };
-                match up {
+                match self.change_bucket(b, |items| items.upsert(e, v))? {
                     Upserted::Unchanged => false,
                     Upserted::Changed => {
                         self.dirty = true;
@@ -780,16 +788,7 @@ impl Coll<'_> {
             }
             Repr::Big { root, .. } => {
                 let b = bucket_of(elem_hash(e), root.nbuckets);
-                let removed = match self.change_bucket_in_place(b, |items| items.remove(e))? {
-                    Some(removed) => removed,
-                    None => {
-                        let (items, dirty) = self.bucket(b)?;
-                        let removed = items.remove(e);
-                        *dirty |= removed;
-                        removed
-                    }
-                };
-                if !removed {
+                if !self.change_bucket(b, |items| items.remove(e))? {
                     return Ok(false);
                 }
                 if let Repr::Big { root, .. } = &mut self.repr {

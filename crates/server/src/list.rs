@@ -656,13 +656,7 @@ impl List<'_> {
             put_node(store, &node_key(self.root.id, *c), items)?;
             *dirty = false;
         }
-        let opts = PutOptions {
-            condition: self
-                .version
-                .map_or(Condition::IfAbsent, Condition::IfVersion),
-            expiry: Expiry::Keep,
-            flags: LIST_FLAGS,
-        };
+        let opts = root_put_options(self.version);
         let mut buf = take_buf(LIST_ROOT_READ_BYTES);
         self.encode_root_into(&mut buf);
         let put = store.put_with(self.key, &buf, opts);
@@ -679,6 +673,25 @@ impl List<'_> {
             Err(e) => Err(e.into()),
         }
     }
+}
+
+/// How a list root is written: over the version it was read at (new if
+/// `None`), keeping the key's TTL.
+fn root_put_options(version: Option<u64>) -> PutOptions {
+    PutOptions {
+        condition: version.map_or(Condition::IfAbsent, Condition::IfVersion),
+        expiry: Expiry::Keep,
+        flags: LIST_FLAGS,
+    }
+}
+
+/// What `f` left inside [`modify_in_place`]'s read-modify-write.
+enum Ran<T> {
+    /// The new root is in the buffer: stored in place, or still to
+    /// append.
+    Encoded(T),
+    /// Nothing to write.
+    Finished(InPlace<T>),
 }
 
 /// What [`modify_in_place`] did.
@@ -712,7 +725,7 @@ fn modify_in_place<T>(
     let mut buf = take_buf(LIST_ROOT_READ_BYTES);
     let rmw = store.read_modify_write(key, &mut buf, |old, buf| {
         let opened = match old {
-            None if !create => return ((InPlace::Absent, false), false),
+            None if !create => return (Ran::Finished(InPlace::Absent), false),
             None => Ok(List::new(store, key)),
             Some(m) if m.flags != LIST_FLAGS => Err(CmdError::from(WRONGTYPE)),
             Some(m) => {
@@ -722,43 +735,37 @@ fn modify_in_place<T>(
         };
         let mut l = match opened {
             Ok(l) => l,
-            Err(e) => return ((InPlace::Failed(e), false), false),
+            Err(e) => return (Ran::Finished(InPlace::Failed(e)), false),
         };
         l.locked = true;
         let r = f(&mut l);
         if l.needs_engine {
-            return ((InPlace::Unlocked, false), false);
+            return (Ran::Finished(InPlace::Unlocked), false);
         }
         match r {
-            Err(e) => ((InPlace::Failed(e), false), false),
-            Ok(out) if !l.dirty => ((InPlace::Done(out), false), false),
+            Err(e) => (Ran::Finished(InPlace::Failed(e)), false),
+            Ok(out) if !l.dirty => (Ran::Finished(InPlace::Done(out)), false),
             Ok(_) if l.root.count == 0 || !l.cache.is_empty() || !l.dropped.is_empty() => {
-                ((InPlace::Unlocked, false), false)
+                (Ran::Finished(InPlace::Unlocked), false)
             }
             Ok(out) => {
                 buf.clear();
                 l.encode_root_into(buf);
-                ((InPlace::Done(out), true), true)
+                (Ran::Encoded(out), true)
             }
         }
     });
     let out = match rmw {
         Ok(r) => match r.out {
-            (InPlace::Done(out), true) if r.written.is_none() => {
-                let opts = PutOptions {
-                    condition: r
-                        .old
-                        .map_or(Condition::IfAbsent, |m| Condition::IfVersion(m.version)),
-                    expiry: Expiry::Keep,
-                    flags: LIST_FLAGS,
-                };
-                match store.put_with(key, &buf, opts) {
+            Ran::Encoded(out) if r.written.is_none() => {
+                match store.put_with(key, &buf, root_put_options(r.old.map(|m| m.version))) {
                     Ok(_) => Ok(InPlace::Done(out)),
                     Err(e) if is_race(&e) => Ok(InPlace::Unlocked),
                     Err(e) => Err(e.into()),
                 }
             }
-            (out, _) => Ok(out),
+            Ran::Encoded(out) => Ok(InPlace::Done(out)),
+            Ran::Finished(out) => Ok(out),
         },
         Err(e) => Err(e.into()),
     };

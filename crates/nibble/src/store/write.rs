@@ -286,12 +286,7 @@ impl Store {
         let inner = &*self.inner;
         if inner.cfg.mode != Mode::Nibble2 {
             let old = self.get_into(key, buf)?;
-            let (out, _) = f(old, buf);
-            return Ok(Rmw {
-                out,
-                old,
-                written: None,
-            });
+            return Ok(Rmw::unwritten(old, buf, f));
         }
         let mem = &inner.mem;
         let max_value = inner.cfg.max_value_bytes;
@@ -315,12 +310,7 @@ impl Store {
                     // nothing here.
                     drop(g);
                     let old = self.get_into(key, buf)?;
-                    let (out, _) = f(old, buf);
-                    return Ok(Rmw {
-                        out,
-                        old,
-                        written: None,
-                    });
+                    return Ok(Rmw::unwritten(old, buf, f));
                 }
                 Some((off, h))
             }
