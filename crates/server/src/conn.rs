@@ -801,10 +801,10 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
         // may move the connection: it does not move one off the owner of
         // a stripe whose clients gathered there.
         let mut steer_stripe = None;
-        let mut steer_probe = movable && steer_fd.is_some() && !sess.key_bound && steer.due();
+        let mut steer_probe = movable && steer_fd.is_some() && steer.due();
         // A blocked command that waits on its key's owner: the batch
         // stops, the connection moves there with it.
-        let mut parked: Option<(crate::blocking::Blocked, usize)> = None;
+        let mut parked: Option<(crate::blocking::Blocked, usize, usize)> = None;
         loop {
             let step = match protocol {
                 Protocol::Resp => {
@@ -968,11 +968,11 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
                             .filter(|_| skip == 0 && sess.subs.is_none())
                             .and_then(|k| {
                                 let stripe = crate::keylock::KeyLocks::stripe_of(k);
-                                affinity.on_block(stripe, worker, workers)
+                                Some((affinity.on_block(stripe, worker, workers)?, stripe))
                             });
-                        if let Some(to) = to {
+                        if let Some((to, stripe)) = to {
                             // Wait on the key's owner: the move follows.
-                            parked = Some((b, to));
+                            parked = Some((b, to, stripe));
                             break;
                         }
                         // A blocking command found nothing: send what
@@ -1055,33 +1055,41 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
         // Where this connection goes between two batches, if anywhere: a
         // blocked wait to its key's owner (chosen in a plain state, see the
         // block above), else the key's worker, else the client's CPU's.
-        let moving = if let Some((b, to)) = parked {
-            sess.key_bound = true;
+        let moving = if let Some((b, to, stripe)) = parked {
+            sess.bound = Some(stripe);
             Some((to, Some(b)))
         } else if movable {
             let contended = crate::keylock::take_contended();
             let to = match sess.move_to.take() {
-                Some(t) => Some(t),
+                Some(t) => Some((t, crate::steer::BOUND_FIXED)),
                 None => {
                     affinity.after_batch(contended, first_stripe, worker, workers, &shared.heat)
                 }
             };
-            // A key's worker wins over the client's CPU.
-            sess.key_bound |= to.is_some();
+            // A key's worker wins over the client's CPU while the
+            // connection keeps to the key.
+            let to = to.map(|(t, stripe)| {
+                sess.bound = Some(stripe);
+                t
+            });
             let to = to.or_else(|| {
-                let fd = steer_fd.filter(|_| !sess.key_bound)?;
+                let fd = steer_fd?;
                 let t = steer.after_batch(
                     worker,
+                    &mut sess.bound,
+                    steer_stripe,
                     || crate::steer::incoming_cpu(fd),
                     &shared.cpu_worker,
                     moved_at,
                 )?;
-                // The key's worker wins here too: bound from now on.
-                let home = steer_stripe.is_some_and(|s| {
+                // The key's worker wins here too: bound to it from now on.
+                let home = steer_stripe.filter(|&s| {
                     crate::migrate::owner_of(s, workers) == worker && shared.heat.gathered(s)
                 });
-                sess.key_bound |= home;
-                (!home).then_some(t)
+                if home.is_some() {
+                    sess.bound = home;
+                }
+                home.is_none().then_some(t)
             });
             // Only in a plain state: nothing to close, skip or deliver.
             let plain = !close && skip == 0 && sess.subs.is_none() && sess.ready.is_empty();

@@ -284,10 +284,11 @@ impl Affinity {
     /// Account one batch run on worker `here` of `workers`, in which
     /// `contended` = (last stripe, count) acquisitions were contended and
     /// whose first key has stripe `first` (given while [`Self::placing`]);
-    /// the worker to move to, if the connection should: the owner of a
-    /// foreign stripe it contended on [`MOVE_AFTER_CONTENDED`] times in
-    /// [`WINDOW_BATCHES`], or once if the stripe is hot; or, while it is
-    /// being placed, the owner of its first key's stripe if that is hot.
+    /// the worker to move to and the stripe it is chosen for, if the
+    /// connection should move: the owner of a foreign stripe it contended
+    /// on [`MOVE_AFTER_CONTENDED`] times in [`WINDOW_BATCHES`], or once if
+    /// the stripe is hot; or, while it is being placed, the owner of its
+    /// first key's stripe if that is hot.
     pub fn after_batch(
         &mut self,
         contended: Option<(usize, u32)>,
@@ -295,7 +296,7 @@ impl Affinity {
         here: usize,
         workers: usize,
         heat: &Heat,
-    ) -> Option<usize> {
+    ) -> Option<(usize, usize)> {
         self.batches = self.batches.saturating_add(1);
         self.placed = self.placed.saturating_add(1);
         if self.batches > WINDOW_BATCHES {
@@ -315,11 +316,11 @@ impl Affinity {
                 }
                 self.hits = self.hits.saturating_add(n);
                 let hot = heat.note(stripe, n);
-                (hot || self.hits >= MOVE_AFTER_CONTENDED).then_some(owner)
+                (hot || self.hits >= MOVE_AFTER_CONTENDED).then_some((owner, stripe))
             }
             None => first
                 .filter(|&s| owner_of(s, workers) != here && heat.is_hot(s))
-                .map(|s| owner_of(s, workers)),
+                .map(|s| (owner_of(s, workers), s)),
         };
         to.filter(|_| self.may_move())
     }
@@ -383,7 +384,7 @@ mod tests {
 
     /// `a.after_batch` on worker 0 of 2 with no first key.
     fn batch(a: &mut Affinity, c: Option<(usize, u32)>, h: &Heat) -> Option<usize> {
-        a.after_batch(c, None, 0, 2, h)
+        a.after_batch(c, None, 0, 2, h).map(|(w, _)| w)
     }
 
     #[test]
@@ -475,7 +476,7 @@ mod tests {
         assert!(a.placing());
         assert_eq!(a.after_batch(None, Some(11), 0, 2, &h), None, "cold");
         h.note(11, HOT_CONTENDED);
-        assert_eq!(a.after_batch(None, Some(11), 0, 2, &h), Some(1));
+        assert_eq!(a.after_batch(None, Some(11), 0, 2, &h), Some((1, 11)));
         assert_eq!(a.after_batch(None, Some(11), 1, 2, &h), None, "owner");
         for _ in 0..PLACE_BATCHES {
             a.after_batch(None, None, 0, 2, &h);

@@ -175,10 +175,12 @@ pub struct Session {
     pub worker: usize,
     /// Move to this worker once the batch ends (DEBUG MIGRATE).
     pub move_to: Option<usize>,
-    /// Its worker was chosen for a key (key affinity, a blocked wait on
-    /// a key's owner, DEBUG MIGRATE): CPU placement ([`crate::steer`])
-    /// leaves it there, so the two never move it back and forth.
-    pub key_bound: bool,
+    /// The key stripe its worker was chosen for (key affinity, a blocked
+    /// wait on a key's owner), or [`crate::steer::BOUND_FIXED`] after
+    /// DEBUG MIGRATE: CPU placement ([`crate::steer`]) leaves it there
+    /// while its batches keep to that stripe, so the two never move it
+    /// back and forth.
+    pub bound: Option<usize>,
 }
 
 impl Session {
@@ -202,7 +204,7 @@ impl Session {
             ready: Vec::new(),
             worker: 0,
             move_to: None,
-            key_bound: false,
+            bound: None,
         }
     }
 
