@@ -26,7 +26,10 @@
 //!    memcached protocol; `vs_memcached` = over memcached's in the same
 //!    run; `ratio` = over the same server with 4x the data and no
 //!    eviction doing the same work (a GET that hits is followed by a SET
-//!    as often as the cache's GETs missed)
+//!    as often as the cache's GETs missed); with `--pin-clients` client
+//!    thread t runs on allowed CPU t mod CPUs (on a small VM where
+//!    clients and server share the CPUs, an unpinned run falls into one of
+//!    two placements 2x apart, see `server::steer`)
 //! ```
 //!
 //! Systems: `nibble`/`nibble2` (the engine in process, `Merge` eviction),
@@ -184,6 +187,8 @@ pub struct CacheOpts {
     pub tput_clients: Vec<usize>,
     pub tput_secs: f64,
     pub repeat: usize,
+    /// Pin throughput client thread t to allowed CPU t mod CPUs.
+    pub pin_clients: bool,
     pub nibble_bin: Option<PathBuf>,
 }
 
@@ -501,12 +506,11 @@ fn miss_cell(
 fn tput_run(
     addr: std::net::SocketAddr,
     proto: Proto,
-    zipf: &Zipf,
     clients: usize,
-    secs: f64,
-    value: &[u8],
     extra_set_pct: f64,
+    env: &TputEnv<'_>,
 ) -> Result<(f64, f64), String> {
+    let (zipf, value, pin, secs) = (env.zipf, env.value, env.o.pin_clients, env.o.tput_secs);
     let stop = AtomicBool::new(false);
     let (ops, gets, misses) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
     let failed = std::sync::Mutex::new(None::<String>);
@@ -515,6 +519,13 @@ fn tput_run(
             let (stop, ops, gets, misses, failed) = (&stop, &ops, &gets, &misses, &failed);
             sc.spawn(move || {
                 let run = || -> Result<(), String> {
+                    if pin {
+                        let cpus = topology::allowed_cpus();
+                        if let Some(&cpu) = cpus.get(t % cpus.len().max(1)) {
+                            topology::pin_current_thread(cpu)
+                                .map_err(|e| format!("pin client {t} to CPU {cpu}: {e}"))?;
+                        }
+                    }
                     let mut c = Conn::connect(addr, proto).map_err(|e| e.to_string())?;
                     let mut rng = Rng::new(0x2545_F491_4F6C_DD1D ^ (t as u64 + 1));
                     let mut hit = Vec::with_capacity(BATCH_REQUESTS);
@@ -646,7 +657,7 @@ fn tput_cell(
     clients: usize,
     env: &TputEnv<'_>,
 ) -> Result<(f64, f64), String> {
-    let (bins, o, zipf, value) = (env.bins, env.o, env.zipf, env.value);
+    let (bins, o, value) = (env.bins, env.o, env.value);
     let mut runs = Vec::new();
     for _ in 0..o.repeat.max(1) {
         let p = if evicting {
@@ -657,16 +668,7 @@ fn tput_cell(
         };
         let mut c = Conn::connect(p.addr, p.proto).map_err(|e| e.to_string())?;
         fill(&mut c, o.keys, value, bytes)?;
-        let secs = o.tput_secs;
-        runs.push(tput_run(
-            p.addr,
-            p.proto,
-            zipf,
-            clients,
-            secs,
-            value,
-            extra_set_pct,
-        )?);
+        runs.push(tput_run(p.addr, p.proto, clients, extra_set_pct, env)?);
     }
     runs.sort_by(|a, b| a.0.total_cmp(&b.0));
     Ok(runs[runs.len() / 2])

@@ -459,6 +459,10 @@ struct CacheArgs {
     /// Seconds of each throughput run [default: 3; --quick: 1]
     #[arg(long, value_parser = parse_seconds)]
     seconds: Option<f64>,
+    /// Pin throughput client thread t to allowed CPU t mod CPUs, so every
+    /// run of every system sees the same client placement
+    #[arg(long)]
+    pin_clients: bool,
     /// The nibble server binary [default: `nibble` next to memlab]
     #[arg(long)]
     nibble_bin: Option<PathBuf>,
@@ -926,6 +930,7 @@ pub fn main_entry(alloc: Alloc) -> ExitCode {
                     .collect(),
                 tput_secs: a.seconds.unwrap_or(if q { 1.0 } else { 3.0 }),
                 repeat: a.run.repeat(1),
+                pin_clients: a.pin_clients,
                 nibble_bin: a.nibble_bin.clone(),
             };
             a.run.report(|rep| cache::run(&opts, rep))

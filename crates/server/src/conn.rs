@@ -489,9 +489,48 @@ async fn wait_blocked<S: AsyncRead + Unpin>(
     }
 }
 
+/// The stripe of a batch's first key, looked up only for the batches
+/// that need it: a new connection's first ones, which key affinity places
+/// by it ([`crate::migrate`]), and those after which CPU steering checks
+/// its client ([`crate::steer`]).
+struct FirstKey {
+    placing: bool,
+    steering: bool,
+    /// For key affinity's placement.
+    placed: Option<usize>,
+    /// For steering's check.
+    steered: Option<usize>,
+}
+
+impl FirstKey {
+    fn new(placing: bool, steering: bool) -> FirstKey {
+        FirstKey {
+            placing,
+            steering,
+            placed: None,
+            steered: None,
+        }
+    }
+
+    /// A request ran: if it is the batch's first and a stripe is wanted,
+    /// record `stripe()`.
+    #[inline]
+    fn note(&mut self, stripe: impl FnOnce() -> Option<usize>) {
+        if !(self.placing || self.steering) {
+            return;
+        }
+        let st = stripe();
+        if std::mem::take(&mut self.placing) {
+            self.placed = st;
+        }
+        if std::mem::take(&mut self.steering) {
+            self.steered = st;
+        }
+    }
+}
+
 /// The key stripe of a request's first key (none for a command without
-/// keys): where key affinity places a new connection (see
-/// [`crate::migrate`]).
+/// keys).
 fn first_key_stripe(args: &[&[u8]]) -> Option<usize> {
     let spec = commands::lookup(args.first()?)?;
     let key = commands::key_args(spec, args).next()?;
@@ -793,15 +832,13 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
             // Count only this batch's contended stripes (see `migrate`).
             let _ = crate::keylock::take_contended();
         }
-        // A new connection is placed by its batch's first key (see
-        // `migrate`): the stripe of that key, while it is being placed.
-        let mut first_stripe = None;
-        let mut placing = movable && affinity.placing();
-        // The stripe of the first key of a batch after which steering
-        // may move the connection: it does not move one off the owner of
-        // a stripe whose clients gathered there.
-        let mut steer_stripe = None;
-        let mut steer_probe = movable && steer_fd.is_some() && steer.due();
+        // The stripe of the batch's first key, when key affinity (a new
+        // connection being placed) or steering (a check after this
+        // batch) needs it.
+        let mut probe = FirstKey::new(
+            movable && affinity.placing(),
+            movable && steer_fd.is_some() && steer.due(),
+        );
         // A blocked command that waits on its key's owner: the batch
         // stops, the connection moves there with it.
         let mut parked: Option<(crate::blocking::Blocked, usize, usize)> = None;
@@ -824,15 +861,7 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
                                 proto: ctx.sess.proto,
                             };
                             req.with_slices(inb.pending(), |args| {
-                                if placing || steer_probe {
-                                    let st = first_key_stripe(args);
-                                    if std::mem::take(&mut placing) {
-                                        first_stripe = st;
-                                    }
-                                    if std::mem::take(&mut steer_probe) {
-                                        steer_stripe = st;
-                                    }
-                                }
+                                probe.note(|| first_key_stripe(args));
                                 commands::execute(&mut ctx, args, &mut r)
                             });
                             close = sess.close;
@@ -933,6 +962,7 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
                             if let memcache::McCommand::TooLarge { skip: n } = cmd {
                                 skip = n;
                             }
+                            probe.note(|| cmd.first_key().map(crate::keylock::KeyLocks::stripe_of));
                             mc_wrote |= cmd.may_write();
                             close = crate::mc_exec::execute(
                                 &shared,
@@ -1063,7 +1093,7 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
             let to = match sess.move_to.take() {
                 Some(t) => Some((t, crate::steer::BOUND_FIXED)),
                 None => {
-                    affinity.after_batch(contended, first_stripe, worker, workers, &shared.heat)
+                    affinity.after_batch(contended, probe.placed, worker, workers, &shared.heat)
                 }
             };
             // A key's worker wins over the client's CPU while the
@@ -1077,13 +1107,13 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
                 let t = steer.after_batch(
                     worker,
                     &mut sess.bound,
-                    steer_stripe,
+                    probe.steered,
                     || crate::steer::incoming_cpu(fd),
                     &shared.cpu_worker,
                     moved_at,
                 )?;
                 // The key's worker wins here too: bound to it from now on.
-                let home = steer_stripe.filter(|&s| {
+                let home = probe.steered.filter(|&s| {
                     crate::migrate::owner_of(s, workers) == worker && shared.heat.gathered(s)
                 });
                 if home.is_some() {

@@ -149,6 +149,20 @@ pub enum McCommand<'a> {
 }
 
 impl McCommand<'_> {
+    /// The command's first key, if it has one (where key affinity and
+    /// CPU steering look, see `crate::migrate`).
+    pub fn first_key(&self) -> Option<&[u8]> {
+        match self {
+            McCommand::Store(a) => Some(a.key),
+            McCommand::Get { keys, .. } => keys.first().copied(),
+            McCommand::Delete { key, .. }
+            | McCommand::Arith { key, .. }
+            | McCommand::Touch { key, .. } => Some(key),
+            McCommand::Meta(m) => Some(&m.key[..]),
+            _ => None,
+        }
+    }
+
     /// Whether running it may change the store (under `appendfsync
     /// always` its reply then waits for a flush): false for plain
     /// get/gets and the informational commands; meta commands count as
