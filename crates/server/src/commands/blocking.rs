@@ -206,7 +206,7 @@ fn zpop(shared: &Shared, key: &[u8], max: bool, count: u64) -> Result<Vec<zset::
 }
 
 fn lpop(shared: &Shared, key: &[u8], left: bool, count: u64) -> Result<Vec<Vec<u8>>, CmdError> {
-    list::modify(&shared.store, key, |l| {
+    let popped = list::modify_existing(&shared.store, key, |l| {
         let mut out = Vec::new();
         for _ in 0..count {
             let e = if left { l.pop_front()? } else { l.pop_back()? };
@@ -216,7 +216,8 @@ fn lpop(shared: &Shared, key: &[u8], left: bool, count: u64) -> Result<Vec<Vec<u
             }
         }
         Ok(out)
-    })
+    })?;
+    Ok(popped.unwrap_or_default())
 }
 
 /// Run the non-blocking form over `keys` in order. `Ok(false)`: every
@@ -236,14 +237,20 @@ fn attempt(
         LIST_FLAGS
     };
     for &key in keys {
-        let Some(m) = shared.store.meta(key)? else {
-            continue;
-        };
-        if m.flags != want {
-            if serving {
+        // A client's own list pop needs no type check first: the pop
+        // reads the key once and answers WRONGTYPE itself. A serve skips
+        // a key of another type instead, so it looks first.
+        let own_pop = !serving && matches!(p.op, Op::Pop { .. } | Op::MPop { .. });
+        if !own_pop {
+            let Some(m) = shared.store.meta(key)? else {
                 continue;
+            };
+            if m.flags != want {
+                if serving {
+                    continue;
+                }
+                return Err(WRONGTYPE.into());
             }
-            return Err(WRONGTYPE.into());
         }
         match p.op {
             Op::Pop { left } => {
