@@ -104,11 +104,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use nibble::{Condition, Expiry, PutOptions};
+use nibble::{Condition, Expiry, ItemMeta, PutOptions};
 
 use crate::commands::{CmdError, WRONGTYPE};
 use crate::engine::{is_internal_key, Engine, INTERNAL_KEY_TAG, KEY_ESCAPE_BYTE};
-use crate::packed::{give_buf, take_buf, PairBuf, Upserted};
+use crate::packed::{give_buf, take_buf, take_stale_buf, PairBuf, Room, Upserted};
 use crate::state::Shared;
 use crate::types::{HASH_FLAGS, HASH_MAGIC, LIST_FLAGS, SET_FLAGS, ZSET_FLAGS};
 
@@ -455,11 +455,26 @@ pub fn open<'e>(
     limits: Limits,
 ) -> Result<Option<Coll<'e>>, CmdError> {
     let mut buf = take_buf(ROOT_READ_BYTES);
-    let Some(m) = store.get_into(key, &mut buf)? else {
+    let m = store.get_into(key, &mut buf)?;
+    open_read(store, key, kind, limits, m, buf)
+}
+
+/// [`open`] over an item already read: `m` and its bytes `buf` (`None`:
+/// absent; `buf` goes back to the pool).
+fn open_read<'e>(
+    store: &'e Engine,
+    key: &'e [u8],
+    kind: Kind,
+    limits: Limits,
+    m: Option<ItemMeta>,
+    mut buf: Vec<u8>,
+) -> Result<Option<Coll<'e>>, CmdError> {
+    let Some(m) = m else {
         give_buf(buf);
         return Ok(None);
     };
     if m.flags != kind.flags() {
+        give_buf(buf);
         return Err(WRONGTYPE.into());
     }
     let corrupt = || CmdError::from("ERR corrupt collection value");
@@ -509,22 +524,24 @@ pub fn open_or_new<'e>(
     kind: Kind,
     limits: Limits,
 ) -> Result<Coll<'e>, CmdError> {
-    Ok(match open(store, key, kind, limits)? {
-        Some(c) => c,
-        None => Coll {
-            store,
-            key,
-            kind,
-            limits,
-            version: None,
-            stored_root: None,
-            repr: Repr::Small {
-                items: PairBuf::new(kind == Kind::Hash),
-                intset: kind == Kind::Set,
-            },
-            dirty: false,
+    Ok(open(store, key, kind, limits)?.unwrap_or_else(|| empty_coll(store, key, kind, limits)))
+}
+
+/// A new empty collection at the absent `key`.
+fn empty_coll<'e>(store: &'e Engine, key: &'e [u8], kind: Kind, limits: Limits) -> Coll<'e> {
+    Coll {
+        store,
+        key,
+        kind,
+        limits,
+        version: None,
+        stored_root: None,
+        repr: Repr::Small {
+            items: PairBuf::with_head(SMALL_HEAD_BYTES, kind == Kind::Hash),
+            intset: kind == Kind::Set,
         },
-    })
+        dirty: false,
+    }
 }
 
 impl Drop for Coll<'_> {
@@ -542,15 +559,44 @@ impl Drop for Coll<'_> {
     }
 }
 
-/// A small collection's item bytes (type byte first) as a [`PairBuf`]:
-/// the type byte is dropped with one memmove, the pairs are validated
-/// once; `None` if they are not pairs.
-fn small_items(mut buf: Vec<u8>, values: bool) -> Option<PairBuf> {
-    if buf.is_empty() {
-        return None;
+/// Head bytes of a small collection's item: its type byte.
+const SMALL_HEAD_BYTES: usize = 1;
+
+/// A small collection's item bytes (type byte first) as a [`PairBuf`]
+/// that keeps the type byte as its head: the pairs are validated once
+/// and the spare room after them (`crate::packed`) stripped, nothing is
+/// moved; `None` if they are not pairs.
+fn small_items(buf: Vec<u8>, values: bool) -> Option<PairBuf> {
+    PairBuf::from_bytes_after(buf, SMALL_HEAD_BYTES, values)
+}
+
+/// True if the pairs `items` fit a listpack under `l` (count and every
+/// element's and value's length).
+fn fits_listpack(items: &PairBuf, l: Limits) -> bool {
+    items.len() <= l.entries
+        && items
+            .iter()
+            .all(|(a, b)| a.len() <= l.value && b.len() <= l.value)
+}
+
+/// The room a small collection is written with: as buckets', only
+/// where the engine overwrites in place.
+fn small_room(store: &Engine) -> Room {
+    if store.overwrites_in_place() {
+        Room::Small
+    } else {
+        Room::None
     }
-    buf.remove(0);
-    PairBuf::from_exact_bytes(buf, values)
+}
+
+/// The type byte of a small collection of `kind`.
+fn small_magic(kind: Kind, intset: bool) -> Result<u8, CmdError> {
+    match (kind, intset) {
+        (Kind::Hash, _) => Ok(HASH_MAGIC),
+        (Kind::Set, true) => Ok(INTSET_MAGIC),
+        (Kind::Set, false) => Ok(SET_MAGIC),
+        (Kind::List | Kind::Zset, _) => Err("ERR not a hash or set".into()),
+    }
 }
 
 impl Coll<'_> {
@@ -590,11 +636,7 @@ impl Coll<'_> {
             Repr::Small { items, .. } => {
                 // A small item over thresholds lowered since it was written
                 // reports what Redis would report after converting it.
-                let fits = items.len() <= self.limits.entries
-                    && items
-                        .iter()
-                        .all(|(a, b)| a.len() <= self.limits.value && b.len() <= self.limits.value);
-                if fits {
+                if fits_listpack(items, self.limits) {
                     "listpack"
                 } else {
                     "hashtable"
@@ -671,7 +713,7 @@ impl Coll<'_> {
         }
         let store = self.store;
         let max = usize::try_from(store.max_value_bytes()).unwrap_or(usize::MAX);
-        let mut buf = take_buf(BUCKET_READ_BYTES);
+        let mut buf = take_stale_buf();
         let rmw = store.raw_read_modify_write(&node_key(root.id, b), &mut buf, |old, buf| {
             if old.is_none() {
                 return (None, false);
@@ -881,11 +923,7 @@ impl Coll<'_> {
             // Over the intset limit: a listpack if it fits one, as Redis.
             *intset = false;
         }
-        let fits = items.len() <= l.entries
-            && items
-                .iter()
-                .all(|(a, b)| a.len() <= l.value && b.len() <= l.value);
-        if fits {
+        if fits_listpack(items, l) {
             return Ok(());
         }
         let Repr::Small { items, .. } = self.take_repr() else {
@@ -966,19 +1004,13 @@ impl Coll<'_> {
                 if items.is_empty() {
                     return self.delete_root();
                 }
-                let mut v = take_buf(1 + items.bytes().len());
-                match (self.kind, *intset) {
-                    (Kind::Hash, _) => v.push(HASH_MAGIC),
-                    (Kind::Set, true) => v.push(INTSET_MAGIC),
-                    (Kind::Set, false) => v.push(SET_MAGIC),
-                    (Kind::List | Kind::Zset, _) => return Err("ERR not a hash or set".into()),
-                }
-                v.extend_from_slice(items.bytes());
-                if v.len() as u64 > store.max_value_bytes() {
+                items.head_mut()[0] = small_magic(self.kind, *intset)?;
+                let max = usize::try_from(store.max_value_bytes()).unwrap_or(usize::MAX);
+                if items.item_len() > max {
                     return Err("ERR collection exceeds the largest value the engine stores".into());
                 }
-                let put = store.put_with(self.key, &v, opts);
-                give_buf(v);
+                let room = small_room(store);
+                let put = items.write_with_room(room, max, |v| store.put_with(self.key, v, opts));
                 match put {
                     Ok(_) => Ok(true),
                     Err(e) if crate::commands::is_race(&e) => Ok(false),
@@ -1248,16 +1280,224 @@ pub fn modify<T>(
     shared: &Shared,
     key: &[u8],
     kind: Kind,
+    f: impl FnMut(&mut Coll) -> Result<T, CmdError>,
+) -> Result<T, CmdError> {
+    modify_from(&shared.store, Limits::of(shared, kind), key, kind, None, f)
+}
+
+/// [`modify`], its first pass over the item `first` already read (its
+/// metadata and bytes), if given.
+fn modify_from<T>(
+    store: &Engine,
+    limits: Limits,
+    key: &[u8],
+    kind: Kind,
+    mut first: Option<(Option<ItemMeta>, Vec<u8>)>,
     mut f: impl FnMut(&mut Coll) -> Result<T, CmdError>,
 ) -> Result<T, CmdError> {
-    let limits = Limits::of(shared, kind);
     loop {
-        let mut c = open_or_new(&shared.store, key, kind, limits)?;
+        let c = match first.take() {
+            Some((m, buf)) => open_read(store, key, kind, limits, m, buf)?,
+            None => open(store, key, kind, limits)?,
+        };
+        let mut c = c.unwrap_or_else(|| empty_coll(store, key, kind, limits));
         let out = f(&mut c)?;
         if c.commit()? {
             return Ok(out);
         }
     }
+}
+
+/// What [`change_small`] did with a small collection's item.
+enum SmallChange {
+    /// The key is absent, or holds no small collection of this kind: the
+    /// item's bytes are left in the buffer, for [`open_read`].
+    NotSmall,
+    /// Not a change done here (the collection would turn large, an intset
+    /// would become a listpack, the last element would go, the item
+    /// would pass the engine's largest value): the command runs the
+    /// general way.
+    Elsewhere,
+    /// Done: whether the element was new (insert) or present (removal),
+    /// and whether the buffer holds new bytes to write.
+    Done(bool, bool),
+}
+
+/// Set element `e` of the small collection read into `buf` (`m`) to
+/// `v`, or remove it (`v` `None`), as [`Coll::insert`] and
+/// [`Coll::remove`] do, leaving the new item's bytes (type byte, pairs,
+/// room) in `buf`. Runs under the engine's lock on the key: calls
+/// nothing in the engine.
+fn change_small(
+    kind: Kind,
+    limits: Limits,
+    m: Option<ItemMeta>,
+    buf: &mut Vec<u8>,
+    e: &[u8],
+    v: Option<&[u8]>,
+    max_bytes: usize,
+) -> SmallChange {
+    let Some(m) = m else {
+        return SmallChange::NotSmall;
+    };
+    let magic = match buf.first() {
+        Some(&b) if m.flags == kind.flags() => b,
+        _ => return SmallChange::NotSmall,
+    };
+    // The type byte stays the item's first byte: an intset's remains one
+    // (a change that would make it a listpack runs elsewhere).
+    let intset = match (kind, magic) {
+        (Kind::Hash, HASH_MAGIC) | (Kind::Set, SET_MAGIC) => false,
+        (Kind::Set, INTSET_MAGIC) => true,
+        _ => return SmallChange::NotSmall,
+    };
+    let Some(mut items) = small_items(std::mem::take(buf), kind == Kind::Hash) else {
+        return SmallChange::Elsewhere;
+    };
+    let done = match v {
+        None if !items.remove(e) => SmallChange::Done(false, false),
+        None if items.is_empty() => SmallChange::Elsewhere,
+        None => SmallChange::Done(true, true),
+        Some(_) if intset => match is_int(e) {
+            Some(n) => {
+                // Ascending: before the first member not below n.
+                let mut at = 0;
+                let mut present = false;
+                for (a, _) in items.iter() {
+                    match is_int(a) {
+                        Some(x) if x < n => at += 1,
+                        Some(x) if x == n => {
+                            present = true;
+                            break;
+                        }
+                        _ => break,
+                    }
+                }
+                if present {
+                    SmallChange::Done(false, false)
+                } else if items.len() >= limits.intset {
+                    SmallChange::Elsewhere
+                } else {
+                    items.insert_nth(at, e, &[]);
+                    SmallChange::Done(true, true)
+                }
+            }
+            None => SmallChange::Elsewhere,
+        },
+        // As Redis's hashTypeSet / setTypeAdd: the new element's length
+        // and the count decide, the others fit when they were written.
+        Some(v) if e.len() > limits.value || v.len() > limits.value => SmallChange::Elsewhere,
+        Some(v) => match items.upsert(e, v) {
+            Upserted::Unchanged => SmallChange::Done(false, false),
+            Upserted::Changed => SmallChange::Done(false, true),
+            Upserted::New if items.len() <= limits.entries => SmallChange::Done(true, true),
+            Upserted::New => SmallChange::Elsewhere,
+        },
+    };
+    match done {
+        SmallChange::Done(r, true) if items.item_len() <= max_bytes => {
+            *buf = items.into_stored(Room::Small, max_bytes);
+            SmallChange::Done(r, true)
+        }
+        SmallChange::Done(r, false) => {
+            give_buf(items.into_bytes());
+            SmallChange::Done(r, false)
+        }
+        _ => {
+            give_buf(items.into_bytes());
+            SmallChange::Elsewhere
+        }
+    }
+}
+
+/// Set element `e` of the hash or set at `key` to `v` (insert or
+/// overwrite; true if new), or remove it (`v` `None`; true if it was
+/// present): the one-element HSET, SADD, HDEL and SREM.
+///
+/// Where the engine overwrites in place (Nibble-2) and the collection is
+/// small, this is one engine read-modify-write of the key
+/// ([`change_small`]): the item is read, changed and written back under
+/// the engine's lock on it, in place when the new bytes keep the item's
+/// size, which its spare room (`crate::packed`) makes the usual case;
+/// the write keeps the item's flags and expiry and gives it a new
+/// version (WATCH sees it). New bytes that do not fit are put with
+/// `IfVersion` of the item read, as [`Coll::commit`] does. Anything
+/// else (a large or absent collection, another type, a change that
+/// turns the collection large or empties it, Nibble mode) runs through
+/// [`modify`], over the item this read already fetched.
+pub fn modify_one(
+    shared: &Shared,
+    key: &[u8],
+    kind: Kind,
+    e: &[u8],
+    v: Option<&[u8]>,
+) -> Result<bool, CmdError> {
+    change_one(&shared.store, Limits::of(shared, kind), key, kind, e, v)
+}
+
+/// [`modify_one`] on `store` under the thresholds `limits`.
+fn change_one(
+    store: &Engine,
+    limits: Limits,
+    key: &[u8],
+    kind: Kind,
+    e: &[u8],
+    v: Option<&[u8]>,
+) -> Result<bool, CmdError> {
+    let change = |c: &mut Coll| match v {
+        Some(v) => c.insert(e, v),
+        None => c.remove(e),
+    };
+    if !store.overwrites_in_place() {
+        return modify_from(store, limits, key, kind, None, change);
+    }
+    let max = usize::try_from(store.max_value_bytes()).unwrap_or(usize::MAX);
+    let mut buf = take_stale_buf();
+    let rmw = match store.read_modify_write(key, &mut buf, |m, buf| {
+        let r = change_small(kind, limits, m, buf, e, v, max);
+        let write = matches!(r, SmallChange::Done(_, true));
+        (r, write)
+    }) {
+        Ok(rmw) => rmw,
+        Err(err) => {
+            give_buf(buf);
+            return Err(err.into());
+        }
+    };
+    let first = match rmw.out {
+        SmallChange::NotSmall => Some((rmw.old, buf)),
+        SmallChange::Elsewhere => {
+            give_buf(buf);
+            None
+        }
+        SmallChange::Done(r, false) => {
+            give_buf(buf);
+            return Ok(r);
+        }
+        SmallChange::Done(r, true) => {
+            let put = match (rmw.written, rmw.old) {
+                (Some(_), _) => Ok(0),
+                (None, Some(old)) => store.put_with(
+                    key,
+                    &buf,
+                    PutOptions {
+                        condition: Condition::IfVersion(old.version),
+                        expiry: Expiry::Keep,
+                        flags: kind.flags(),
+                    },
+                ),
+                (None, None) => unreachable!("a change of an item read"),
+            };
+            give_buf(buf);
+            match put {
+                Ok(_) => return Ok(r),
+                // Replaced meanwhile (memcached, expiry): rerun.
+                Err(err) if crate::commands::is_race(&err) => None,
+                Err(err) => return Err(err.into()),
+            }
+        }
+    };
+    modify_from(store, limits, key, kind, first, change)
 }
 
 /// Run `f` over the collection at `key` if present (`None` if absent).
@@ -1426,13 +1666,167 @@ pub(crate) mod tests {
         padded.push(0);
         assert!(
             PairBuf::from_exact_bytes(padded, true).is_none(),
-            "a small item has no spare room"
+            "exact bytes take no spare room"
         );
-        // The type byte is dropped, the rest must be exactly the pairs.
+        // The type byte stays as the head; zero bytes after the pairs
+        // (spare room) are stripped, anything else after them refused.
         let mut item = vec![HASH_MAGIC];
         item.extend_from_slice(&v);
-        assert_eq!(pairs_of(&small_items(item, true).unwrap()), items);
+        let p = small_items(item.clone(), true).unwrap();
+        assert_eq!(pairs_of(&p), items);
+        assert_eq!(p.item_len(), item.len());
+        for room in [1, 7, 64, 300] {
+            let mut roomy = item.clone();
+            roomy.resize(item.len() + room, 0);
+            let p = small_items(roomy.clone(), true).unwrap();
+            assert_eq!(pairs_of(&p), items, "room {room}");
+            assert_eq!(p.item_len(), item.len());
+            *roomy.last_mut().unwrap() = 1;
+            assert!(small_items(roomy, true).is_none(), "room {room}");
+        }
         assert!(small_items(Vec::new(), true).is_none());
+        assert!(small_items(vec![HASH_MAGIC], true).is_none());
+        assert!(small_items(item[..item.len() - 1].to_vec(), true).is_none());
+    }
+
+    /// One-element changes (`change_one`, the one-field HSET / HDEL /
+    /// SADD / SREM) mixed with `Coll`'s on hashes, sets and intsets big
+    /// enough to carry spare room: contents, order and encoding match a
+    /// model after every change, in both modes; the key keeps its expiry
+    /// and gets a new version on every write; under Nibble-2 the item
+    /// has room (zero bytes after the pairs) and most inserts keep its
+    /// size (in-place overwrites), under Nibble it is the pairs alone.
+    #[test]
+    fn one_element_changes_match_a_model() {
+        let limits = Limits {
+            entries: 120,
+            value: 40,
+            intset: 150,
+        };
+        for (mode, store) in both_modes().iter().enumerate() {
+            for (kind, ints) in [(Kind::Hash, false), (Kind::Set, false), (Kind::Set, true)] {
+                let key = format!("one{kind:?}{ints}").into_bytes();
+                // Insertion order (what HGETALL returns for a small one).
+                let mut model: Vec<Pair> = Vec::new();
+                let mut large = false;
+                let mut kept_size = 0;
+                let mut x = 0x9E37_79B9_u64 + mode as u64;
+                let expiry = nibble::object::now_ms() + 3_600_000;
+                for step in 0..3000u32 {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let r = x >> 33;
+                    let n = r % 140;
+                    let e = if ints || r % 17 == 0 && kind == Kind::Hash {
+                        n.to_string().into_bytes()
+                    } else {
+                        format!("element:{n:06}").into_bytes()
+                    };
+                    let v = if kind == Kind::Hash {
+                        vec![b'a' + (r % 26) as u8; (r >> 8) as usize % 24]
+                    } else {
+                        Vec::new()
+                    };
+                    let mut before = Vec::new();
+                    let old = store.get_into(&key, &mut before).unwrap();
+                    let remove = (r >> 16) % 5 == 0;
+                    let pos = model.iter().position(|(a, _)| *a == e);
+                    let via_coll = (r >> 20) % 4 == 0;
+                    let got = if via_coll {
+                        let mut c = open_or_new(store, &key, kind, limits).unwrap();
+                        let got = if remove {
+                            c.remove(&e).unwrap()
+                        } else {
+                            c.insert(&e, &v).unwrap()
+                        };
+                        assert!(c.commit().unwrap());
+                        got
+                    } else {
+                        let v = (!remove).then_some(&v[..]);
+                        change_one(store, limits, &key, kind, &e, v).unwrap()
+                    };
+                    let changed = match (remove, pos) {
+                        (true, Some(i)) => {
+                            model.remove(i);
+                            assert!(got, "step {step}");
+                            true
+                        }
+                        (true, None) => {
+                            assert!(!got, "step {step}");
+                            false
+                        }
+                        (false, Some(i)) => {
+                            assert!(!got, "step {step}");
+                            let same = model[i].1 == v;
+                            model[i].1 = v.clone();
+                            !same
+                        }
+                        (false, None) => {
+                            assert!(got, "step {step}");
+                            if ints {
+                                let at = model
+                                    .iter()
+                                    .position(|(a, _)| is_int(a) > is_int(&e))
+                                    .unwrap_or(model.len());
+                                model.insert(at, (e.clone(), v.clone()));
+                            } else {
+                                model.push((e.clone(), v.clone()));
+                            }
+                            true
+                        }
+                    };
+                    let mut after = Vec::new();
+                    let Some(m) = store.get_into(&key, &mut after).unwrap() else {
+                        assert!(model.is_empty(), "step {step}");
+                        large = false;
+                        continue;
+                    };
+                    match old {
+                        Some(old) => {
+                            assert_eq!(m.expiry_ms, Some(expiry), "step {step}");
+                            // (A large one's root keeps its version
+                            // when only a bucket changed.)
+                            if !large {
+                                assert_eq!(m.version != old.version, changed, "step {step}");
+                            }
+                        }
+                        None => assert!(store.set_expiry(&key, Some(expiry)).unwrap()),
+                    }
+                    let mut c = open(store, &key, kind, limits).unwrap().unwrap();
+                    assert_eq!(c.len(), model.len() as u64, "step {step}");
+                    let mut all = c.all().unwrap();
+                    large |= c.encoding() == "hashtable";
+                    if large {
+                        all.sort();
+                        let mut want = model.clone();
+                        want.sort();
+                        assert_eq!(all, want, "step {step}");
+                        continue;
+                    }
+                    assert_eq!(all, model, "step {step}");
+                    assert_eq!(c.encoding(), if ints { "intset" } else { "listpack" });
+                    let exact = 5 + model
+                        .iter()
+                        .map(|(a, b)| {
+                            4 + a.len() + if kind == Kind::Hash { 4 + b.len() } else { 0 }
+                        })
+                        .sum::<usize>();
+                    if mode == 1 {
+                        assert!(after.len() >= exact, "step {step}");
+                        assert!(after[exact..].iter().all(|&b| b == 0), "step {step}");
+                        kept_size += usize::from(
+                            changed && !remove && pos.is_none() && before.len() == after.len(),
+                        );
+                    } else {
+                        assert_eq!(after.len(), exact, "step {step}");
+                    }
+                }
+                if mode == 1 {
+                    assert!(kept_size > 100, "{kind:?} {ints}: {kept_size} in place");
+                }
+            }
+        }
     }
 
     /// Several inserts, overwrites and removes per command on a large
@@ -1494,7 +1888,7 @@ pub(crate) mod tests {
             value: 8,
             intset: 4,
         };
-        let op = (0u8..4, 0u32..300, 0usize..12);
+        let op = (0u8..6, 0u32..300, 0usize..12);
         let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
             cases: 24,
             failure_persistence: None,
@@ -1520,21 +1914,34 @@ pub(crate) mod tests {
                         } else {
                             Vec::new()
                         };
-                        let mut c = open_or_new(store, &key, kind, limits).unwrap();
                         match o {
-                            0 | 1 => {
-                                let new = c.insert(&e, &v).unwrap();
-                                prop_assert_eq!(new, model.insert(e.clone(), v).is_none());
+                            // The one-field HSET/SADD and HDEL/SREM.
+                            4 => {
+                                let new = change_one(store, limits, &key, kind, &e, Some(&v));
+                                prop_assert_eq!(new.unwrap(), model.insert(e.clone(), v).is_none());
                             }
-                            2 => {
-                                let had = c.remove(&e).unwrap();
-                                prop_assert_eq!(had, model.remove(&e).is_some());
+                            5 => {
+                                let had = change_one(store, limits, &key, kind, &e, None);
+                                prop_assert_eq!(had.unwrap(), model.remove(&e).is_some());
                             }
                             _ => {
-                                prop_assert_eq!(c.get(&e).unwrap(), model.get(&e).cloned());
+                                let mut c = open_or_new(store, &key, kind, limits).unwrap();
+                                match o {
+                                    0 | 1 => {
+                                        let new = c.insert(&e, &v).unwrap();
+                                        prop_assert_eq!(new, model.insert(e.clone(), v).is_none());
+                                    }
+                                    2 => {
+                                        let had = c.remove(&e).unwrap();
+                                        prop_assert_eq!(had, model.remove(&e).is_some());
+                                    }
+                                    _ => {
+                                        prop_assert_eq!(c.get(&e).unwrap(), model.get(&e).cloned());
+                                    }
+                                }
+                                prop_assert!(c.commit().unwrap());
                             }
                         }
-                        prop_assert!(c.commit().unwrap());
                         let Some(mut c) = open(store, &key, kind, limits).unwrap() else {
                             prop_assert!(model.is_empty());
                             continue;

@@ -45,9 +45,17 @@
 //! the pairs fit in it and fill at least half of it: the put is an
 //! in-place overwrite (no append, no garbage, no index swap). This is
 //! the free space Redis's listpacks and a slotted page keep for the same
-//! reason. Readers strip the room, so DUMP, RDB and replication never see
-//! it, and items written without room (older stores, the shared store,
-//! which is append-only and gets none) read the same.
+//! reason. A small hash or set (`crate::coll`: type byte, then its
+//! pairs) is written with room too, [`Room::Small`]: less of it (one
+//! eighth, none under [`SMALL_ROOM_FROM_BYTES`]), since every such key
+//! carries it, but enough that adding a field is an in-place overwrite
+//! most of the time and the appends left amortize to about
+//! `SMALL_ROOM_DIVISOR` times a pair's bytes per insert. Readers strip
+//! the room, so DUMP, RDB and replication never see it, and items
+//! written without room (older stores, RESTORE, the shared store, which
+//! is append-only and gets none) read the same. The pair count leads the
+//! pairs, so a run of zero bytes after the last one is never read as a
+//! pair.
 //!
 //! The buffers that roots, buckets and chunks are read into come from a
 //! small per-thread pool ([`take_buf`], [`give_buf`]): a collection write
@@ -115,6 +123,37 @@ pub const NODE_ROOM_MAX_BYTES: usize = 1024;
 /// A bucket written at a new size gets `len / NODE_ROOM_DIVISOR` spare
 /// bytes (within the bounds above).
 pub const NODE_ROOM_DIVISOR: usize = 4;
+/// A small collection's pairs (`crate::coll`) written at a new size
+/// get `len / SMALL_ROOM_DIVISOR` spare bytes (at most
+/// [`NODE_ROOM_MAX_BYTES`]) once they fill [`SMALL_ROOM_FROM_BYTES`]:
+/// one such item per key, so less room than a bucket's, and none on
+/// the smallest, which are cheap to rewrite.
+pub const SMALL_ROOM_DIVISOR: usize = 8;
+/// Pairs' length (bytes) below which a small collection gets no room.
+pub const SMALL_ROOM_FROM_BYTES: usize = 256;
+
+/// How much spare room a [`PairBuf`] is written with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Room {
+    /// None: the pairs alone (append-only engine).
+    None,
+    /// A bucket's or list chunk's ([`NODE_ROOM_DIVISOR`]).
+    Node,
+    /// A small collection's ([`SMALL_ROOM_DIVISOR`]).
+    Small,
+}
+
+impl Room {
+    /// The spare bytes for pairs of `len` bytes written at a new size.
+    fn bytes(self, len: usize) -> usize {
+        match self {
+            Room::None => 0,
+            Room::Node => (len / NODE_ROOM_DIVISOR).clamp(NODE_ROOM_MIN_BYTES, NODE_ROOM_MAX_BYTES),
+            Room::Small if len < SMALL_ROOM_FROM_BYTES => 0,
+            Room::Small => (len / SMALL_ROOM_DIVISOR).min(NODE_ROOM_MAX_BYTES),
+        }
+    }
+}
 
 /// Read buffers a thread keeps for reuse (see [`take_buf`]).
 const POOL_BUFFERS: usize = 8;
@@ -129,23 +168,29 @@ thread_local! {
 /// root, a bucket, a chunk): one the thread used before if it kept one,
 /// so a collection write does not pay a malloc and a free per item read.
 pub fn take_buf(capacity: usize) -> Vec<u8> {
-    let kept = POOL.with(|p| p.try_borrow_mut().ok().and_then(|mut p| p.pop()));
-    match kept {
-        Some(mut v) => {
-            v.reserve(capacity);
-            v
-        }
-        None => Vec::with_capacity(capacity),
-    }
+    let mut v = take_stale_buf();
+    v.clear();
+    v.reserve(capacity);
+    v
+}
+
+/// A buffer as the thread last left it: its bytes initialized but
+/// stale, for a read that overwrites them. The engine's
+/// `read_modify_write` sizes its buffer to the item with
+/// `Vec::resize`, which zeroes only the bytes past the old length: a
+/// buffer that held an item of this size before costs no `memset` of
+/// the item (a small hash's is kilobytes, read on every HSET).
+pub fn take_stale_buf() -> Vec<u8> {
+    POOL.with(|p| p.try_borrow_mut().ok().and_then(|mut p| p.pop()))
+        .unwrap_or_default()
 }
 
 /// Hand a buffer from [`take_buf`] back for reuse (up to
 /// [`POOL_BUFFERS`] per thread, none over [`POOL_MAX_BYTES`]).
-pub fn give_buf(mut v: Vec<u8>) {
+pub fn give_buf(v: Vec<u8>) {
     if v.capacity() == 0 || v.capacity() > POOL_MAX_BYTES {
         return;
     }
-    v.clear();
     POOL.with(|p| {
         if let Ok(mut p) = p.try_borrow_mut() {
             if p.len() < POOL_BUFFERS {
@@ -169,8 +214,13 @@ pub enum Upserted {
 /// A bucket of (element, value) pairs in its item's encoding.
 #[derive(Clone, Debug)]
 pub struct PairBuf {
-    /// The pairs' bytes, without the item's spare room.
+    /// The item's head bytes (`head` of them), then the pairs' bytes,
+    /// without the item's spare room.
     data: Vec<u8>,
+    /// Bytes before the pair count: none for a bucket, the type byte for
+    /// a small collection (`crate::coll`), kept so that the item's bytes
+    /// are read and written whole, never shifted by one.
+    head: usize,
     values: bool,
     /// Length of the stored item, spare room included (0: not stored).
     stored_bytes: usize,
@@ -179,18 +229,36 @@ pub struct PairBuf {
 impl PairBuf {
     /// An empty bucket.
     pub fn new(values: bool) -> PairBuf {
+        PairBuf::with_head(0, values)
+    }
+
+    /// An empty bucket after `head` head bytes (zero until set through
+    /// [`head_mut`](PairBuf::head_mut)).
+    pub fn with_head(head: usize, values: bool) -> PairBuf {
         PairBuf {
-            data: vec![0; 4],
+            data: vec![0; head + 4],
+            head,
             values,
             stored_bytes: 0,
         }
     }
 
+    /// The head bytes.
+    pub fn head_mut(&mut self) -> &mut [u8] {
+        &mut self.data[..self.head]
+    }
+
     /// Take an item's bytes as a bucket (spare room, zero bytes after the
     /// last pair, allowed and stripped); `None` if they are not one.
-    pub fn from_bytes(mut data: Vec<u8>, values: bool) -> Option<PairBuf> {
-        let n = data.get(..4).map(|_| u32_at(&data, 0))?;
-        let mut at = 4usize;
+    pub fn from_bytes(data: Vec<u8>, values: bool) -> Option<PairBuf> {
+        PairBuf::from_bytes_after(data, 0, values)
+    }
+
+    /// [`from_bytes`](PairBuf::from_bytes) of an item whose pairs follow
+    /// `head` head bytes (kept in the buffer, not shifted off).
+    pub fn from_bytes_after(mut data: Vec<u8>, head: usize, values: bool) -> Option<PairBuf> {
+        let n = data.get(head..head + 4).map(|_| u32_at(&data, head))?;
+        let mut at = head + 4;
         for _ in 0..n {
             let l = u32_at(&data, at) as usize;
             at = at.checked_add(4 + l).filter(|&e| e <= data.len())?;
@@ -208,22 +276,23 @@ impl PairBuf {
         data.truncate(at);
         Some(PairBuf {
             data,
+            head,
             values,
             stored_bytes,
         })
     }
 
-    /// Take a small collection's pairs (`crate::coll`, stored without
-    /// spare room): as [`from_bytes`](PairBuf::from_bytes), but nothing
-    /// may follow the last pair.
+    /// Take pairs stored without spare room (a list root's ends,
+    /// `crate::list`): as [`from_bytes`](PairBuf::from_bytes), but
+    /// nothing may follow the last pair.
     pub fn from_exact_bytes(data: Vec<u8>, values: bool) -> Option<PairBuf> {
         let len = data.len();
         PairBuf::from_bytes(data, values).filter(|p| p.data.len() == len)
     }
 
-    /// The pairs' bytes (without spare room).
+    /// The pairs' bytes (without head bytes and spare room).
     pub fn bytes(&self) -> &[u8] {
-        &self.data
+        &self.data[self.head..]
     }
 
     /// The buffer, for [`give_buf`].
@@ -243,16 +312,15 @@ impl PairBuf {
     /// they fit it and fill at least half of it, else their length plus
     /// fresh room; just their length without `room` or when that would
     /// pass `max_bytes`.
-    fn stored_len(&self, room: bool, max_bytes: usize) -> usize {
+    fn stored_len(&self, room: Room, max_bytes: usize) -> usize {
         let len = self.data.len();
-        if !room {
+        if room == Room::None {
             return len;
         }
         if len <= self.stored_bytes && len >= self.stored_bytes / 2 {
             return self.stored_bytes;
         }
-        let with_room =
-            len + (len / NODE_ROOM_DIVISOR).clamp(NODE_ROOM_MIN_BYTES, NODE_ROOM_MAX_BYTES);
+        let with_room = len + room.bytes(len);
         if with_room > max_bytes {
             len
         } else {
@@ -270,6 +338,17 @@ impl PairBuf {
         max_bytes: usize,
         write: impl FnOnce(&[u8]) -> R,
     ) -> R {
+        let room = if room { Room::Node } else { Room::None };
+        self.write_with_room(room, max_bytes, write)
+    }
+
+    /// [`write_with`](PairBuf::write_with) with the room of `room`.
+    pub fn write_with_room<R>(
+        &mut self,
+        room: Room,
+        max_bytes: usize,
+        write: impl FnOnce(&[u8]) -> R,
+    ) -> R {
         let len = self.data.len();
         let stored = self.stored_len(room, max_bytes);
         self.data.resize(stored, 0);
@@ -279,9 +358,24 @@ impl PairBuf {
         r
     }
 
+    /// The bytes to store (head bytes, pairs, the room of `room`, as
+    /// [`write_with_room`](PairBuf::write_with_room) writes them), as
+    /// the buffer itself: nothing is copied.
+    pub fn into_stored(mut self, room: Room, max_bytes: usize) -> Vec<u8> {
+        let stored = self.stored_len(room, max_bytes);
+        self.data.resize(stored, 0);
+        self.data
+    }
+
+    /// Length of the head bytes and pairs (what is stored, without
+    /// spare room).
+    pub fn item_len(&self) -> usize {
+        self.data.len()
+    }
+
     /// Number of pairs.
     pub fn len(&self) -> usize {
-        u32_at(&self.data, 0) as usize
+        u32_at(&self.data, self.head) as usize
     }
 
     /// True if no pairs.
@@ -290,14 +384,15 @@ impl PairBuf {
     }
 
     fn set_len(&mut self, n: usize) {
-        self.data[..4].copy_from_slice(&(n as u32).to_le_bytes());
+        let h = self.head;
+        self.data[h..h + 4].copy_from_slice(&(n as u32).to_le_bytes());
     }
 
     /// The pairs with their byte spans: (start, value start, end).
     pub fn iter(&self) -> PairIter<'_> {
         PairIter {
             buf: self,
-            at: 4,
+            at: self.head + 4,
             left: self.len(),
         }
     }
@@ -308,7 +403,7 @@ impl PairBuf {
     /// prefix, `element:0000…`), so most pairs cost no `memcmp` call.
     fn find(&self, e: &[u8]) -> Option<(usize, usize, usize)> {
         let d = &self.data[..];
-        let mut at = 4usize;
+        let mut at = self.head + 4;
         for _ in 0..self.len() {
             let l = u32_at(d, at) as usize;
             let vstart = at + 4 + l;
@@ -376,7 +471,7 @@ impl PairBuf {
     /// Bytes of the elements and values alone (without length fields).
     pub fn payload_bytes(&self) -> usize {
         let per = if self.values { 8 } else { 4 };
-        self.data.len() - 4 - per * self.len()
+        self.data.len() - self.head - 4 - per * self.len()
     }
 
     /// Pair `j`'s span (start, end), if `j < len`.
@@ -397,11 +492,12 @@ impl PairBuf {
     /// Insert `e` (with value `v`) before every other pair.
     pub fn push_front(&mut self, e: &[u8], v: &[u8]) {
         let n = 4 + e.len() + if self.values { 4 + v.len() } else { 0 };
-        open_gap(&mut self.data, 4, n);
-        self.data[4..8].copy_from_slice(&(e.len() as u32).to_le_bytes());
-        self.data[8..8 + e.len()].copy_from_slice(e);
+        let h = self.head;
+        open_gap(&mut self.data, h + 4, n);
+        self.data[h + 4..h + 8].copy_from_slice(&(e.len() as u32).to_le_bytes());
+        self.data[h + 8..h + 8 + e.len()].copy_from_slice(e);
         if self.values {
-            let at = 8 + e.len();
+            let at = h + 8 + e.len();
             self.data[at..at + 4].copy_from_slice(&(v.len() as u32).to_le_bytes());
             self.data[at + 4..at + 4 + v.len()].copy_from_slice(v);
         }

@@ -5,7 +5,8 @@
 //! Every command runs under its key's stripe (exclusive for writes), so a
 //! write is read, change, [`coll::modify`]'s commit; the commit reruns the
 //! command only if a writer outside the stripe (memcached, expiry) replaced
-//! the key meanwhile. A hash left empty is deleted, as Redis removes empty
+//! the key meanwhile. HSET of one field and HDEL of one go through
+//! [`coll::modify_one`]: one engine read-modify-write of a small hash. A hash left empty is deleted, as Redis removes empty
 //! hashes.
 
 use super::{eq, int_arg, parse_i64, CmdError, CmdResult, Ctx, SYNTAX};
@@ -32,7 +33,17 @@ fn set_fields(c: &mut Coll, pairs: &[&[u8]]) -> Result<i64, CmdError> {
 /// HSET key field value [field value ...].
 pub fn hset(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     check_pairs(a, "hset")?;
-    let n = coll::modify(ctx.shared, a[1], Kind::Hash, |c| set_fields(c, &a[2..]))?;
+    let n = if a.len() == 4 {
+        i64::from(coll::modify_one(
+            ctx.shared,
+            a[1],
+            Kind::Hash,
+            a[2],
+            Some(a[3]),
+        )?)
+    } else {
+        coll::modify(ctx.shared, a[1], Kind::Hash, |c| set_fields(c, &a[2..]))?
+    };
     r.int(n);
     Ok(())
 }
@@ -98,6 +109,16 @@ pub fn hgetall(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
 
 /// HDEL key field...
 pub fn hdel(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
+    if a.len() == 3 {
+        r.int(i64::from(coll::modify_one(
+            ctx.shared,
+            a[1],
+            Kind::Hash,
+            a[2],
+            None,
+        )?));
+        return Ok(());
+    }
     let n = coll::modify(ctx.shared, a[1], Kind::Hash, |c| {
         let mut n = 0;
         for f in &a[2..] {

@@ -255,3 +255,88 @@ fn large_zsets_survive_a_restart_and_are_swept() {
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A small hash and sets written one element at a time carry spare room
+/// after their pairs (Nibble-2, `server::packed`); every reader strips
+/// it: HGETALL and SMEMBERS in order, OBJECT ENCODING, DUMP and RESTORE,
+/// an RDB snapshot loaded by a second server. A RESTOREd hash (written
+/// without room) takes one-field HSETs and HDELs the same.
+#[test]
+fn small_collections_with_room_read_everywhere() {
+    let dir = crate::rdb::Dir::new("room");
+    let s = start_with(|c| c.rdb.dir = Some(dir.0.clone()));
+    let mut c = client(&s);
+    let mut want: Vec<(String, String)> = Vec::new();
+    for i in 0..100 {
+        let (f, v) = (format!("field:{i:04}"), format!("value-{i}"));
+        assert_eq!(q::<i64>(&mut c, &["HSET", "h", &f, &v]), 1);
+        want.push((f, v));
+    }
+    assert_eq!(q::<i64>(&mut c, &["HDEL", "h", "field:0050"]), 1);
+    want.remove(50);
+    let mut members: Vec<String> = (0..100).map(|i| format!("member:{i:04}")).collect();
+    for m in &members {
+        assert_eq!(q::<i64>(&mut c, &["SADD", "s", m]), 1);
+    }
+    for i in (0..100).rev() {
+        assert_eq!(q::<i64>(&mut c, &["SADD", "ints", &i.to_string()]), 1);
+    }
+    assert_eq!(q::<i64>(&mut c, &["SREM", "ints", "7"]), 1);
+    let ints: Vec<String> = (0..100)
+        .filter(|&i| i != 7)
+        .map(|i| i.to_string())
+        .collect();
+    // The items carry room: zero bytes after the pairs.
+    let mut buf = Vec::new();
+    s.shared().store.get_into(b"h", &mut buf).unwrap().unwrap();
+    let exact = 5 + want
+        .iter()
+        .map(|(f, v)| 8 + f.len() + v.len())
+        .sum::<usize>();
+    assert!(buf.len() > exact, "{} bytes for {exact}", buf.len());
+    assert!(buf[exact..].iter().all(|&b| b == 0));
+    let check = |c: &mut redis::Connection, h: &str, want: &[(String, String)]| {
+        let got: Vec<(String, String)> = q(c, &["HGETALL", h]);
+        assert_eq!(got, want);
+        assert_eq!(q::<String>(c, &["OBJECT", "ENCODING", h]), "listpack");
+        assert_eq!(q::<i64>(c, &["HLEN", h]), want.len() as i64);
+    };
+    check(&mut c, "h", &want);
+    let got: Vec<String> = q(&mut c, &["SMEMBERS", "s"]);
+    assert_eq!(got, members);
+    let got: Vec<String> = q(&mut c, &["SMEMBERS", "ints"]);
+    assert_eq!(got, ints);
+    assert_eq!(
+        q::<String>(&mut c, &["OBJECT", "ENCODING", "ints"]),
+        "intset"
+    );
+    // DUMP and RESTORE (written back without room).
+    let d: Vec<u8> = redis::cmd("DUMP").arg("h").query(&mut c).unwrap();
+    let _: () = redis::cmd("RESTORE")
+        .arg("h2")
+        .arg(0)
+        .arg(d)
+        .query(&mut c)
+        .unwrap();
+    check(&mut c, "h2", &want);
+    let mut want2 = want.clone();
+    assert_eq!(q::<i64>(&mut c, &["HSET", "h2", "extra", "1"]), 1);
+    want2.push(("extra".into(), "1".into()));
+    assert_eq!(q::<i64>(&mut c, &["HDEL", "h2", "field:0000"]), 1);
+    want2.remove(0);
+    check(&mut c, "h2", &want2);
+    // An RDB snapshot, loaded by a second server.
+    let _: () = q(&mut c, &["SAVE"]);
+    drop(c);
+    drop(s);
+    let s = start_with(|c| c.rdb.dir = Some(dir.0.clone()));
+    let mut c = client(&s);
+    check(&mut c, "h", &want);
+    check(&mut c, "h2", &want2);
+    let mut got: Vec<String> = q(&mut c, &["SMEMBERS", "s"]);
+    got.sort();
+    members.sort();
+    assert_eq!(got, members);
+    let got: Vec<String> = q(&mut c, &["SMEMBERS", "ints"]);
+    assert_eq!(got, ints);
+}
