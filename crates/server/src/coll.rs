@@ -32,13 +32,29 @@
 //! rewrites a listpack. While a command works on it, it stays the bytes
 //! of its item (a [`PairBuf`], `crate::packed`): a lookup walks the
 //! length fields, an insert or removal is one memmove, and the write
-//! sends the bytes back behind the type byte, so an HSET into a hash of
-//! 500 fields allocates nothing per field (decoding it into one `Vec`
+//! sends the bytes back as they are (type byte first), so an HSET into
+//! a hash of 500 fields allocates nothing per field (decoding it into one `Vec`
 //! per field and value, and freeing them, used to cost ~160 k
 //! instructions per HSET, the most of a 5,000-HSET run into a new hash).
 //! It turns large the first time a write leaves it
 //! over the `hash-max-listpack-*` / `set-max-intset-entries` /
 //! `set-max-listpack-*` thresholds, and, as in Redis, never turns back.
+//!
+//! Under Nibble-2 a small collection is stored with spare room after its
+//! pairs (`crate::packed`, [`Room::Small`](crate::packed::Room)), and
+//! the [`PairBuf`] keeps the type byte as its head, so the item's bytes
+//! are never shifted. A command that sets or removes one element (HSET
+//! of one field, HDEL of one, SADD and SREM of one member:
+//! [`modify_one`]) is then one engine read-modify-write of the key: the
+//! item is read, validated, changed and written back under the engine's
+//! lock on the key, in place while the pairs fit the room (no append, no
+//! garbage for compaction, no index swap). That is two copies of the
+//! item per HSET (read and write) where the general path made five and
+//! appended it to the log; the appends left (the room used up) amortize
+//! to about eight times a pair's bytes per insert. A change that turns
+//! the collection large, turns an intset into a listpack, or empties it
+//! runs the general way ([`modify`]), as does everything under Nibble
+//! (append-only) and the shared store.
 //!
 //! A large collection is a linear-hashing table (Litwin, 1980) over
 //! `nbuckets` buckets. Element e lives in bucket `h mod 2p`, or `h mod p`
@@ -1718,7 +1734,7 @@ pub(crate) mod tests {
                         .wrapping_add(1442695040888963407);
                     let r = x >> 33;
                     let n = r % 140;
-                    let e = if ints || r % 17 == 0 && kind == Kind::Hash {
+                    let e = if ints || r.is_multiple_of(17) && kind == Kind::Hash {
                         n.to_string().into_bytes()
                     } else {
                         format!("element:{n:06}").into_bytes()
@@ -1730,9 +1746,9 @@ pub(crate) mod tests {
                     };
                     let mut before = Vec::new();
                     let old = store.get_into(&key, &mut before).unwrap();
-                    let remove = (r >> 16) % 5 == 0;
+                    let remove = (r >> 16).is_multiple_of(5);
                     let pos = model.iter().position(|(a, _)| *a == e);
-                    let via_coll = (r >> 20) % 4 == 0;
+                    let via_coll = (r >> 20).is_multiple_of(4);
                     let got = if via_coll {
                         let mut c = open_or_new(store, &key, kind, limits).unwrap();
                         let got = if remove {
