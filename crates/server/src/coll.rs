@@ -48,10 +48,11 @@
 //! [`modify_one`]) is then one engine read-modify-write of the key: the
 //! item is read, validated, changed and written back under the engine's
 //! lock on the key, in place while the pairs fit the room (no append, no
-//! garbage for compaction, no index swap). That is two copies of the
-//! item per HSET (read and write) where the general path made five and
-//! appended it to the log; the appends left (the room used up) amortize
-//! to about eight times a pair's bytes per insert. A change that turns
+//! garbage for compaction, no index swap, one index lookup): the item
+//! is copied twice per HSET, out and back, where the general path
+//! appends a new copy to the log and leaves the old one to compaction;
+//! the appends left (the room used up) amortize to about eight times a
+//! pair's bytes per insert. A change that turns
 //! the collection large, turns an intset into a listpack, or empties it
 //! runs the general way ([`modify`]), as does everything under Nibble
 //! (append-only) and the shared store.
