@@ -294,3 +294,13 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// A key whose stripe worker `w` of 2 owns (see `server::migrate`).
+pub fn key_owned_by(w: usize, prefix: &str) -> String {
+    (0..)
+        .map(|i| format!("{prefix}{i}"))
+        .find(|k| {
+            server::migrate::owner_of(server::keylock::KeyLocks::stripe_of(k.as_bytes()), 2) == w
+        })
+        .expect("a key")
+}

@@ -251,16 +251,6 @@ fn one_key_memcached_clients_lose_no_reply() {
     drop(conns);
 }
 
-/// A key whose stripe worker `w` of 2 owns (see `server::migrate`).
-fn key_owned_by(w: usize, prefix: &str) -> String {
-    (0..)
-        .map(|i| format!("{prefix}{i}"))
-        .find(|k| {
-            server::migrate::owner_of(server::keylock::KeyLocks::stripe_of(k.as_bytes()), 2) == w
-        })
-        .expect("a key")
-}
-
 /// A connection on worker 0 that may move at once (its last move, if
 /// any, is older than the least stay).
 fn settled_on_0(port: u16) -> Resp {

@@ -77,16 +77,6 @@ fn a_connection_moved_for_a_key_is_not_steered_back() {
     );
 }
 
-/// A key whose stripe worker `w` of 2 owns (see `server::migrate`).
-fn key_owned_by(w: usize, prefix: &str) -> String {
-    (0..)
-        .map(|i| format!("{prefix}{i}"))
-        .find(|k| {
-            server::migrate::owner_of(server::keylock::KeyLocks::stripe_of(k.as_bytes()), 2) == w
-        })
-        .expect("a key")
-}
-
 /// A client on CPU 0 that waited on a key owned by worker 1 moved there
 /// and is bound to the key: while it keeps to that key it stays on
 /// worker 1; once its commands go to many other keys, it is unbound and
