@@ -50,6 +50,11 @@ pub const DEFAULT_MAX_INLINE: u64 = 64 << 10;
 /// about a minute of writes).
 pub const DEFAULT_CHECKPOINT_INTERVAL_S: u64 = 60;
 pub const DEFAULT_CAPACITY_CAP: u64 = 4 << 30;
+/// Least `memory-decay-ms`: below it freed log memory would go back to
+/// the OS between two bursts of one busy second and fault in again.
+pub const MIN_MEMORY_DECAY_MS: u64 = 10;
+/// Most `memory-decay-ms` (one hour).
+pub const MAX_MEMORY_DECAY_MS: u64 = 3_600_000;
 /// Smallest `proto-max-bulk-len` (redis-server's floor).
 pub const MIN_PROTO_MAX_BULK_LEN: u64 = 1 << 20;
 /// Smallest `client-query-buffer-limit` (redis-server's floor).
@@ -127,6 +132,12 @@ pub struct Cli {
     /// Compaction workers per NUMA node (default: one per 8 CPUs).
     #[arg(long)]
     pub compaction_workers: Option<usize>,
+    /// Milliseconds free log memory stays resident before it goes back to
+    /// the OS, and of quiet after which all of it does (default 1000;
+    /// larger keeps a server that pauses between bursts from faulting
+    /// its memory in again; local store only).
+    #[arg(long)]
+    pub memory_decay_ms: Option<u64>,
     /// Worker threads (default: one per allowed CPU).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -217,6 +228,9 @@ pub struct ServerConfig {
     pub checkpoint_interval_s: u64,
     /// Compaction workers per node.
     pub compaction_workers: Option<usize>,
+    /// memory-decay-ms: how long free log memory stays resident (the
+    /// engine's `Config::decay_ms`).
+    pub memory_decay_ms: u64,
     /// Worker threads.
     pub threads: usize,
     /// Pin workers.
@@ -386,6 +400,7 @@ impl Default for ServerConfig {
             appendfsync: crate::durability::Appendfsync::Everysec,
             checkpoint_interval_s: DEFAULT_CHECKPOINT_INTERVAL_S,
             compaction_workers: None,
+            memory_decay_ms: nibble::store::DEFAULT_DECAY_MS,
             threads: topology::allowed_cpus().len().max(1),
             pin: true,
             steer: true,
@@ -510,6 +525,15 @@ impl ServerConfig {
             "appendfsync" => self.appendfsync = value.parse()?,
             "checkpoint-interval" => self.checkpoint_interval_s = parse_bool_ok(&name, value)?,
             "compaction-workers" => self.compaction_workers = Some(parse_bool_ok(&name, value)?),
+            "memory-decay-ms" => {
+                let ms = parse_bool_ok::<u64>(&name, value)?;
+                if !(MIN_MEMORY_DECAY_MS..=MAX_MEMORY_DECAY_MS).contains(&ms) {
+                    return Err(format!(
+                        "memory-decay-ms must be between {MIN_MEMORY_DECAY_MS} and {MAX_MEMORY_DECAY_MS}"
+                    ));
+                }
+                self.memory_decay_ms = ms;
+            }
             "threads" | "io-threads" => self.threads = parse_bool_ok::<usize>(&name, value)?.max(1),
             "idle-poll-us" => {
                 let us = parse_bool_ok::<u64>(&name, value)?;
@@ -617,6 +641,10 @@ impl ServerConfig {
         set(
             "compaction-workers",
             cli.compaction_workers.map(|v| v.to_string()),
+        )?;
+        set(
+            "memory-decay-ms",
+            cli.memory_decay_ms.map(|v| v.to_string()),
         )?;
         set("threads", cli.threads.map(|v| v.to_string()))?;
         set("idle-poll-us", cli.idle_poll_us.map(|v| v.to_string()))?;
@@ -850,6 +878,7 @@ impl Settings {
             ("threads", fixed.threads.to_string()),
             ("io-threads", fixed.threads.to_string()),
             ("idle-poll-us", fixed.idle_poll_us.to_string()),
+            ("memory-decay-ms", fixed.memory_decay_ms.to_string()),
             ("databases", "1".into()),
             (
                 "maxclients",
@@ -981,6 +1010,17 @@ mod tests {
         assert_eq!(c.data_dir, Some(PathBuf::from("/dev/shm/my store")));
         assert!(c.apply_file_text("data-dir \"\"").is_err());
         assert!(c.apply_file_text("bogus 1").is_err());
+        assert_eq!(c.memory_decay_ms, nibble::store::DEFAULT_DECAY_MS);
+        c.apply_file_text("memory-decay-ms 10000\n").unwrap();
+        assert_eq!(c.memory_decay_ms, 10_000);
+        for bad in ["0", "9", "3600001", "-1", "x"] {
+            assert!(
+                c.apply_file_text(&format!("memory-decay-ms {bad}"))
+                    .is_err(),
+                "{bad}"
+            );
+        }
+        assert_eq!(c.memory_decay_ms, 10_000);
         c.apply_file_text(
             "client-output-buffer-limit pubsub 1mb 512kb 5\nclient-output-buffer-limit normal 0 0 0\n",
         )

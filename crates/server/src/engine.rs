@@ -165,6 +165,7 @@ impl Engine {
             let mut ncfg = nibble::Config::new(cfg.capacity as usize);
             ncfg.mode = cfg.mode;
             ncfg.compaction_workers = cfg.compaction_workers;
+            ncfg.decay_ms = cfg.memory_decay_ms;
             ncfg.max_write_wait_ms = max_write_wait_ms;
             let store = nibble::Store::new(ncfg).map_err(|e| format!("engine: {e}"))?;
             return Ok((Engine::Local(store), cfg.capacity));
