@@ -429,6 +429,20 @@ fn is_int(m: &[u8]) -> Option<i64> {
     crate::commands::parse_i64(m)
 }
 
+/// Where integer `n` goes in the ascending small intset `items`: before
+/// its first member not below `n`; `None` if `n` is a member already.
+fn intset_slot(items: &PairBuf, n: i64) -> Option<usize> {
+    let mut at = 0;
+    for (a, _) in items.iter() {
+        match is_int(a) {
+            Some(x) if x < n => at += 1,
+            Some(x) if x == n => return None,
+            _ => break,
+        }
+    }
+    Some(at)
+}
+
 /// How the collection is held during one command.
 enum Repr {
     Small {
@@ -787,15 +801,9 @@ impl Coll<'_> {
             Repr::Small { items, intset } => {
                 if *intset {
                     if let Some(n) = is_int(e) {
-                        // Ascending: before the first member not below n.
-                        let mut at = 0;
-                        for (a, _) in items.iter() {
-                            match is_int(a) {
-                                Some(x) if x < n => at += 1,
-                                Some(x) if x == n => return Ok(false),
-                                _ => break,
-                            }
-                        }
+                        let Some(at) = intset_slot(items, n) else {
+                            return Ok(false);
+                        };
                         items.insert_nth(at, e, &[]);
                         self.dirty = true;
                         self.grow_if_needed()?;
@@ -1376,29 +1384,14 @@ fn change_small(
         None if items.is_empty() => SmallChange::Elsewhere,
         None => SmallChange::Done(true, true),
         Some(_) if intset => match is_int(e) {
-            Some(n) => {
-                // Ascending: before the first member not below n.
-                let mut at = 0;
-                let mut present = false;
-                for (a, _) in items.iter() {
-                    match is_int(a) {
-                        Some(x) if x < n => at += 1,
-                        Some(x) if x == n => {
-                            present = true;
-                            break;
-                        }
-                        _ => break,
-                    }
-                }
-                if present {
-                    SmallChange::Done(false, false)
-                } else if items.len() >= limits.intset {
-                    SmallChange::Elsewhere
-                } else {
+            Some(n) => match intset_slot(&items, n) {
+                None => SmallChange::Done(false, false),
+                Some(_) if items.len() >= limits.intset => SmallChange::Elsewhere,
+                Some(at) => {
                     items.insert_nth(at, e, &[]);
                     SmallChange::Done(true, true)
                 }
-            }
+            },
             None => SmallChange::Elsewhere,
         },
         // As Redis's hashTypeSet / setTypeAdd: the new element's length
@@ -1450,6 +1443,31 @@ pub fn modify_one(
     v: Option<&[u8]>,
 ) -> Result<bool, CmdError> {
     change_one(&shared.store, Limits::of(shared, kind), key, kind, e, v)
+}
+
+/// Add each of `elems` with value `v` (SADD: `Some(b"")`) or remove each
+/// (`None`: HDEL, SREM); the count of elements added or removed.
+/// One element is [`modify_one`], several one [`modify`].
+pub fn change_each(
+    shared: &Shared,
+    key: &[u8],
+    kind: Kind,
+    elems: &[&[u8]],
+    v: Option<&[u8]>,
+) -> Result<i64, CmdError> {
+    if let [e] = elems {
+        return Ok(i64::from(modify_one(shared, key, kind, e, v)?));
+    }
+    modify(shared, key, kind, |c| {
+        let mut n = 0;
+        for e in elems {
+            n += i64::from(match v {
+                Some(v) => c.insert(e, v)?,
+                None => c.remove(e)?,
+            });
+        }
+        Ok(n)
+    })
 }
 
 /// [`modify_one`] on `store` under the thresholds `limits`.

@@ -6,8 +6,8 @@
 //! write is read, change, [`coll::modify`]'s commit; the commit reruns the
 //! command only if a writer outside the stripe (memcached, expiry) replaced
 //! the key meanwhile. HSET of one field and HDEL of one go through
-//! [`coll::modify_one`]: one engine read-modify-write of a small hash. A hash left empty is deleted, as Redis removes empty
-//! hashes.
+//! [`coll::modify_one`]: one engine read-modify-write of a small hash. A
+//! hash left empty is deleted, as Redis removes empty hashes.
 
 use super::{eq, int_arg, parse_i64, CmdError, CmdResult, Ctx, SYNTAX};
 use crate::coll::{self, Coll, Kind};
@@ -109,24 +109,13 @@ pub fn hgetall(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
 
 /// HDEL key field...
 pub fn hdel(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
-    if a.len() == 3 {
-        r.int(i64::from(coll::modify_one(
-            ctx.shared,
-            a[1],
-            Kind::Hash,
-            a[2],
-            None,
-        )?));
-        return Ok(());
-    }
-    let n = coll::modify(ctx.shared, a[1], Kind::Hash, |c| {
-        let mut n = 0;
-        for f in &a[2..] {
-            n += i64::from(c.remove(f)?);
-        }
-        Ok(n)
-    })?;
-    r.int(n);
+    r.int(coll::change_each(
+        ctx.shared,
+        a[1],
+        Kind::Hash,
+        &a[2..],
+        None,
+    )?);
     Ok(())
 }
 

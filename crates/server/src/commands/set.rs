@@ -17,47 +17,25 @@ use crate::resp::Reply;
 
 /// SADD key member...
 pub fn sadd(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
-    if a.len() == 3 {
-        r.int(i64::from(coll::modify_one(
-            ctx.shared,
-            a[1],
-            Kind::Set,
-            a[2],
-            Some(b""),
-        )?));
-        return Ok(());
-    }
-    let n = coll::modify(ctx.shared, a[1], Kind::Set, |c| {
-        let mut n = 0;
-        for m in &a[2..] {
-            n += i64::from(c.insert(m, b"")?);
-        }
-        Ok(n)
-    })?;
-    r.int(n);
+    r.int(coll::change_each(
+        ctx.shared,
+        a[1],
+        Kind::Set,
+        &a[2..],
+        Some(b""),
+    )?);
     Ok(())
 }
 
 /// SREM key member...
 pub fn srem(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
-    if a.len() == 3 {
-        r.int(i64::from(coll::modify_one(
-            ctx.shared,
-            a[1],
-            Kind::Set,
-            a[2],
-            None,
-        )?));
-        return Ok(());
-    }
-    let n = coll::modify(ctx.shared, a[1], Kind::Set, |c| {
-        let mut n = 0;
-        for m in &a[2..] {
-            n += i64::from(c.remove(m)?);
-        }
-        Ok(n)
-    })?;
-    r.int(n);
+    r.int(coll::change_each(
+        ctx.shared,
+        a[1],
+        Kind::Set,
+        &a[2..],
+        None,
+    )?);
     Ok(())
 }
 
