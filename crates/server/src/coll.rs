@@ -610,11 +610,11 @@ fn fits_listpack(items: &PairBuf, l: Limits) -> bool {
             .all(|(a, b)| a.len() <= l.value && b.len() <= l.value)
 }
 
-/// The room a small collection is written with: as buckets', only
-/// where the engine overwrites in place.
-fn small_room(store: &Engine) -> Room {
+/// `room` where the engine overwrites in place, none elsewhere (an
+/// append would only carry the zeros).
+fn room_on(store: &Engine, room: Room) -> Room {
     if store.overwrites_in_place() {
-        Room::Small
+        room
     } else {
         Room::None
     }
@@ -757,7 +757,7 @@ impl Coll<'_> {
                 return (Some(Some((r, items))), false);
             }
             *buf = take_buf(BUCKET_READ_BYTES);
-            items.write_with(true, max, |bytes| buf.extend_from_slice(bytes));
+            items.write_with(Room::Node, max, |bytes| buf.extend_from_slice(bytes));
             (Some(Some((r, items))), true)
         });
         give_buf(buf);
@@ -1034,8 +1034,8 @@ impl Coll<'_> {
                 if items.item_len() > max {
                     return Err("ERR collection exceeds the largest value the engine stores".into());
                 }
-                let room = small_room(store);
-                let put = items.write_with_room(room, max, |v| store.put_with(self.key, v, opts));
+                let room = room_on(store, Room::Small);
+                let put = items.write_with(room, max, |v| store.put_with(self.key, v, opts));
                 match put {
                     Ok(_) => Ok(true),
                     Err(e) if crate::commands::is_race(&e) => Ok(false),
@@ -1113,7 +1113,7 @@ impl Coll<'_> {
 /// Write the bucket or list chunk `node` under the internal key `key`,
 /// with spare room where the engine overwrites in place (`crate::packed`).
 pub(crate) fn put_node(store: &Engine, key: &[u8], node: &mut PairBuf) -> Result<(), CmdError> {
-    let room = store.overwrites_in_place();
+    let room = room_on(store, Room::Node);
     let max = usize::try_from(store.max_value_bytes()).unwrap_or(usize::MAX);
     node.write_with(room, max, |b| {
         store.raw_put_with(key, b, PutOptions::default())

@@ -334,17 +334,6 @@ impl PairBuf {
     /// buffer is the pairs alone again afterwards.
     pub fn write_with<R>(
         &mut self,
-        room: bool,
-        max_bytes: usize,
-        write: impl FnOnce(&[u8]) -> R,
-    ) -> R {
-        let room = if room { Room::Node } else { Room::None };
-        self.write_with_room(room, max_bytes, write)
-    }
-
-    /// [`write_with`](PairBuf::write_with) with the room of `room`.
-    pub fn write_with_room<R>(
-        &mut self,
         room: Room,
         max_bytes: usize,
         write: impl FnOnce(&[u8]) -> R,
@@ -359,7 +348,7 @@ impl PairBuf {
     }
 
     /// The bytes to store (head bytes, pairs, the room of `room`, as
-    /// [`write_with_room`](PairBuf::write_with_room) writes them), as
+    /// [`write_with`](PairBuf::write_with) writes them), as
     /// the buffer itself: nothing is copied.
     pub fn into_stored(mut self, room: Room, max_bytes: usize) -> Vec<u8> {
         let stored = self.stored_len(room, max_bytes);
@@ -1035,6 +1024,7 @@ mod tests {
         let mut b = PairBuf::new(true);
         b.push(b"first", b"1");
         let stored = |b: &mut PairBuf, room: bool, max: usize| {
+            let room = if room { Room::Node } else { Room::None };
             b.write_with(room, max, |bytes: &[u8]| bytes.to_vec())
         };
         let first = stored(&mut b, true, usize::MAX);
