@@ -20,6 +20,14 @@
 //!  W's task (worker 1):  woken ─ SERVED ─ write the reply ─ unregister ─ next pipelined request
 //! ```
 //!
+//! Hand-off: a push of one element onto a missing key whose first
+//! waiter is a one-key BLPOP or BRPOP gives the element to the waiter
+//! under the pusher's own stripe and stores nothing
+//! ([`crate::commands::blocking::hand_off`]): the push and the serve
+//! would leave the key missing anyway, and a queue whose consumers wait
+//! (the usual job queue) then costs no list write and delete per element.
+//! Not inside EXEC, whose later commands must see the element.
+//!
 //! Which worker waits: a TCP client whose key's stripe another worker
 //! owns moves there with its registered waiter and waits on the owner
 //! (see [`crate::migrate`]), where the key's hot pushers gather, so the

@@ -1426,7 +1426,7 @@ fn change_small(
 ///
 /// Where the engine overwrites in place (Nibble-2) and the collection is
 /// small, this is one engine read-modify-write of the key
-/// ([`change_small`]): the item is read, changed and written back under
+/// (`change_small`): the item is read, changed and written back under
 /// the engine's lock on it, in place when the new bytes keep the item's
 /// size, which its spare room (`crate::packed`) makes the usual case;
 /// the write keeps the item's flags and expiry and gives it a new

@@ -27,7 +27,7 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// The Redis version we answer to (for clients that check features).
 pub const REDIS_VERSION: &str = "7.2.0";
 
-/// PING [message].
+/// PING \[message\].
 pub fn ping(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     if a.len() <= 2 && super::pubsub::resp2_subscriber(ctx, r) {
         // A RESP2 subscriber's PING answers in the shape of a message.
@@ -69,7 +69,7 @@ fn check_password(ctx: &mut Ctx, user: &[u8], pass: &[u8]) -> Result<(), CmdErro
     Ok(())
 }
 
-/// AUTH [username] password.
+/// AUTH \[username\] password.
 pub fn auth(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     match a.len() {
         2 => check_password(ctx, b"default", a[1])?,
@@ -688,7 +688,7 @@ pub fn shutdown(ctx: &mut Ctx, a: &[&[u8]], _r: &mut Reply) -> CmdResult {
     Ok(())
 }
 
-/// DEBUG POPULATE count [prefix] [size] | MIGRATE worker.
+/// DEBUG POPULATE count \[prefix\] \[size\] | MIGRATE worker.
 pub fn debug(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     if eq(a[1], "migrate") && a.len() == 3 {
         return debug_migrate(ctx, a[2], r);

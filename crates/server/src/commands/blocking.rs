@@ -471,6 +471,49 @@ pub fn serve_ready(shared: &Shared, ready: &mut Vec<Vec<u8>>) {
     }
 }
 
+/// A push of one element onto a missing key whose first waiter is a
+/// one-key BLPOP or BRPOP: the element goes to the waiter at once, and the
+/// key stays missing. That is what the push and the serve that follows it
+/// would leave (Redis: the list is created, the waiter pops its only
+/// element, the list is deleted; the pusher gets `1`, the waiter
+/// `[key, element]`), without writing the list and deleting it again.
+/// Runs under the key's stripe, which the push holds exclusively (so its
+/// WATCH version moves as for the push); not inside EXEC, where Redis
+/// serves the waiters only after the whole transaction (a later command
+/// of it sees the element). Returns false, having changed nothing, when
+/// any of it does not hold: the push then runs as usual.
+pub fn hand_off(ctx: &Ctx, key: &[u8], elem: &[u8]) -> Result<bool, CmdError> {
+    let shared = ctx.shared;
+    if shared.blocking.blocked() == 0 || ctx.sess.in_exec {
+        return Ok(false);
+    }
+    let Some(w) = shared.blocking.first_waiting(key) else {
+        return Ok(false);
+    };
+    // A one-key pop (either end: the list would hold one element): its
+    // stripes are the key's, held here, and its reply is that element.
+    let pop = w
+        .args
+        .first()
+        .is_some_and(|c| eq(c, "blpop") || eq(c, "brpop"));
+    if !pop || w.lock_keys.len() != 1 || w.lock_keys[0] != key || shared.store.contains(key)? {
+        return Ok(false);
+    }
+    if !w.begin_serve() {
+        return Ok(false);
+    }
+    let mut out = Vec::new();
+    let mut r = Reply {
+        out: &mut out,
+        proto: w.proto,
+    };
+    r.array(2);
+    r.bulk(key);
+    r.bulk(elem);
+    w.finish_serve(out);
+    Ok(true)
+}
+
 /// The reply of a wait that timed out.
 pub fn timed_out_reply(out: &mut Vec<u8>, proto: Proto) {
     Reply { out, proto }.null_array();

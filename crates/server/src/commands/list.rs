@@ -15,6 +15,10 @@ fn push(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply, left: bool, only_existing: bo
         r.int(0);
         return Ok(());
     }
+    if !only_existing && a.len() == 3 && super::blocking::hand_off(ctx, a[1], a[2])? {
+        r.int(1);
+        return Ok(());
+    }
     let n = list::modify(store, a[1], |l| {
         for e in &a[2..] {
             if left {

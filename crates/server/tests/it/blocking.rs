@@ -205,3 +205,68 @@ fn a_blocked_client_does_not_hold_its_worker() {
     assert_eq!(other.cmd(&["LPUSH", "q", "v"]), V::Int(1));
     assert_eq!(w.read(), arr(&["q", "v"]));
 }
+
+#[test]
+fn a_push_onto_a_missing_key_goes_straight_to_its_waiter() {
+    let s = start();
+    let port = s.resp_port().unwrap();
+    let (mut w, mut p, mut watcher) = (Resp::new(port), Resp::new(port), Resp::new(port));
+    // The element is handed over: the waiter has it, the key stays missing,
+    // and a watcher of the key sees a write.
+    assert_eq!(watcher.cmd(&["WATCH", "q"]), V::Simple("OK".into()));
+    send(&mut w, &["BRPOP", "q", "0"]);
+    wait_blocked(&s, 1);
+    assert_eq!(p.cmd(&["LPUSH", "q", "a"]), V::Int(1));
+    assert_eq!(w.read(), arr(&["q", "a"]));
+    assert_eq!(p.cmd(&["EXISTS", "q"]), V::Int(0));
+    assert_eq!(watcher.cmd(&["MULTI"]), V::Simple("OK".into()));
+    assert_eq!(watcher.cmd(&["PING"]), V::Simple("QUEUED".into()));
+    assert_eq!(watcher.cmd(&["EXEC"]), V::Null);
+    // Nobody waiting: the push stores the list.
+    assert_eq!(p.cmd(&["RPUSH", "q", "b"]), V::Int(1));
+    assert_eq!(p.cmd(&["LRANGE", "q", "0", "-1"]), arr(&["b"]));
+    assert_eq!(p.cmd(&["DEL", "q"]), V::Int(1));
+    // A waiter on several keys, or a mover, is served by the general path,
+    // with the same result.
+    send(&mut w, &["BLPOP", "other", "q", "0"]);
+    wait_blocked(&s, 1);
+    assert_eq!(p.cmd(&["RPUSH", "q", "c"]), V::Int(1));
+    assert_eq!(w.read(), arr(&["q", "c"]));
+    send(&mut w, &["BLMOVE", "q", "d", "LEFT", "LEFT", "0"]);
+    wait_blocked(&s, 1);
+    assert_eq!(p.cmd(&["LPUSH", "q", "e"]), V::Int(1));
+    assert_eq!(w.read(), bulk("e"));
+    assert_eq!(p.cmd(&["LRANGE", "d", "0", "-1"]), arr(&["e"]));
+    assert_eq!(p.cmd(&["EXISTS", "q"]), V::Int(0));
+    // A key that became another type while the waiter waits is not
+    // missing: WRONGTYPE, and the waiter keeps waiting until it is a list.
+    send(&mut w, &["BLPOP", "s", "0"]);
+    wait_blocked(&s, 1);
+    assert_eq!(p.cmd(&["SET", "s", "x"]), V::Simple("OK".into()));
+    assert!(matches!(p.cmd(&["LPUSH", "s", "f"]), V::Err(e) if e.starts_with("WRONGTYPE")));
+    assert_eq!(p.cmd(&["DEL", "s"]), V::Int(1));
+    assert_eq!(p.cmd(&["LPUSH", "s", "g"]), V::Int(1));
+    assert_eq!(w.read(), arr(&["s", "g"]));
+    // Inside EXEC the list exists until the transaction ends, as in Redis.
+    send(&mut w, &["BLPOP", "t", "0"]);
+    wait_blocked(&s, 1);
+    assert_eq!(p.cmd(&["MULTI"]), V::Simple("OK".into()));
+    assert_eq!(p.cmd(&["LPUSH", "t", "h"]), V::Simple("QUEUED".into()));
+    assert_eq!(p.cmd(&["LLEN", "t"]), V::Simple("QUEUED".into()));
+    assert_eq!(p.cmd(&["EXEC"]), V::Array(vec![V::Int(1), V::Int(1)]));
+    assert_eq!(w.read(), arr(&["t", "h"]));
+    assert_eq!(p.cmd(&["EXISTS", "t"]), V::Int(0));
+    // A RESP3 waiter gets its reply in RESP3, and several elements pushed
+    // at once take the general path (one served, the rest stored).
+    let mut w3 = Resp::new(port);
+    assert!(matches!(w3.cmd(&["HELLO", "3"]), V::Map(_)));
+    send(&mut w3, &["BLPOP", "u", "0"]);
+    wait_blocked(&s, 1);
+    assert_eq!(p.cmd(&["RPUSH", "u", "i"]), V::Int(1));
+    assert_eq!(w3.read(), arr(&["u", "i"]));
+    send(&mut w3, &["BLPOP", "u", "0"]);
+    wait_blocked(&s, 1);
+    assert_eq!(p.cmd(&["RPUSH", "u", "j", "k"]), V::Int(2));
+    assert_eq!(w3.read(), arr(&["u", "j"]));
+    assert_eq!(p.cmd(&["LRANGE", "u", "0", "-1"]), arr(&["k"]));
+}
