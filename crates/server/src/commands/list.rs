@@ -5,9 +5,10 @@
 //! Every command runs under its keys' stripes (LMOVE and RPOPLPUSH name
 //! both keys in the table), so a move between two lists is atomic.
 
-use super::{eq, int_arg, CmdError, CmdResult, Ctx, SYNTAX};
+use super::{eq, int_arg, CmdError, CmdResult, Ctx, SYNTAX, WRONGTYPE};
 use crate::list::{self, List};
 use crate::resp::Reply;
+use crate::types::LIST_FLAGS;
 
 fn push(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply, left: bool, only_existing: bool) -> CmdResult {
     let store = &ctx.shared.store;
@@ -380,27 +381,50 @@ fn move_generic(
     to_left: bool,
 ) -> CmdResult {
     let store = &ctx.shared.store;
-    if list::open(store, src)?.is_none() {
-        r.null();
-        return Ok(());
-    }
-    // The destination's type is checked before anything moves.
-    list::open(store, dst)?;
-    let e = list::modify(store, src, |l| {
+    let pop = |l: &mut List| {
         if from_left {
             l.pop_front()
         } else {
             l.pop_back()
         }
-    })?;
-    if let Some(e) = &e {
-        list::modify(store, dst, |l| {
-            if to_left {
-                l.push_front(e)
-            } else {
-                l.push_back(e)
+    };
+    let push = |l: &mut List, e: &[u8]| {
+        if to_left {
+            l.push_front(e)
+        } else {
+            l.push_back(e)
+        }
+    };
+    if src == dst {
+        // A rotation: one read and one write of the list.
+        let e = list::modify_existing(store, src, |l| {
+            let e = pop(l)?;
+            if let Some(e) = &e {
+                push(l, e)?;
             }
-        })?;
+            Ok(e)
+        })?
+        .flatten();
+        r.opt_bulk(e.as_deref());
+        return Ok(());
+    }
+    // Redis's order: a missing source answers nil whatever the
+    // destination is; a destination of another type is refused before
+    // anything moves. The types come from the items' metadata alone.
+    match store.meta(src)? {
+        None => {
+            r.null();
+            return Ok(());
+        }
+        Some(m) if m.flags != LIST_FLAGS => return Err(WRONGTYPE.into()),
+        Some(_) => {}
+    }
+    if store.meta(dst)?.is_some_and(|m| m.flags != LIST_FLAGS) {
+        return Err(WRONGTYPE.into());
+    }
+    let e = list::modify_existing(store, src, pop)?.flatten();
+    if let Some(e) = &e {
+        list::modify(store, dst, |l| push(l, e))?;
     }
     r.opt_bulk(e.as_deref());
     Ok(())
