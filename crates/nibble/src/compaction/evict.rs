@@ -47,8 +47,10 @@
 //! zipf 1.2 the hot set is small and each such eviction costs a miss at
 //! once). The extra
 //! read costs a header, a key hash and a lock-free index probe per
-//! object, against the locked probe and copy the sweep pays anyway.
-//! Survivors go to the worker's destination, a
+//! object, against the locked probe and copy the sweep pays anyway; it
+//! takes objects in batches whose index buckets and sketch counters are
+//! prefetched together, and notes each object's score so that the sweep
+//! does not read the counters again. Survivors go to the worker's destination, a
 //! young segment. No per-object list, and no lock beyond the bucket locks
 //! compaction takes anyway. A store without the sketch (never the case
 //! once it may evict) falls back to the accessed bit: kept if read since
@@ -82,9 +84,20 @@ const MERGE_RETAIN_PERMILLE: u64 = 750;
 /// two missed 3 % more at zipf 1.2 and a 10 % cache, `memlab cache`).
 const MERGE_MIN_READS: u8 = 1;
 
+/// How far past its cursor [`Keep::keeps`] looks for an object in the
+/// scores the histogram pass noted (objects that died in between leave
+/// entries nobody asks for).
+const MEMO_LOOKAHEAD: usize = 8;
+
 /// What an eviction sweep keeps (see [`Rule::Evict`]).
 pub(super) struct Keep {
     volatile_only: bool,
+    /// The histogram pass's score of each object it counted, in the order
+    /// the sweep visits them (victims in order, objects in log order), so
+    /// the sweep need not read each key's counters again; `cursor` is
+    /// the next entry to look at.
+    memo: Vec<(u64, u8)>,
+    cursor: usize,
     /// Merge: objects read often enough are kept while their bytes fit this.
     retain_bytes: u64,
     /// Merge: kept if the sketch counts at least this many reads of the key.
@@ -112,7 +125,7 @@ impl Keep {
         let size = size as u64;
         let read_enough = match mem.sketch() {
             Some(s) => {
-                let e = score(mem, s, off, hash);
+                let e = self.noted(off).unwrap_or_else(|| score(mem, s, off, hash));
                 if e >= self.min_reads {
                     true
                 } else if e + 1 == self.min_reads && self.edge_bytes >= size {
@@ -130,46 +143,80 @@ impl Keep {
         self.retain_bytes -= size;
         true
     }
+
+    /// The score the histogram pass noted for the object at `off`.
+    #[inline]
+    fn noted(&mut self, off: u64) -> Option<u8> {
+        let end = self.memo.len().min(self.cursor + MEMO_LOOKAHEAD);
+        let i = (self.cursor..end).find(|&i| self.memo[i].0 == off)?;
+        self.cursor = i + 1;
+        Some(self.memo[i].1)
+    }
 }
 
 /// Bytes of the live, unexpired, evictable objects of the victims, by the
-/// sketch's estimate of their reads (0 to 15).
+/// sketch's estimate of their reads (0 to 15), and each such object's
+/// score in visiting order (for [`Keep::keeps`]). Objects are taken in
+/// batches, as the sweep takes them: the headers and keys of a batch are
+/// read and their index buckets and sketch counters prefetched first, so
+/// that the misses of a batch overlap instead of being paid one by one.
 fn read_histogram(
     inner: &Inner,
     sketch: &crate::sketch::Sketch,
     victims: &[(u64, Candidate)],
     volatile_only: bool,
-) -> [u64; 16] {
+) -> ([u64; 16], Vec<(u64, u8)>) {
     let mem = &inner.mem;
     let now = now_ms();
     let mut hist = [0u64; 16];
+    let mut memo = Vec::new();
     let mut key = Vec::new();
+    let mut batch: Vec<(u64, usize, u64)> = Vec::with_capacity(PREFETCH_BATCH);
     for (_, c) in victims {
         let blocks = mem.seg(c.seg).meta.lock().blocks.clone();
         let mut scan = 0usize;
-        while scan < c.used as usize {
-            let off = Memory::seg_offset(&blocks, scan);
-            let Some(h) = mem.header(off) else { break };
-            scan += h.object_bytes();
-            if h.is_dead() || h.pinned || (volatile_only && h.expiry_ms == 0) || h.expired_at(now) {
-                continue;
+        let mut intact = true;
+        while intact && scan < c.used as usize {
+            batch.clear();
+            while batch.len() < PREFETCH_BATCH && scan < c.used as usize {
+                let off = Memory::seg_offset(&blocks, scan);
+                let Some(h) = mem.header(off) else {
+                    intact = false;
+                    break;
+                };
+                scan += h.object_bytes();
+                if h.is_dead()
+                    || h.pinned
+                    || (volatile_only && h.expiry_ms == 0)
+                    || h.expired_at(now)
+                {
+                    continue;
+                }
+                key.resize(h.key_len as usize, 0);
+                if !mem.read_part(off, h.header_bytes(), &mut key) {
+                    intact = false;
+                    break;
+                }
+                let hash = crate::store::hash_key(&key);
+                inner.index.prefetch(hash);
+                sketch.prefetch(hash);
+                batch.push((off, h.object_bytes(), hash));
             }
-            key.resize(h.key_len as usize, 0);
-            if !mem.read_part(off, h.header_bytes(), &mut key) {
-                break;
-            }
-            let hash = crate::store::hash_key(&key);
-            let here = loc_of(off);
-            if inner
-                .index
-                .read(hash, |l| (l == here).then_some(()))
-                .is_some()
-            {
-                hist[usize::from(score(mem, sketch, off, hash))] += h.object_bytes() as u64;
+            for &(off, size, hash) in &batch {
+                let here = loc_of(off);
+                if inner
+                    .index
+                    .read(hash, |l| (l == here).then_some(()))
+                    .is_some()
+                {
+                    let e = score(mem, sketch, off, hash);
+                    hist[usize::from(e)] += size as u64;
+                    memo.push((off, e));
+                }
             }
         }
     }
-    hist
+    (hist, memo)
 }
 
 /// The cut of a merge: the fewest reads `t` (at least `floor`) such that
@@ -251,15 +298,18 @@ pub(super) fn evict_once(inner: &Inner, st: &mut WorkerState, e: Eviction) -> Pa
     if let Some(s) = mem.sketch() {
         s.age_if_due(inner.index.len());
     }
-    let (min_reads, edge_bytes) = match mem.sketch() {
+    let (min_reads, edge_bytes, memo) = match mem.sketch() {
         Some(s) if retain_bytes > 0 => {
-            let hist = read_histogram(inner, s, &ready, e.volatile_only);
-            merge_cut(&hist, retain_bytes, MERGE_MIN_READS)
+            let (hist, memo) = read_histogram(inner, s, &ready, e.volatile_only);
+            let (t, edge) = merge_cut(&hist, retain_bytes, MERGE_MIN_READS);
+            (t, edge, memo)
         }
-        _ => (MERGE_MIN_READS, 0),
+        _ => (MERGE_MIN_READS, 0, Vec::new()),
     };
     let mut rule = Rule::Evict(Keep {
         volatile_only: e.volatile_only,
+        memo,
+        cursor: 0,
         retain_bytes,
         min_reads,
         edge_bytes,
@@ -298,6 +348,35 @@ fn score(mem: &Memory, s: &crate::sketch::Sketch, off: u64, hash: u64) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The sweep finds the histogram pass's scores in visiting order,
+    /// skipping entries of objects that died in between, and computes
+    /// the score itself for an object the pass did not note.
+    #[test]
+    fn noted_scores_follow_the_visiting_order() {
+        let mut k = Keep {
+            volatile_only: false,
+            memo: vec![(10, 3), (20, 0), (30, 5), (40, 7)],
+            cursor: 0,
+            retain_bytes: 0,
+            min_reads: 1,
+            edge_bytes: 0,
+        };
+        assert_eq!(k.noted(20), Some(0));
+        assert_eq!(k.noted(10), None, "behind the cursor");
+        assert_eq!(k.noted(99), None, "never noted");
+        assert_eq!(k.cursor, 2);
+        assert_eq!(k.noted(40), Some(7));
+        assert_eq!(k.noted(30), None);
+        let far: Vec<(u64, u8)> = (0..20).map(|i| (i, 1)).collect();
+        let mut k = Keep {
+            memo: far,
+            cursor: 0,
+            ..k
+        };
+        assert_eq!(k.noted(MEMO_LOOKAHEAD as u64), None, "past the lookahead");
+        assert_eq!(k.noted(3), Some(1));
+    }
 
     /// The model: objects sorted by reads, most first, kept while each
     /// fits what is left of the budget and is read at least `floor` times.
