@@ -1,7 +1,9 @@
 //! Blocking pops: clients that wait on empty keys and are served by
 //! pushes from other clients (FIFO per key, pushes from MULTI/EXEC,
 //! BLMOVE chains), timeouts, disconnects while blocked, CLIENT UNBLOCK,
-//! and a blocked client not holding up its worker's other connections.
+//! a blocked client not holding up its worker's other connections, and
+//! a queue under stress (hand-offs, timeouts, reconnects) checked for
+//! lost and duplicated elements.
 //! The replies' shapes and errors are compared with redis-server in
 //! `differential/blocking.rs`.
 
@@ -269,4 +271,101 @@ fn a_push_onto_a_missing_key_goes_straight_to_its_waiter() {
     assert_eq!(p.cmd(&["RPUSH", "u", "j", "k"]), V::Int(2));
     assert_eq!(w3.read(), arr(&["u", "j"]));
     assert_eq!(p.cmd(&["LRANGE", "u", "0", "-1"]), arr(&["k"]));
+}
+
+/// Producers and consumers on one queue, with hand-offs, pushes of two
+/// elements (the general path), short timeouts and consumers that
+/// reconnect: every element pushed is received exactly once or is still
+/// in the list at the end.
+#[test]
+fn a_queue_under_stress_loses_and_duplicates_nothing() {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let s = start();
+    let port = s.resp_port().unwrap();
+    const PRODUCERS: usize = 3;
+    const PER_PRODUCER: usize = 2000;
+    let done = AtomicBool::new(false);
+    let received: Vec<Vec<String>> = std::thread::scope(|sc| {
+        let consumers: Vec<_> = (0..4)
+            .map(|c| {
+                let done = &done;
+                sc.spawn(move || {
+                    let mut got = Vec::new();
+                    let mut con = Resp::new(port);
+                    let mut n = 0u32;
+                    loop {
+                        let finished = done.load(Ordering::Acquire);
+                        // BLPOP and BRPOP, 20 ms timeouts; after the
+                        // producers end, drain until a timeout.
+                        let cmd = if (n + c).is_multiple_of(2) {
+                            "BLPOP"
+                        } else {
+                            "BRPOP"
+                        };
+                        match con.cmd(&[cmd, "q", "0.02"]) {
+                            V::Array(v) => match &v[..] {
+                                [_, V::Bulk(e)] => got.push(String::from_utf8(e.clone()).unwrap()),
+                                other => panic!("{other:?}"),
+                            },
+                            V::Null if finished => break,
+                            V::Null => {}
+                            other => panic!("{other:?}"),
+                        }
+                        n += 1;
+                        // A consumer that reconnects now and then.
+                        if n.is_multiple_of(97) {
+                            con = Resp::new(port);
+                        }
+                    }
+                    got
+                })
+            })
+            .collect();
+        let producers: Vec<_> = (0..PRODUCERS)
+            .map(|p| {
+                sc.spawn(move || {
+                    let mut con = Resp::new(port);
+                    let mut i = 0;
+                    while i < PER_PRODUCER {
+                        if i % 5 == 4 && i + 1 < PER_PRODUCER {
+                            let (a, b) = (format!("p{p}-{i}"), format!("p{p}-{}", i + 1));
+                            assert!(matches!(con.cmd(&["RPUSH", "q", &a, &b]), V::Int(_)));
+                            i += 2;
+                        } else {
+                            let e = format!("p{p}-{i}");
+                            assert!(matches!(con.cmd(&["LPUSH", "q", &e]), V::Int(_)));
+                            i += 1;
+                        }
+                    }
+                })
+            })
+            .collect();
+        for p in producers {
+            p.join().unwrap();
+        }
+        done.store(true, Ordering::Release);
+        consumers.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    let mut p = Resp::new(port);
+    let left = match p.cmd(&["LRANGE", "q", "0", "-1"]) {
+        V::Array(v) => v,
+        other => panic!("{other:?}"),
+    };
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for e in received.into_iter().flatten() {
+        *seen.entry(e).or_default() += 1;
+    }
+    for e in left {
+        let V::Bulk(b) = e else { panic!() };
+        *seen.entry(String::from_utf8(b).unwrap()).or_default() += 1;
+    }
+    for p in 0..PRODUCERS {
+        for i in 0..PER_PRODUCER {
+            let k = format!("p{p}-{i}");
+            assert_eq!(seen.remove(&k), Some(1), "{k}");
+        }
+    }
+    assert!(seen.is_empty(), "never pushed: {seen:?}");
+    wait_blocked(&s, 0);
 }
