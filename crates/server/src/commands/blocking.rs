@@ -480,9 +480,11 @@ pub fn serve_ready(shared: &Shared, ready: &mut Vec<Vec<u8>>) {
 /// Runs under the key's stripe, which the push holds exclusively (so its
 /// WATCH version moves as for the push); not inside EXEC, where Redis
 /// serves the waiters only after the whole transaction (a later command
-/// of it sees the element). Returns false, having changed nothing, when
+/// of it sees the element). The key is not signalled afterwards: it is
+/// missing, so serving its other waiters would find nothing to pop (and
+/// wake one for nothing). Returns false, having changed nothing, when
 /// any of it does not hold: the push then runs as usual.
-pub fn hand_off(ctx: &Ctx, key: &[u8], elem: &[u8]) -> Result<bool, CmdError> {
+pub fn hand_off(ctx: &mut Ctx, key: &[u8], elem: &[u8]) -> Result<bool, CmdError> {
     let shared = ctx.shared;
     if shared.blocking.blocked() == 0 || ctx.sess.in_exec {
         return Ok(false);
@@ -511,6 +513,7 @@ pub fn hand_off(ctx: &Ctx, key: &[u8], elem: &[u8]) -> Result<bool, CmdError> {
     r.bulk(key);
     r.bulk(elem);
     w.finish_serve(out);
+    ctx.sess.handed_off = true;
     Ok(true)
 }
 

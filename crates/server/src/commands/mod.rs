@@ -171,6 +171,9 @@ pub struct Session {
     /// Keys this connection's writes signalled as ready for blocked
     /// clients, served once its stripes are released.
     pub ready: Vec<Vec<u8>>,
+    /// The command just run handed its element to a waiter and left its
+    /// key missing (`blocking::hand_off`): nothing to signal.
+    pub handed_off: bool,
     /// The worker this connection runs on.
     pub worker: usize,
     /// Move to this worker once the batch ends (DEBUG MIGRATE).
@@ -202,6 +205,7 @@ impl Session {
             blocked: None,
             in_exec: false,
             ready: Vec::new(),
+            handed_off: false,
             worker: 0,
             move_to: None,
             bound: None,
@@ -424,9 +428,13 @@ pub fn execute(ctx: &mut Ctx, args: &[&[u8]], r: &mut Reply) {
 }
 
 /// Note the key a write may have given list or zset elements to, while
-/// some client is blocked (one relaxed load otherwise).
+/// some client is blocked (one relaxed load otherwise), unless the write
+/// handed its element straight to a waiter.
 #[inline]
 fn signal(ctx: &mut Ctx, spec: &Spec, args: &[&[u8]]) {
+    if std::mem::take(&mut ctx.sess.handed_off) {
+        return;
+    }
     if ctx.shared.blocking.blocked() > 0 {
         let k = blocking::signalled_keys(spec, args);
         if !k.is_empty() {
