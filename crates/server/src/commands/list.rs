@@ -410,16 +410,14 @@ fn move_generic(
     }
     // Redis's order: a missing source answers nil whatever the
     // destination is; a destination of another type is refused before
-    // anything moves. The types come from the items' metadata alone.
-    match store.meta(src)? {
-        None => {
+    // anything moves. The destination's type comes from its metadata;
+    // the source is looked at only if that refuses (the pop reads it
+    // anyway, answering nil or WRONGTYPE itself).
+    if store.meta(dst)?.is_some_and(|m| m.flags != LIST_FLAGS) {
+        if store.meta(src)?.is_none() {
             r.null();
             return Ok(());
         }
-        Some(m) if m.flags != LIST_FLAGS => return Err(WRONGTYPE.into()),
-        Some(_) => {}
-    }
-    if store.meta(dst)?.is_some_and(|m| m.flags != LIST_FLAGS) {
         return Err(WRONGTYPE.into());
     }
     let e = list::modify_existing(store, src, pop)?.flatten();
