@@ -7,12 +7,13 @@
 
 use std::time::{Duration, Instant};
 
-use nibble::{Config, Mode, Store};
+use nibble::{Config, Mode, Store, BLOCK_BYTES};
 
 mod common;
 use common::rss_bytes;
 
 const MIB: u64 = 1 << 20;
+const BLOCK: u64 = BLOCK_BYTES as u64;
 
 fn rewrite_stays_small(mode: Mode) {
     let capacity = 256usize << 20;
@@ -47,19 +48,19 @@ fn rewrite_stays_small(mode: Mode) {
     // The last segments still wait for their ticks: give them a moment
     // (well under the decay time).
     let deadline = Instant::now() + Duration::from_secs(5);
-    while s.stats().blocks_in_use * 65536 > 16 * MIB && Instant::now() < deadline {
+    while s.stats().blocks_in_use * BLOCK > 16 * MIB && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
     let st = s.stats();
     assert!(
-        st.blocks_in_use * 65536 <= 16 * MIB,
+        st.blocks_in_use * BLOCK <= 16 * MIB,
         "{mode:?}: {} MiB of blocks in use for about 1 MiB of data: {st:?}",
-        st.blocks_in_use * 65536 / MIB
+        st.blocks_in_use * BLOCK / MIB
     );
     assert!(
-        peak_blocks * 65536 <= 128 * MIB,
+        peak_blocks * BLOCK <= 128 * MIB,
         "{mode:?}: the log grew to {} MiB before it was reclaimed: {st:?}",
-        peak_blocks * 65536 / MIB
+        peak_blocks * BLOCK / MIB
     );
     assert_eq!(st.blocks_released, 0, "{st:?}");
     assert!(

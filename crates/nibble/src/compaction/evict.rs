@@ -50,8 +50,8 @@
 //! object, against the locked probe and copy the sweep pays anyway; it
 //! takes objects in batches whose index buckets and sketch counters are
 //! prefetched together, and notes each object's score so that the sweep
-//! does not read the counters again. Survivors go to the worker's destination, a
-//! young segment. No per-object list, and no lock beyond the bucket locks
+//! does not read the counters again. Survivors go to the worker's
+//! destination, a young segment. No per-object list, and no lock beyond the bucket locks
 //! compaction takes anyway. A store without the sketch (never the case
 //! once it may evict) falls back to the accessed bit: kept if read since
 //! it was written here, CLOCK at the grain of segments.
