@@ -133,10 +133,6 @@ pub struct WorkerState {
     retired: RetireList<SegId>,
     /// The segment this worker copies survivors into, open across passes.
     dest: Option<Dest>,
-    /// When this worker last received a closed segment (Unix ms).
-    last_closed_ms: u64,
-    /// When this worker last saw an operation running (Unix ms).
-    last_active_ms: u64,
     /// Idle defragmentation found nothing more since the last activity.
     defrag_done: bool,
     /// The earliest expiry (Unix ms) among the candidates the last expiry
@@ -243,10 +239,9 @@ fn step(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState) -> Step
     // writes or not, so readers seen while writes still ran count when
     // the writes stop.
     if inner.epochs.reclaim_bound() != u64::MAX {
-        st.last_active_ms = now;
+        inner.last_busy_ms.fetch_max(now, Ordering::Relaxed);
     }
-    let idle = now.saturating_sub(st.last_closed_ms) >= inner.cfg.decay_ms
-        && now.saturating_sub(st.last_active_ms) >= inner.cfg.decay_ms;
+    let idle = now.saturating_sub(inner.last_busy_ms.load(Ordering::Relaxed)) >= inner.cfg.decay_ms;
     // Free blocks unused for the decay time go back to the OS, a whole
     // huge page at a time (module `memory`); while the store is idle
     // nobody will reuse them soon, so all of them do, block by block.
@@ -348,7 +343,7 @@ fn step(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState) -> Step
 fn take_closed(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState, now: u64) {
     while let Some(s) = inner.logs[node].closed[worker].pop() {
         st.cands.push(s);
-        st.last_closed_ms = now;
+        inner.last_busy_ms.fetch_max(now, Ordering::Relaxed);
         st.defrag_done = false;
         let earliest = inner.mem.seg(s).min_expiry_ms.load(Ordering::Acquire);
         st.next_expiry_ms = st.next_expiry_ms.min(earliest);

@@ -184,6 +184,11 @@ pub(crate) struct Inner {
     /// last within its limit ([`Inner::expiry_may_use_reserve`]).
     expiry_reserve_blocks: AtomicU64,
     force_compaction: AtomicBool,
+    /// When a compaction worker last saw the store busy (Unix ms): a
+    /// segment closed or an operation running. Store-wide, so that a
+    /// worker with no segments of its own does not take a busy store for
+    /// an idle one; starts at the store's creation.
+    pub(crate) last_busy_ms: AtomicU64,
     /// The eviction setting ([`Eviction::encode`]); starts as
     /// `cfg.eviction`, changed by [`Store::set_eviction`].
     eviction: AtomicU8,
@@ -376,6 +381,7 @@ impl Store {
             last_progress_pass: AtomicU64::new(0),
             expiry_reserve_blocks: AtomicU64::new(0),
             force_compaction: AtomicBool::new(false),
+            last_busy_ms: AtomicU64::new(crate::object::now_ms()),
             eviction: AtomicU8::new(Eviction::default().encode()),
             wake: (Mutex::new(0), Condvar::new()),
             space: (Mutex::new(0), Condvar::new()),
