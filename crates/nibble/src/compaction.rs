@@ -258,6 +258,11 @@ fn step(inner: &Inner, node: usize, worker: usize, st: &mut WorkerState) -> Step
             st.shrunk.push(&inner.epochs, s);
         }
     }
+    // A client's append found the warm cache low: map the next region
+    // in ahead of the log (`memory::ahead`), before any compaction.
+    if !idle && inner.cfg.map_ahead {
+        inner.mem.map_ahead();
+    }
     if idle {
         inner.mem.purge_all();
     } else {

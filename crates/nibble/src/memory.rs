@@ -96,6 +96,11 @@
 //! populates its whole log before it starts; `Config::prefault` does the
 //! same here ([`Memory::prefault`], `MADV_POPULATE_WRITE` after
 //! `MADV_HUGEPAGE`), off by default since it makes RSS the capacity.
+//! What is on by default is narrower (`Config::map_ahead`, module
+//! `ahead`): when the warm cache runs low while clients append, or at the
+//! first append after an idle release, a compaction worker faults the
+//! next whole region in and puts its blocks in the warm cache, so the
+//! clients' heads find resident memory: one region ahead, never more.
 //!
 //! Metadata tables. The per-segment-slot tables (SegmentInfo, live
 //! bytes) are sized by the capacity but cost RSS only for the slots in
@@ -143,6 +148,7 @@ use crate::index::Loc;
 use crate::live::LiveBytes;
 use crate::object::{now_ms, Header, HEADER_MAX_BYTES, HEADER_MIN_BYTES};
 
+mod ahead;
 mod release;
 
 /// Bytes per block (the paper's default).
@@ -281,6 +287,13 @@ pub(crate) struct Memory {
     /// Warm blocks whose region was released (state `WARM_RELEASED`).
     warm_released: AtomicU64,
     blocks_purged: AtomicU64,
+    /// A client asked for a region to be mapped in ahead of the log
+    /// (module `ahead`).
+    map_ahead_wanted: AtomicBool,
+    /// The idle release ran since the last append looked, or no append
+    /// has looked yet (module `ahead`).
+    purged_since_append: AtomicBool,
+    blocks_mapped_ahead: AtomicU64,
     /// Per block: a `block_state` value.
     block_state: Box<[AtomicU8]>,
     /// Per 2 MiB region: taken count and flags (`REGION_*`).
@@ -399,6 +412,9 @@ impl Memory {
             warm_blocks: AtomicU64::new(0),
             warm_released: AtomicU64::new(0),
             blocks_purged: AtomicU64::new(0),
+            map_ahead_wanted: AtomicBool::new(false),
+            purged_since_append: AtomicBool::new(true),
+            blocks_mapped_ahead: AtomicU64::new(0),
             block_state: (0..n).map(|_| AtomicU8::new(block_state::BUDDY)).collect(),
             regions: (0..n.div_ceil(BLOCKS_PER_REGION))
                 .map(|_| AtomicU32::new(0))

@@ -105,8 +105,9 @@ impl Memory {
     /// after the epoch has passed their segment, or, spares, before they
     /// were ever in one.
     pub(crate) fn purge_all(&self) -> u64 {
-        let mut n = 0;
+        let (mut n, mut popped) = (0, false);
         while let Some((b, _)) = self.warm.pop() {
+            popped = true;
             self.warm_blocks.fetch_sub(1, Ordering::Relaxed);
             let off = (b as usize) << BLOCK_SHIFT;
             // Before the block's pages are dropped: nothing may map them
@@ -138,6 +139,10 @@ impl Memory {
         self.blocks_purged.fetch_add(n, Ordering::Relaxed);
         // The buddy allocator may hold whole free regions again.
         self.no_whole_regions.store(false, Ordering::Relaxed);
+        // The next append asks for memory mapped ahead (module `ahead`).
+        if popped && !self.purged_since_append.load(Ordering::Relaxed) {
+            self.purged_since_append.store(true, Ordering::Relaxed);
+        }
         n
     }
 
@@ -203,7 +208,7 @@ impl Memory {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     fn block_of(mem: &Memory, s: SegId) -> u32 {
@@ -329,7 +334,7 @@ mod tests {
     }
 
     /// Blocks of region `r` with at least one page resident (`mincore`).
-    fn resident_blocks(mem: &Memory, r: usize) -> usize {
+    pub(in crate::memory) fn resident_blocks(mem: &Memory, r: usize) -> usize {
         const PAGE_BYTES: usize = 4096;
         let mut vec = vec![0u8; REGION_BYTES / PAGE_BYTES];
         // SAFETY: the region lies inside the pool's mapping (the callers'

@@ -83,6 +83,9 @@ pub struct Stats {
     pub blocks_free_resident: u64,
     /// Blocks given back to the OS so far.
     pub blocks_released: u64,
+    /// Blocks a compaction worker mapped in ahead of the log so far
+    /// (`Config::map_ahead`).
+    pub blocks_mapped_ahead: u64,
     /// Compaction reserve.
     pub reserve_blocks: u64,
     /// Segment size in bytes.
@@ -225,6 +228,7 @@ impl Store {
             blocks_in_use: mem.segment_blocks_in_use(),
             blocks_free_resident: mem.warm_blocks(),
             blocks_released: mem.blocks_purged(),
+            blocks_mapped_ahead: mem.blocks_mapped_ahead(),
             reserve_blocks: mem.reserve_blocks(),
             segment_bytes: (inner.segment_blocks * BLOCK_BYTES) as u64,
             segments_head: head,

@@ -140,6 +140,14 @@ pub struct Config {
     /// load about an eighth of its time (docs/BENCHMARKS.md, `memlab
     /// ycsb`). The first decay-time release gives unused blocks back.
     pub prefault: bool,
+    /// Map the next 2 MiB region in ahead of the log (module
+    /// `memory::ahead`): when a client's append takes blocks while fewer
+    /// than 1 MiB of free memory is resident, a compaction worker faults
+    /// a fresh region in and hands it to the next heads, so clients do not
+    /// wait for the huge-page faults of a growing log. Costs at most one
+    /// region of resident memory beyond what the log itself would fault
+    /// in, and nothing on a quiet store. On by default.
+    pub map_ahead: bool,
     /// How many keys the store expects to hold (0: no hint), the analogue
     /// of a map's `with_capacity`. The index starts with room for that
     /// many below its growth threshold (each subtable's bucket count
@@ -172,6 +180,7 @@ impl Config {
             eviction: Eviction::default(),
             ttl_placement: true,
             prefault: false,
+            map_ahead: true,
             expected_keys: 0,
         }
     }

@@ -130,7 +130,18 @@ impl Inner {
         let before = self.mem.client_blocks_free();
         let a =
             self.logs[node].append(&self.mem, &self.epochs, head, len, expiry_ms, reserve, fill)?;
-        if before != self.mem.client_blocks_free() && self.should_compact() {
+        // An append that took blocks may make compaction due; the warm
+        // cache may need the next region mapped in (`memory::ahead`).
+        let took = before != self.mem.client_blocks_free();
+        let compact = took && self.should_compact();
+        let map = self.cfg.map_ahead && self.mem.request_map_ahead(took);
+        if map {
+            // Busy again: the woken worker must not take the store for
+            // idle (and release what it maps) before it sees an operation.
+            self.last_busy_ms
+                .fetch_max(crate::object::now_ms(), Ordering::Relaxed);
+        }
+        if compact || map {
             self.wake_workers();
         }
         Ok(a)
