@@ -20,7 +20,7 @@
 //! `memlab plot FILE.jsonl -o FIG.png` draws any of the outputs.
 //!
 //! To add a benchmark: a module with the workload that takes resolved
-//! options and a [`report::Reporter`], a variant of [`Command`] with a
+//! options and a `report::Reporter`, a variant of `Command` with a
 //! `#[command(flatten)] run: RunOpts`, and a match arm in [`main_entry`].
 //!
 //! The key-value benchmarks (`ycsb`, `frag`, `churn`, `fill`) compare the

@@ -16,12 +16,12 @@
 //! The SegmentInfo table keeps, per segment, behind a small mutex only
 //! compaction and head rolling touch, its state, length and block list; its
 //! live bytes (updated by PUT and DEL, §4.5) are in the CPU-striped
-//! [`LiveBytes`] table beside it.
+//! `LiveBytes` table beside it.
 //!
 //! Capacity. Blocks are counted against a budget: clients may use all but
 //! the compaction reserve, compaction may use everything. The index may
 //! borrow from the same budget once it outgrows its own share
-//! ([`Memory::borrow_for_index`]): a store of small objects is then
+//! (`Memory::borrow_for_index`): a store of small objects is then
 //! limited by its memory, not by a fixed index size, and every byte of
 //! both still counts against one capacity. A location (`Loc`,
 //! what the index stores) is the pool byte offset plus one, so that 0 can
@@ -94,7 +94,7 @@
 //! inside the writer's time: 13 % of a 200k-record load's CPU samples in
 //! a profile (`examples/load_profile.rs`). The original Nibble prototype
 //! populates its whole log before it starts; `Config::prefault` does the
-//! same here ([`Memory::prefault`], `MADV_POPULATE_WRITE` after
+//! same here (`Memory::prefault`, `MADV_POPULATE_WRITE` after
 //! `MADV_HUGEPAGE`), off by default since it makes RSS the capacity.
 //! What is on by default is narrower (`Config::map_ahead`, module
 //! `ahead`): when the warm cache runs low while clients append, or at the
@@ -111,7 +111,7 @@
 //! links are zeroed memory too (`buddy::dense`).
 //!
 //! Accessed bits (cache mode, Segcache §4.3). Once a store may evict,
-//! [`Memory::track_access`] allocates one bit per [`ACCESS_GRANULE_BYTES`]
+//! `Memory::track_access` allocates one bit per `ACCESS_GRANULE_BYTES`
 //! of pool (0.8 % of the pool; nothing at all under `noeviction`): no two
 //! objects start in one granule unless one of them has fewer than 8 key
 //! and value bytes (an object is a header of at least 8 bytes and its

@@ -15,7 +15,7 @@
 //!
 //! This file builds a store (sizing the index, the pool, the reserve, the
 //! segments and the workers from the capacity) and holds the state its
-//! handle and its workers share ([`Inner`]); the rest is one file per
+//! handle and its workers share (`Inner`); the rest is one file per
 //! concern:
 //!
 //! | file | concern |

@@ -1,5 +1,5 @@
 //! The shared store's core: options, geometry, the process's view of an
-//! attached store ([`Inner`]) and the addressing of the three segments.
+//! attached store (`Inner`) and the addressing of the three segments.
 //!
 //! Module map. The protocol itself (who writes what in which order, and
 //! why a dead process never wedges the others) is the crate essay in
@@ -7,8 +7,8 @@
 //!
 //! | file | concern |
 //! |---|---|
-//! | `store.rs` | [`Options`], [`Geometry`], [`Inner`], object addressing ([`ValidLoc`], [`Obj`]) |
-//! | `store/slots.rs` | epoch slots, operations ([`Op`]), intents, reclaiming dead processes' slots |
+//! | `store.rs` | [`Options`], [`Geometry`], `Inner`, object addressing (`ValidLoc`, `Obj`) |
+//! | `store/slots.rs` | epoch slots, operations (`Op`), intents, reclaiming dead processes' slots |
 //! | `store/locks.rs` | breakable bucket and head locks, intent resolution, head repair |
 //! | `store/segments.rs` | segment claim and close, the append, object writes |
 //! | `store/ops.rs` | put / get / delete / set_expiry / scan |
@@ -20,9 +20,9 @@
 //!
 //! Addressing: the log is one mapping; a location (`loc`) is its byte
 //! offset plus one (0 means "no object"). A location read from shared
-//! memory is only a number until [`Inner::valid_loc`] has checked it; the
-//! accessors that dereference the log take the checked form ([`ValidLoc`],
-//! or [`Obj`] for key and value bytes), so a bad word in the index or an
+//! memory is only a number until `Inner::valid_loc` has checked it; the
+//! accessors that dereference the log take the checked form (`ValidLoc`,
+//! or `Obj` for key and value bytes), so a bad word in the index or an
 //! intent can make an operation fail or skip an object, never read or
 //! write outside the mapping.
 

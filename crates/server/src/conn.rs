@@ -24,7 +24,7 @@
 //!
 //! Fair turns within a batch: a batch of pipelined requests runs without
 //! interruption only for [`EXEC_SLICE`]. Past that (checked every
-//! [`SLICE_CHECK_EVERY`] requests) the replies so far are written, the
+//! `SLICE_CHECK_EVERY` requests) the replies so far are written, the
 //! socket is polled once without waiting, and the task yields to the
 //! worker's other connections. A client that has gone (a failed write or
 //! read: its socket was reset) has its remaining requests dropped, as

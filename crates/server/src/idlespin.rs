@@ -21,10 +21,10 @@
 //! them more than its saved wake-ups gain (measured on 2 shared vCPUs: more
 //! CPU per request and a worse p99; hence off by default). Even when on,
 //! the worker polls only while it has its CPU to itself: every
-//! [`CHECK_EVERY`] it reads its thread's run-queue wait from
+//! `CHECK_EVERY` it reads its thread's run-queue wait from
 //! `/proc/thread-self/schedstat` (time it was runnable while another task
-//! ran on its CPU), and if that grew by more than [`CONTENDED_PER_MILLE`]
-//! of the interval, polling stops for [`BACKOFF`]. It is meant for a
+//! ran on its CPU), and if that grew by more than `CONTENDED_PER_MILLE`
+//! of the interval, polling stops for `BACKOFF`. It is meant for a
 //! worker with a CPU of its own (`--threads 1` pinned, clients elsewhere).
 
 use std::cell::RefCell;

@@ -776,7 +776,7 @@ fn modify_in_place<T>(
 /// Run `f` over the list at `key` (new if absent), commit, rerun on a
 /// lost race with a writer outside the stripe. Where the engine
 /// overwrites in place, a change to the ends alone is one
-/// [`modify_in_place`].
+/// `modify_in_place`.
 pub fn modify<T>(
     store: &Engine,
     key: &[u8],

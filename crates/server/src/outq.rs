@@ -20,7 +20,7 @@
 //!
 //! The same here, on tokio's `current_thread` runtime: a plain (TCP or
 //! Unix) connection's task, at the end of a batch, hands its output to its
-//! [`OutSlot`] ([`Deferred::defer`]) instead of writing it, and the slot
+//! `OutSlot` ([`Deferred::defer`]) instead of writing it, and the slot
 //! joins this worker's pending list (a thread-local: a worker's tasks and
 //! its runtime share one thread). [`write_pending`] runs from the
 //! runtime's `on_thread_park` hook, which tokio calls each time it has run

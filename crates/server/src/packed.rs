@@ -186,7 +186,7 @@ pub fn take_stale_buf() -> Vec<u8> {
 }
 
 /// Hand a buffer from [`take_buf`] back for reuse (up to
-/// [`POOL_BUFFERS`] per thread, none over [`POOL_MAX_BYTES`]).
+/// `POOL_BUFFERS` per thread, none over `POOL_MAX_BYTES`).
 pub fn give_buf(v: Vec<u8>) {
     if v.capacity() == 0 || v.capacity() > POOL_MAX_BYTES {
         return;
@@ -329,7 +329,7 @@ impl PairBuf {
     }
 
     /// Call `write` with the bytes to store: the pairs, then (with `room`)
-    /// zero bytes up to [`stored_len`](PairBuf::stored_len), so that a
+    /// zero bytes up to `stored_len`, so that a
     /// write that keeps the item's size is an in-place overwrite. The
     /// buffer is the pairs alone again afterwards.
     pub fn write_with<R>(

@@ -22,7 +22,7 @@
 //! creation ([`Error::NoSpace`]) rather than a SIGBUS on first touch.
 //!
 //! A file is checked against its registry entry before any page of it is
-//! mapped ([`check_file_size`]): shorter than the recorded size is refused
+//! mapped (`check_file_size`): shorter than the recorded size is refused
 //! ([`Error::ShortFile`], naming the file and both sizes) because a load
 //! or store to a mapped page past the end of a file is a SIGBUS, not an
 //! error; longer is accepted (only the recorded size is mapped, the rest

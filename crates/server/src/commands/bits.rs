@@ -5,7 +5,7 @@
 //! A bitmap is a string, as in Redis: bit 0 is the most significant bit
 //! of byte 0, and bits past the end read as 0. Writes (SETBIT, BITFIELD
 //! SET/INCRBY) are read-modify-writes of the whole value through
-//! [`rmw`](super::strings::rmw), the compare-and-swap loop on the item's
+//! [`rmw`], the compare-and-swap loop on the item's
 //! version that INCR and SETRANGE use, so concurrent writers on one key
 //! never lose an update and the key's TTL and flags are kept. A write
 //! first grows the string with zero bytes to cover the highest bit it

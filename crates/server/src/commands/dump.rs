@@ -596,7 +596,7 @@ fn verify(p: &[u8]) -> Option<()> {
     (crc64(0, &p[..p.len() - 8]) == crc).then_some(())
 }
 
-/// RESTORE key ttl payload [REPLACE] [ABSTTL] [IDLETIME s] [FREQ f].
+/// RESTORE key ttl payload \[REPLACE\] \[ABSTTL\] [IDLETIME s] [FREQ f].
 /// IDLETIME and FREQ are checked and ignored (no access clock here).
 pub fn restore(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     let (mut replace, mut absttl, mut idle, mut freq) = (false, false, false, false);

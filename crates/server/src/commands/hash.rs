@@ -295,7 +295,7 @@ pub(super) fn random_pick(
     Ok(out)
 }
 
-/// HRANDFIELD key [count [WITHVALUES]].
+/// HRANDFIELD key [count \[WITHVALUES\]].
 pub fn hrandfield(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     if a.len() > 4 || (a.len() == 4 && !eq(a[3], "withvalues")) {
         return Err(SYNTAX.into());

@@ -399,7 +399,7 @@ pub fn touch(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     exists(ctx, a, r)
 }
 
-/// COPY source destination [DB 0] [REPLACE]. There is one database, so a
+/// COPY source destination [DB 0] \[REPLACE\]. There is one database, so a
 /// `DB` other than 0 is Redis's "DB index is out of range".
 pub fn copy(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     let mut replace = false;

@@ -1,4 +1,4 @@
-//! LCS key1 key2 [LEN] [IDX] [MINMATCHLEN n] [WITHMATCHLEN]: the longest
+//! LCS key1 key2 \[LEN\] \[IDX\] [MINMATCHLEN n] \[WITHMATCHLEN\]: the longest
 //! common subsequence of two strings, as redis-server 7.0 computes and
 //! reports it (`t_string.c`, `lcsCommand`).
 //!

@@ -102,12 +102,12 @@ fn pop(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply, left: bool) -> CmdResult {
     Ok(())
 }
 
-/// LPOP key [count].
+/// LPOP key \[count\].
 pub fn lpop(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     pop(ctx, a, r, true)
 }
 
-/// RPOP key [count].
+/// RPOP key \[count\].
 pub fn rpop(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     pop(ctx, a, r, false)
 }

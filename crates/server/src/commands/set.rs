@@ -86,7 +86,7 @@ pub fn scard(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     Ok(())
 }
 
-/// SPOP key [count].
+/// SPOP key \[count\].
 pub fn spop(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     if a.len() > 3 {
         return Err(SYNTAX.into());
@@ -122,7 +122,7 @@ pub fn spop(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     Ok(())
 }
 
-/// SRANDMEMBER key [count].
+/// SRANDMEMBER key \[count\].
 pub fn srandmember(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     if a.len() > 3 {
         return Err(SYNTAX.into());

@@ -135,7 +135,7 @@ fn parse_set_args(a: &[&[u8]]) -> Result<SetArgs, CmdError> {
     Ok(s)
 }
 
-/// SET key value [NX|XX] [GET] [EX s|PX ms|EXAT t|PXAT t|KEEPTTL].
+/// SET key value [NX|XX] \[GET\] [EX s|PX ms|EXAT t|PXAT t|KEEPTTL].
 pub fn set(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     let s = parse_set_args(a)?;
     let (key, value) = (a[1], a[2]);

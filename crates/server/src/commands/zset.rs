@@ -70,7 +70,7 @@ fn float_arg(b: &[u8]) -> Result<f64, CmdError> {
     parse_f64(b).ok_or(CmdError::from(NOT_FLOAT))
 }
 
-/// ZADD key [NX|XX] [GT|LT] [CH] [INCR] score member [score member ...].
+/// ZADD key [NX|XX] [GT|LT] \[CH\] \[INCR\] score member [score member ...].
 pub fn zadd(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     let (mut nx, mut xx, mut gt, mut lt, mut ch, mut incr) =
         (false, false, false, false, false, false);
@@ -533,7 +533,7 @@ fn zrange_to(
     Ok(())
 }
 
-/// ZRANGESTORE dst src min max [BYSCORE|BYLEX] [REV] [LIMIT offset count].
+/// ZRANGESTORE dst src min max [BYSCORE|BYLEX] \[REV\] [LIMIT offset count].
 pub fn zrangestore(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     zrange_to(ctx, &a[2..], r, RangeType::Auto, None, Some(a[1]))
 }
@@ -577,22 +577,22 @@ fn reply_entry(r: &mut Reply, s: f64, m: &[u8], withscores: bool) {
     }
 }
 
-/// ZRANGE key start stop [BYSCORE|BYLEX] [REV] [LIMIT offset count] [WITHSCORES].
+/// ZRANGE key start stop [BYSCORE|BYLEX] \[REV\] [LIMIT offset count] \[WITHSCORES\].
 pub fn zrange(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     zrange_generic(ctx, &a[1..], r, RangeType::Auto, None)
 }
 
-/// ZREVRANGE key start stop [WITHSCORES].
+/// ZREVRANGE key start stop \[WITHSCORES\].
 pub fn zrevrange(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     zrange_generic(ctx, &a[1..], r, RangeType::Rank, Some(true))
 }
 
-/// ZRANGEBYSCORE key min max [WITHSCORES] [LIMIT offset count].
+/// ZRANGEBYSCORE key min max \[WITHSCORES\] [LIMIT offset count].
 pub fn zrangebyscore(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     zrange_generic(ctx, &a[1..], r, RangeType::Score, Some(false))
 }
 
-/// ZREVRANGEBYSCORE key max min [WITHSCORES] [LIMIT offset count].
+/// ZREVRANGEBYSCORE key max min \[WITHSCORES\] [LIMIT offset count].
 pub fn zrevrangebyscore(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     zrange_generic(ctx, &a[1..], r, RangeType::Score, Some(true))
 }
@@ -724,17 +724,17 @@ fn pop_generic(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply, max: bool) -> CmdResul
     Ok(())
 }
 
-/// ZPOPMIN key [count].
+/// ZPOPMIN key \[count\].
 pub fn zpopmin(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     pop_generic(ctx, a, r, false)
 }
 
-/// ZPOPMAX key [count].
+/// ZPOPMAX key \[count\].
 pub fn zpopmax(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     pop_generic(ctx, a, r, true)
 }
 
-/// ZRANDMEMBER key [count [WITHSCORES]].
+/// ZRANDMEMBER key [count \[WITHSCORES\]].
 pub fn zrandmember(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     if a.len() > 4 || (a.len() == 4 && !eq(a[3], "withscores")) {
         return Err(SYNTAX.into());
@@ -1055,17 +1055,17 @@ pub fn zintercard(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     Ok(())
 }
 
-/// ZUNION numkeys key... [WEIGHTS w...] [AGGREGATE SUM|MIN|MAX] [WITHSCORES].
+/// ZUNION numkeys key... [WEIGHTS w...] [AGGREGATE SUM|MIN|MAX] \[WITHSCORES\].
 pub fn zunion(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     set_op_reply(ctx, a, r, SetOp::Union, "zunion")
 }
 
-/// ZINTER numkeys key... [WEIGHTS w...] [AGGREGATE SUM|MIN|MAX] [WITHSCORES].
+/// ZINTER numkeys key... [WEIGHTS w...] [AGGREGATE SUM|MIN|MAX] \[WITHSCORES\].
 pub fn zinter(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     set_op_reply(ctx, a, r, SetOp::Inter, "zinter")
 }
 
-/// ZDIFF numkeys key... [WITHSCORES].
+/// ZDIFF numkeys key... \[WITHSCORES\].
 pub fn zdiff(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     set_op_reply(ctx, a, r, SetOp::Diff, "zdiff")
 }

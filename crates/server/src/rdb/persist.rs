@@ -479,7 +479,7 @@ pub fn save_cmd(ctx: &mut Ctx, _a: &[&[u8]], r: &mut Reply) -> CmdResult {
     Ok(())
 }
 
-/// BGSAVE [SCHEDULE].
+/// BGSAVE \[SCHEDULE\].
 pub fn bgsave_cmd(ctx: &mut Ctx, a: &[&[u8]], r: &mut Reply) -> CmdResult {
     let schedule = match a {
         [_] => false,

@@ -27,7 +27,7 @@
 //! *A switch.* [`ProcSpaces::run`] runs a closure on the lane stack. The
 //! closure gets a [`Mover`]; `Mover::switch(k)` saves the callee-saved
 //! registers and the stack pointer in the shared control block
-//! ([`ctx::swap`]), returns to the current process's dispatcher (on that
+//! (`ctx::swap`), returns to the current process's dispatcher (on that
 //! process's private stack), which releases the VAS it leaves (its segment
 //! locks), wakes VAS process `k`'s carrier of this lane and goes to sleep.
 //! That carrier wakes, enters its VAS (takes the segment locks), and swaps to
