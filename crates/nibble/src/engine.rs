@@ -142,6 +142,14 @@ pub struct EngineStats {
     pub blocks_total: u64,
     /// Blocks in use.
     pub blocks_in_use: u64,
+    /// Free blocks still resident (the warm cache; 0 for the shared
+    /// store, whose segments stay mapped).
+    pub blocks_free_resident: u64,
+    /// Blocks given back to the OS so far (local engine only).
+    pub blocks_released: u64,
+    /// Blocks mapped in ahead of the log so far (local engine only,
+    /// `Config::map_ahead`).
+    pub blocks_mapped_ahead: u64,
     /// Closed segments (compaction candidates).
     pub segments_closed: u64,
     /// Compaction passes (segments compacted for the shared store).
@@ -259,6 +267,9 @@ impl KvEngine for Store {
             pool_bytes: st.pool_bytes,
             blocks_total: st.blocks_total,
             blocks_in_use: st.blocks_in_use,
+            blocks_free_resident: st.blocks_free_resident,
+            blocks_released: st.blocks_released,
+            blocks_mapped_ahead: st.blocks_mapped_ahead,
             segments_closed: st.segments_closed,
             compaction_passes: st.compaction_passes,
             bytes_relocated: st.bytes_relocated,

@@ -439,6 +439,11 @@ impl nibble::KvEngine for SharedStore {
             pool_bytes: g.log_segments * g.seg_bytes,
             blocks_total: g.log_segments * blocks_per_seg,
             blocks_in_use: in_use * blocks_per_seg,
+            // Segments live in shared files and stay mapped: nothing is
+            // released to the OS or mapped ahead.
+            blocks_free_resident: 0,
+            blocks_released: 0,
+            blocks_mapped_ahead: 0,
             segments_closed: st.segments_closed,
             compaction_passes: st.compactions,
             bytes_relocated: 0,

@@ -479,7 +479,7 @@ pub fn info_text(ctx: &Ctx, section: &str) -> String {
         };
         let _ = write!(
             o,
-            "# Memory\r\nused_memory:{used}\r\nused_memory_human:{:.2}M\r\nused_memory_rss:{rss}\r\nused_memory_rss_human:{:.2}M\r\nused_memory_dataset:{}\r\nused_memory_index:{}\r\nmaxmemory:{}\r\nmaxmemory_human:{:.2}M\r\nmaxmemory_policy:{}\r\nmem_fragmentation_ratio:{ratio:.2}\r\nnibble_pool_bytes:{}\r\nnibble_blocks_total:{}\r\nnibble_blocks_in_use:{}\r\nnibble_segments_closed:{}\r\nnibble_compaction_passes:{}\r\nnibble_bytes_relocated:{}\r\nnibble_eviction_passes:{}\r\nnibble_evicted_bytes:{}\r\nnibble_write_waits:{}\r\nnibble_write_wait_us:{}\r\n\r\n",
+            "# Memory\r\nused_memory:{used}\r\nused_memory_human:{:.2}M\r\nused_memory_rss:{rss}\r\nused_memory_rss_human:{:.2}M\r\nused_memory_dataset:{}\r\nused_memory_index:{}\r\nmaxmemory:{}\r\nmaxmemory_human:{:.2}M\r\nmaxmemory_policy:{}\r\nmem_fragmentation_ratio:{ratio:.2}\r\nnibble_pool_bytes:{}\r\nnibble_blocks_total:{}\r\nnibble_blocks_in_use:{}\r\nnibble_blocks_free_resident:{}\r\nnibble_blocks_released:{}\r\nnibble_blocks_mapped_ahead:{}\r\nnibble_segments_closed:{}\r\nnibble_compaction_passes:{}\r\nnibble_bytes_relocated:{}\r\nnibble_eviction_passes:{}\r\nnibble_evicted_bytes:{}\r\nnibble_write_waits:{}\r\nnibble_write_wait_us:{}\r\n\r\n",
             used as f64 / 1048576.0,
             rss as f64 / 1048576.0,
             st.live_bytes,
@@ -490,6 +490,9 @@ pub fn info_text(ctx: &Ctx, section: &str) -> String {
             st.pool_bytes,
             st.blocks_total,
             st.blocks_in_use,
+            st.blocks_free_resident,
+            st.blocks_released,
+            st.blocks_mapped_ahead,
             st.segments_closed,
             st.compaction_passes,
             st.bytes_relocated,
