@@ -11,8 +11,9 @@
 //!
 //! So a client whose append took blocks while the warm cache held fewer
 //! than [`MAP_AHEAD_LOW_WATER_BLOCKS`] resident blocks, or whose append
-//! is the first since an idle release (or the store's first), raises a request (one flag) and
-//! wakes the compaction workers; the first worker to see
+//! is the first since an idle release (or since the store was created)
+//! that fit in its head and found the warm cache low, raises a request
+//! (one flag) and wakes the compaction workers; the first worker to see
 //! it takes a whole free region from the buddy allocator, faults its huge
 //! page in (`MADV_POPULATE_WRITE`) and puts its blocks in the warm cache,
 //! where the next heads find them resident. The client that raised the
@@ -36,10 +37,11 @@ impl Memory {
     /// the memory layer): whether a request to map a region ahead was
     /// raised now (the caller then wakes a worker). Raised when the
     /// append took blocks and the warm cache is low, or when it is the
-    /// first append since the idle release gave the warm cache back (the
-    /// burst that follows will need fresh memory soon, and its head still
-    /// has room for a while). Cheap when nothing is needed: one relaxed
-    /// load of a flag that changes once per idle period.
+    /// first append that took none since the idle release gave the warm
+    /// cache back (or since the store was created) and the warm cache is
+    /// low: the burst that follows will need fresh memory soon, and its
+    /// head still has room for a while. Cheap when nothing is needed: one
+    /// relaxed load of a flag that changes once per idle period.
     pub(crate) fn request_map_ahead(&self, took_blocks: bool) -> bool {
         if !took_blocks
             && (!self.purged_since_append.load(Ordering::Relaxed)
