@@ -434,20 +434,36 @@ impl Memory {
     /// a write to each 4 KiB page. Blocks are still counted as before:
     /// this changes residency, not the budget.
     pub(crate) fn prefault(&self) {
+        // SAFETY: the whole pool, which no object uses yet (the store is
+        // being built): nobody else reads or writes these bytes.
+        unsafe { self.populate(0, self.blocks_total as usize * BLOCK_BYTES) };
+    }
+
+    /// Map pool bytes `start..start + len` in: one `MADV_POPULATE_WRITE`
+    /// (Linux 5.14+), or on an older kernel a write of a zero to each
+    /// 4 KiB page. Contents do not change where they were zero already.
+    ///
+    /// # Safety
+    ///
+    /// The range lies inside the pool, holds no object, and no other
+    /// thread reads or writes it while this runs (the fallback writes
+    /// zeros into it).
+    unsafe fn populate(&self, start: usize, len: usize) {
         const PAGE_BYTES: usize = 4096;
-        let len = self.blocks_total as usize * BLOCK_BYTES;
-        // SAFETY: advice on the pool's own mapping (`base`, `len` bytes),
-        // which no object uses yet (the store is being built); populating
-        // changes no contents (fresh anonymous pages read as zero).
-        let r = unsafe { libc::madvise(self.base.cast(), len, libc::MADV_POPULATE_WRITE) };
+        // SAFETY: the caller's range lies inside the pool's mapping;
+        // populating maps pages in without changing their contents.
+        let r = unsafe {
+            libc::madvise(
+                self.base.add(start) as *mut libc::c_void,
+                len,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
         if r != 0 {
-            let mut off = 0;
-            while off < len {
-                // SAFETY: inside the pool mapping, before any block is
-                // handed out: nobody else reads or writes these bytes, and
-                // writing a zero over a zero page changes nothing.
+            for off in (start..start + len).step_by(PAGE_BYTES) {
+                // SAFETY: inside the caller's range, which holds no object
+                // and which no other thread touches meanwhile.
                 unsafe { self.base.add(off).write_volatile(0) };
-                off += PAGE_BYTES;
             }
         }
     }
@@ -754,29 +770,9 @@ impl Memory {
     /// (its other blocks go to the warm cache as spares, see "Never-used
     /// blocks"), else a single block.
     fn alloc_fresh_block(&self) -> Option<u32> {
-        if !self.no_whole_regions.load(Ordering::Relaxed) {
-            match self.alloc.alloc(REGION_ORDER) {
-                Ok(f) => {
-                    self.alloc
-                        .split(f, REGION_ORDER, BLOCK_ORDER)
-                        .expect("splitting a region this store allocated");
-                    let first = (f >> BLOCK_ORDER) as u32;
-                    // Every block of the region is the memory layer's
-                    // now: huge pages again.
-                    self.allow_huge(first as usize / BLOCKS_PER_REGION);
-                    let now = now_ms();
-                    // Counted before they are pushed, so a popper's
-                    // decrement never takes the count below zero.
-                    self.warm_blocks
-                        .fetch_add(BLOCKS_PER_REGION as u64 - 1, Ordering::Relaxed);
-                    for b in first + 1..first + BLOCKS_PER_REGION as u32 {
-                        self.block_state[b as usize].store(block_state::WARM, Ordering::Release);
-                        self.warm.push((b, now));
-                    }
-                    return Some(first);
-                }
-                Err(_) => self.no_whole_regions.store(true, Ordering::Relaxed),
-            }
+        if let Some(first) = self.take_whole_region() {
+            self.push_spares(first + 1..first + BLOCKS_PER_REGION);
+            return Some(first as u32);
         }
         let b = self
             .alloc
@@ -786,6 +782,41 @@ impl Memory {
         // The buddy allocator may hold other blocks of its region.
         self.forbid_huge(b as usize / BLOCKS_PER_REGION);
         Some(b)
+    }
+
+    /// A whole free region from the buddy allocator, split into blocks,
+    /// its huge-page advice lifted (every block of it is the memory
+    /// layer's now); returns its first block. `None` when the allocator
+    /// has no whole region free, and then no more tries until the idle
+    /// release gives blocks back (a failed take costs its slow path).
+    fn take_whole_region(&self) -> Option<usize> {
+        if self.no_whole_regions.load(Ordering::Relaxed) {
+            return None;
+        }
+        let Ok(f) = self.alloc.alloc(REGION_ORDER) else {
+            self.no_whole_regions.store(true, Ordering::Relaxed);
+            return None;
+        };
+        self.alloc
+            .split(f, REGION_ORDER, BLOCK_ORDER)
+            .expect("splitting a region this store allocated");
+        let first = (f >> BLOCK_ORDER) as usize;
+        self.allow_huge(first / BLOCKS_PER_REGION);
+        Some(first)
+    }
+
+    /// Put never-used blocks of a region just taken whole in the warm
+    /// cache (spares, see "Never-used blocks").
+    fn push_spares(&self, blocks: core::ops::Range<usize>) {
+        let now = now_ms();
+        // Counted before they are pushed, so a popper's decrement never
+        // takes the count below zero.
+        self.warm_blocks
+            .fetch_add(blocks.len() as u64, Ordering::Relaxed);
+        for b in blocks {
+            self.block_state[b].store(block_state::WARM, Ordering::Release);
+            self.warm.push((b as u32, now));
+        }
     }
 
     /// Mark block `b`, just taken from the warm cache or the buddy

@@ -65,62 +65,25 @@ impl Memory {
     pub(crate) fn map_ahead(&self) -> bool {
         if !self.map_ahead_wanted.swap(false, Ordering::AcqRel)
             || self.warm_blocks() >= MAP_AHEAD_LOW_WATER_BLOCKS
-            || self.no_whole_regions.load(Ordering::Relaxed)
         {
             return false;
         }
-        let Ok(f) = self.alloc.alloc(REGION_ORDER) else {
-            self.no_whole_regions.store(true, Ordering::Relaxed);
+        let Some(first) = self.take_whole_region() else {
             return false;
         };
-        self.alloc
-            .split(f, REGION_ORDER, BLOCK_ORDER)
-            .expect("splitting a region this store allocated");
-        let first = (f >> BLOCK_ORDER) as usize;
-        let r = first / BLOCKS_PER_REGION;
-        let end = (first + BLOCKS_PER_REGION).min(self.blocks_total as usize);
-        // Every block of the region is the memory layer's now: huge pages.
-        self.allow_huge(r);
-        let (start, len) = (first << BLOCK_SHIFT, (end - first) << BLOCK_SHIFT);
-        // SAFETY: blocks `first..end` lie inside the pool's mapping, and
-        // this thread owns all of them: the buddy allocator handed the
-        // whole region to it, and no block of it is in a segment or in the
-        // warm cache, so no other thread reads or writes these bytes
-        // (a reader's stale location never points into a block the buddy
-        // allocator held: blocks reach it only after the epoch passed
-        // their segment). Populating maps pages in without changing their
-        // contents.
-        let populated = unsafe {
-            libc::madvise(
-                self.base.add(start) as *mut libc::c_void,
-                len,
-                libc::MADV_POPULATE_WRITE,
-            ) == 0
-        };
-        if !populated {
-            // Kernels before 5.14: touch one byte per page instead.
-            for off in (start..start + len).step_by(4096) {
-                // SAFETY: as above, these bytes are this thread's alone,
-                // and they hold no object (free memory's contents are
-                // never read), so writing a zero changes nothing anyone
-                // sees.
-                unsafe { self.base.add(off).write_volatile(0) };
-            }
-        }
+        // SAFETY: the region lies inside the pool, and this thread owns
+        // all of its blocks: the buddy allocator handed it over whole, and
+        // no block of it is in a segment or in the warm cache yet, so no
+        // other thread reads or writes these bytes (a reader's stale
+        // location never points into a block the buddy allocator held:
+        // blocks reach it only after the epoch passed their segment).
+        unsafe { self.populate(first << BLOCK_SHIFT, REGION_BYTES) };
         // Resident with no block taken: the decay-time release may give
         // the region back if nobody takes from it in time.
-        self.regions[r].fetch_or(REGION_RESIDENT, Ordering::AcqRel);
-        let now = now_ms();
-        // Counted before they are pushed, so a popper's decrement never
-        // takes the count below zero.
-        self.warm_blocks
-            .fetch_add((end - first) as u64, Ordering::Relaxed);
-        for b in first..end {
-            self.block_state[b].store(block_state::WARM, Ordering::Release);
-            self.warm.push((b as u32, now));
-        }
+        self.regions[first / BLOCKS_PER_REGION].fetch_or(REGION_RESIDENT, Ordering::AcqRel);
+        self.push_spares(first..first + BLOCKS_PER_REGION);
         self.blocks_mapped_ahead
-            .fetch_add((end - first) as u64, Ordering::Relaxed);
+            .fetch_add(BLOCKS_PER_REGION as u64, Ordering::Relaxed);
         true
     }
 

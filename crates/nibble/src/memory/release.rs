@@ -140,7 +140,7 @@ impl Memory {
         // The buddy allocator may hold whole free regions again.
         self.no_whole_regions.store(false, Ordering::Relaxed);
         // The next append asks for memory mapped ahead (module `ahead`).
-        if popped && !self.purged_since_append.load(Ordering::Relaxed) {
+        if popped {
             self.purged_since_append.store(true, Ordering::Relaxed);
         }
         n
