@@ -95,8 +95,23 @@ const READ_CHUNK: usize = 16 << 10;
 /// starts with: a request-reply client never needs more, so 10,000 idle
 /// connections hold 10 MB of input buffers, not 160.
 const IDLE_READ_BYTES: usize = 1 << 10;
-/// An idle connection keeps at most this much output capacity.
+/// An idle connection keeps at most this much output capacity: after a
+/// batch that read little and wrote at most this much, a larger output
+/// buffer is freed. A batch that wrote more (small requests, large
+/// replies: GETs of kilobyte values) keeps up to [`OUT_SOFT`], the size
+/// at which output is flushed anyway, since its next batch needs it again
+/// and growing it from nothing each batch costs a realloc and a copy per
+/// doubling (16 memcached GETs of 1,000-byte values: 8 reallocs, about
+/// 1,200 instructions a request, by callgrind). Such a connection holds
+/// at most two buffers of `OUT_SOFT` between batches (its own and its
+/// deferred-write slot's, see [`crate::outq`]), and frees both, with the
+/// scratch buffer values are read into, once no input came for
+/// [`SHED_OUT_MS`], as redis-server's `clientsCron` shrinks the buffers
+/// of clients that stopped using them.
 const IDLE_OUT_BYTES: usize = 4 << 10;
+/// How long a connection holding output or scratch buffers larger than
+/// [`IDLE_OUT_BYTES`] waits for input before it frees them.
+const SHED_OUT_MS: u64 = 1000;
 /// Longest stretch of one connection's batch before it yields the worker.
 pub const EXEC_SLICE: std::time::Duration = std::time::Duration::from_millis(1);
 /// Requests executed between two looks at the clock.
@@ -195,9 +210,21 @@ enum ReadEnd {
     Shutdown,
 }
 
-/// Read more input; `Ok(false)` if woken instead by pub/sub messages for
-/// this connection (`mail`) or by a deferred write that came up short
-/// (`dq`, see [`crate::outq`]): the caller then writes.
+/// What ended a wait for input that did not end the connection.
+enum Woken {
+    /// Input arrived.
+    Input,
+    /// Pub/sub messages for this connection (`mail`), or a deferred write
+    /// that came up short (`dq`, see [`crate::outq`]): the caller writes.
+    Write,
+    /// Nothing for [`SHED_OUT_MS`] while the connection held output
+    /// buffers of more than [`IDLE_OUT_BYTES`]: the caller frees them.
+    Shed,
+}
+
+/// Read more input, or learn why the wait ended otherwise ([`Woken`]).
+/// `shed`: the connection holds large output buffers, to be freed after
+/// [`SHED_OUT_MS`] without input.
 #[allow(clippy::too_many_arguments)]
 async fn read_more<S: AsyncRead + Unpin>(
     s: &mut S,
@@ -209,7 +236,8 @@ async fn read_more<S: AsyncRead + Unpin>(
     stop: &crate::stop::Waiter,
     mail: Option<&Mailbox>,
     dq: Option<&Deferred>,
-) -> Result<bool, ReadEnd> {
+    shed: bool,
+) -> Result<Woken, ReadEnd> {
     inb.reserve(want, cap);
     // As in Redis, the idle timeout does not apply to subscribers.
     let timeout = match mail {
@@ -238,21 +266,29 @@ async fn read_more<S: AsyncRead + Unpin>(
             None => std::future::pending().await,
         }
     };
+    let idle = async {
+        if shed {
+            tokio::time::sleep(std::time::Duration::from_millis(SHED_OUT_MS)).await
+        } else {
+            std::future::pending().await
+        }
+    };
     // Fixed order: no random start per read, and none of the branches
     // can starve the read (each of the others completes once per event).
     let r = tokio::select! {
         biased;
         _ = stop.wait() => return Err(ReadEnd::Shutdown),
-        _ = stall => return Ok(false),
-        _ = mail_wake => return Ok(false),
+        _ = stall => return Ok(Woken::Write),
+        _ = mail_wake => return Ok(Woken::Write),
         r = read => r,
+        _ = idle => return Ok(Woken::Shed),
     };
     match r {
         Ok(0) => Err(ReadEnd::Closed),
         Ok(n) => {
             inb.note_read(n, offered);
             WorkerStats::bump(&stats.net_in, n as u64);
-            Ok(true)
+            Ok(Woken::Input)
         }
         Err(e) if e.kind() == std::io::ErrorKind::TimedOut => Err(ReadEnd::Timeout),
         Err(_) => Err(ReadEnd::Closed),
@@ -767,6 +803,9 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
         // Not after a resumed wait: its batch runs on what is buffered.
         if !std::mem::take(&mut resume) {
             let mail = mailbox(&sess);
+            let shed = out.capacity() > IDLE_OUT_BYTES
+                || scratch.capacity() > IDLE_OUT_BYTES
+                || dq.is_some_and(|d| d.spare_capacity() > IDLE_OUT_BYTES);
             match read_more(
                 &mut s,
                 &mut inb,
@@ -777,14 +816,25 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
                 &stop,
                 mail.as_deref(),
                 dq,
+                shed,
             )
             .await
             {
-                Ok(true) => {}
+                Ok(Woken::Input) => {}
                 // Pub/sub messages arrived: write them, then wait again.
-                Ok(false) => {
+                Ok(Woken::Write) => {
                     if deliver(&mut s, &mut out, stats, &sess, dq).await.is_err() {
                         return None;
+                    }
+                    continue;
+                }
+                Ok(Woken::Shed) => {
+                    if out.is_empty() {
+                        out = Vec::new();
+                    }
+                    scratch = Vec::new();
+                    if let Some(d) = dq {
+                        d.shed();
                     }
                     continue;
                 }
@@ -1150,6 +1200,7 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
                 carry,
             });
         }
+        let wrote = out.len();
         match dq {
             // Written before the worker next waits for events, with the
             // replies of every other connection run in this loop turn.
@@ -1164,7 +1215,10 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
         if inb.start == inb.filled {
             parser.reset();
             inb.shrink_when_idle();
-            if out.capacity() > IDLE_OUT_BYTES && inb.last_read <= IDLE_READ_BYTES {
+            if out.capacity() > IDLE_OUT_BYTES
+                && inb.last_read <= IDLE_READ_BYTES
+                && (wrote <= IDLE_OUT_BYTES || out.capacity() > OUT_SOFT)
+            {
                 out = Vec::new();
             }
         }

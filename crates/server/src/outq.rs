@@ -50,8 +50,11 @@ use std::task::{Poll, Waker};
 use crate::state::WorkerStats;
 
 /// A written slot's buffer keeps at most this much capacity; a larger one
-/// (a large reply) is freed, so idle connections do not hold it.
-const KEEP_OUT_BYTES: usize = 4 << 10;
+/// (a reply larger than the size output is flushed at) is freed. The
+/// slot's buffer becomes the task's next output buffer (`defer` swaps
+/// them), which the task frees itself when its batches turn small
+/// (`conn.rs`, `IDLE_OUT_BYTES`).
+const KEEP_OUT_BYTES: usize = crate::conn::OUT_SOFT;
 
 /// One connection's replies waiting for the end of the loop turn.
 struct OutSlot {
@@ -180,6 +183,21 @@ impl Deferred {
     /// Whether a deferred write came up short: the task must write itself.
     pub fn stalled(&self) -> bool {
         self.slot.stalled.get()
+    }
+
+    /// Capacity of the slot's buffer (the task's next output buffer once
+    /// it defers again).
+    pub fn spare_capacity(&self) -> usize {
+        self.slot.buf.borrow().capacity()
+    }
+
+    /// Free the slot's buffer if it holds nothing to write (a connection
+    /// gone idle, see `conn.rs`, `SHED_OUT_MS`).
+    pub fn shed(&self) {
+        let mut buf = self.slot.buf.borrow_mut();
+        if buf.is_empty() {
+            *buf = Vec::new();
+        }
     }
 
     /// Hand `out`'s bytes to the slot, to be written before the worker

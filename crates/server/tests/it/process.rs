@@ -232,3 +232,78 @@ fn idle_connections_are_small_and_their_memory_returns() {
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     let _ = child.wait();
 }
+
+/// A connection whose batches wrote large replies keeps its output
+/// buffers for its next batch, and gives them back once it has been idle
+/// a second (`conn.rs`, `SHED_OUT_MS`): 300 connections that each read a
+/// 48 KiB value twice and then stay open hold no more than idle
+/// connections do (16 KB each, as above) a few seconds later.
+#[test]
+fn idle_connections_give_back_large_output_buffers() {
+    use std::io::{Read, Write};
+    const CONNS: usize = 300;
+    const VALUE_BYTES: usize = 48 << 10;
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--maxmemory",
+            "16mb",
+            "--threads",
+            "2",
+        ])
+        .args(["--no-pin"])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (line, _err) = wait_ready(&mut child, Duration::from_secs(20));
+    let port = ready_port(&line, "resp").unwrap();
+    let pid = child.id();
+    let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let value = "v".repeat(VALUE_BYTES);
+    let _: () = redis::cmd("SET")
+        .arg("big")
+        .arg(&value)
+        .query(&mut c)
+        .unwrap();
+    let before = rss_of(pid);
+    let reply_len = format!("${VALUE_BYTES}\r\n").len() + VALUE_BYTES + 2;
+    let mut socks: Vec<std::net::TcpStream> = (0..CONNS)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    let mut got = vec![0u8; reply_len];
+    for _ in 0..2 {
+        for s in &mut socks {
+            s.write_all(b"GET big\r\n").unwrap();
+            s.read_exact(&mut got).unwrap();
+            assert!(got.ends_with(b"vv\r\n"));
+        }
+    }
+    let held = rss_of(pid);
+    // Shed after 1 s idle; the trimmer returns freed heap once a second.
+    let allowed = before + (CONNS as u64) * (16 << 10);
+    let t = Instant::now();
+    let after = loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let r = rss_of(pid);
+        if r <= allowed || t.elapsed() > Duration::from_secs(10) {
+            break r;
+        }
+    };
+    eprintln!(
+        "RSS {before} -> {held} with {CONNS} connections after 48 KiB replies -> {after} idle"
+    );
+    assert!(
+        after <= allowed,
+        "RSS {after} B with {CONNS} idle connections, {before} B before they opened"
+    );
+    drop(socks);
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let _ = child.wait();
+}
