@@ -24,6 +24,7 @@
 //! object`, a value over the limit `SERVER_ERROR object too large for
 //! cache`; reads, deletes and touches keep working when the store is full.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 
@@ -32,6 +33,7 @@ use nibble::{Condition, Error as StoreError, Expiry, PutOptions};
 use crate::commands::admin::flush;
 use crate::keylock::KeyGuard;
 use crate::memcache::{McCommand, Store, StoreVerb};
+use crate::resp::push_u64;
 use crate::state::{rss_bytes, unix_ms, Shared, WorkerStats};
 use crate::types::{is_collection, is_reserved_flags};
 
@@ -98,14 +100,15 @@ pub fn execute(
     WorkerStats::bump(&stats.commands, 1);
     let store = &shared.store;
     let _stripes = lock(shared, &cmd);
-    let (reply, noreply): (String, bool) = match cmd {
+    let (reply, noreply): (Cow<'static, str>, bool) = match cmd {
         McCommand::Store(a) => {
             WorkerStats::bump(&stats.sets, 1);
-            let r = if is_reserved_flags(a.flags) {
+            let r: Cow<'static, str> = if is_reserved_flags(a.flags) {
                 format!(
                     "CLIENT_ERROR flags value {} is reserved by this server",
                     a.flags
                 )
+                .into()
             } else {
                 storage(shared, &a, buf).into()
             };
@@ -132,9 +135,13 @@ pub fn execute(
                         }
                         out.extend_from_slice(b"VALUE ");
                         out.extend_from_slice(k);
-                        let _ = write!(Wr(out), " {} {}", m.flags, buf.len());
+                        out.push(b' ');
+                        push_u64(out, u64::from(m.flags));
+                        out.push(b' ');
+                        push_u64(out, buf.len() as u64);
                         if with_cas {
-                            let _ = write!(Wr(out), " {}", m.version);
+                            out.push(b' ');
+                            push_u64(out, m.version);
                         }
                         out.extend_from_slice(b"\r\n");
                         out.extend_from_slice(buf);
@@ -187,7 +194,7 @@ pub fn execute(
             };
             (r.into(), noreply)
         }
-        McCommand::Version => (format!("VERSION {MC_VERSION}"), false),
+        McCommand::Version => (format!("VERSION {MC_VERSION}").into(), false),
         McCommand::Stats => {
             stats_text(shared, out);
             ("END".into(), false)
@@ -290,7 +297,13 @@ fn concat(
     }
 }
 
-fn arith(shared: &Shared, key: &[u8], delta: u64, incr: bool, buf: &mut Vec<u8>) -> String {
+fn arith(
+    shared: &Shared,
+    key: &[u8],
+    delta: u64,
+    incr: bool,
+    buf: &mut Vec<u8>,
+) -> Cow<'static, str> {
     let store = &shared.store;
     loop {
         let m = match store.get_into(key, buf) {
@@ -311,7 +324,7 @@ fn arith(shared: &Shared, key: &[u8], delta: u64, incr: bool, buf: &mut Vec<u8>)
                 flags: m.flags,
             },
         ) {
-            Ok(_) => return s,
+            Ok(_) => return s.into(),
             Err(e) if crate::commands::is_race(&e) => continue,
             Err(e) => return store_err(&e).into(),
         }

@@ -32,6 +32,10 @@ pub const MAX_LINE: usize = 2048;
 pub const MAX_KEY: usize = 250;
 /// Most keys in one get.
 pub const MAX_GET_KEYS: usize = 1024;
+/// Keys of one get held without a heap allocation.
+pub const GET_KEYS_INLINE: usize = 4;
+
+use smallvec::SmallVec;
 
 /// Storage verbs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,8 +80,8 @@ pub enum McCommand<'a> {
     Store(Store<'a>),
     /// get/gets/gat/gats.
     Get {
-        /// Keys.
-        keys: Vec<&'a [u8]>,
+        /// Keys (inline up to [`GET_KEYS_INLINE`]).
+        keys: SmallVec<[&'a [u8]; GET_KEYS_INLINE]>,
         /// Reply with cas values.
         with_cas: bool,
         /// gat/gats: new exptime.
@@ -237,7 +241,7 @@ pub fn parse(buf: &[u8], max_value: usize) -> Result<McParsed<'_>, McFatal> {
     Ok(r)
 }
 
-fn parse_line(buf: &[u8], max_value: usize) -> Result<McParsed<'_>, McFatal> {
+fn parse_line<'a>(buf: &'a [u8], max_value: usize) -> Result<McParsed<'a>, McFatal> {
     let Some(lf) = buf.iter().take(MAX_LINE + 1).position(|&b| b == b'\n') else {
         if buf.len() > MAX_LINE {
             return Err(McFatal("CLIENT_ERROR line too long"));
@@ -251,7 +255,9 @@ fn parse_line(buf: &[u8], max_value: usize) -> Result<McParsed<'_>, McFatal> {
     };
     let line = &buf[..line_end];
     let after = lf + 1;
-    let toks: Vec<&[u8]> = line
+    // Tokens and keys stay inline for ordinary commands: no allocation per
+    // request.
+    let toks: SmallVec<[&[u8]; 8]> = line
         .split(|&b| b == b' ')
         .filter(|t| !t.is_empty())
         .collect();
@@ -259,7 +265,7 @@ fn parse_line(buf: &[u8], max_value: usize) -> Result<McParsed<'_>, McFatal> {
         return Ok(McParsed::Command(McCommand::Error("ERROR"), after));
     };
     let noreply_at = |i: usize| toks.get(i) == Some(&&b"noreply"[..]);
-    let c = |cmd: McCommand<'static>| Ok(McParsed::Command(cmd, after));
+    let c = |cmd: McCommand<'a>| Ok(McParsed::Command(cmd, after));
     match cmd {
         b"set" | b"add" | b"replace" | b"append" | b"prepend" | b"cas" => {
             let verb = match cmd {
@@ -334,7 +340,8 @@ fn parse_line(buf: &[u8], max_value: usize) -> Result<McParsed<'_>, McFatal> {
             } else {
                 None
             };
-            let keys: Vec<&[u8]> = toks[first_key.min(toks.len())..].to_vec();
+            let keys: SmallVec<[&[u8]; GET_KEYS_INLINE]> =
+                SmallVec::from_slice(&toks[first_key.min(toks.len())..]);
             if keys.is_empty() {
                 return c(McCommand::Error("ERROR"));
             }
@@ -475,7 +482,7 @@ mod tests {
         else {
             panic!()
         };
-        assert_eq!(keys, vec![&b"a"[..], &b"b"[..]]);
+        assert_eq!(keys[..], [&b"a"[..], &b"b"[..]]);
     }
 
     /// Reads wait for no flush under `appendfsync always`; anything

@@ -502,10 +502,17 @@ pub struct Reply<'a> {
 }
 
 fn push_int(out: &mut Vec<u8>, v: i64) {
+    if v < 0 {
+        out.push(b'-');
+    }
+    push_u64(out, v.unsigned_abs());
+}
+
+/// Append `u` in decimal (no formatting machinery: replies write several
+/// numbers per request).
+pub fn push_u64(out: &mut Vec<u8>, mut u: u64) {
     let mut b = [0u8; 20];
     let mut i = b.len();
-    let neg = v < 0;
-    let mut u = v.unsigned_abs();
     loop {
         i -= 1;
         b[i] = b'0' + (u % 10) as u8;
@@ -513,9 +520,6 @@ fn push_int(out: &mut Vec<u8>, v: i64) {
         if u == 0 {
             break;
         }
-    }
-    if neg {
-        out.push(b'-');
     }
     out.extend_from_slice(&b[i..]);
 }
