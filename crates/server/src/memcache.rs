@@ -242,7 +242,7 @@ pub fn parse(buf: &[u8], max_value: usize) -> Result<McParsed<'_>, McFatal> {
 }
 
 fn parse_line<'a>(buf: &'a [u8], max_value: usize) -> Result<McParsed<'a>, McFatal> {
-    let Some(lf) = buf.iter().take(MAX_LINE + 1).position(|&b| b == b'\n') else {
+    let Some(lf) = memchr::memchr(b'\n', &buf[..buf.len().min(MAX_LINE + 1)]) else {
         if buf.len() > MAX_LINE {
             return Err(McFatal("CLIENT_ERROR line too long"));
         }
