@@ -25,6 +25,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use smallvec::SmallVec;
+
 use super::{eq, CmdError, CmdResult, Ctx, Spec, SYNTAX, WRONGTYPE};
 use crate::blocking::{Blocked, Waiter};
 use crate::list;
@@ -54,10 +56,17 @@ impl Op {
     }
 }
 
+/// A pop command's keys: inline for the usual few, so a pop that finds
+/// its element allocates nothing for them.
+type Keys<'a> = SmallVec<[&'a [u8]; 4]>;
+
+/// Elements popped: inline for one (BLPOP, BRPOP, BLMOVE).
+type Popped = SmallVec<[Vec<u8>; 1]>;
+
 /// A parsed pop command.
 struct Pop<'a> {
     op: Op,
-    keys: Vec<&'a [u8]>,
+    keys: Keys<'a>,
     dst: Option<&'a [u8]>,
     /// The timeout in ms (0 = forever); `None` for LMPOP/ZMPOP.
     timeout_ms: Option<u64>,
@@ -90,7 +99,7 @@ fn parse_mpop<'a>(
     a: &[&'a [u8]],
     i: usize,
     zset: bool,
-) -> Result<(Vec<&'a [u8]>, bool, u64), CmdError> {
+) -> Result<(Keys<'a>, bool, u64), CmdError> {
     let n = super::parse_i64(a[i])
         .filter(|n| *n > 0)
         .ok_or(CmdError::from("ERR numkeys should be greater than 0"))?;
@@ -124,7 +133,11 @@ fn parse_mpop<'a>(
             return Err(SYNTAX.into());
         }
     }
-    Ok((a[i + 1..where_idx].to_vec(), first, count.unwrap_or(1)))
+    Ok((
+        SmallVec::from_slice(&a[i + 1..where_idx]),
+        first,
+        count.unwrap_or(1),
+    ))
 }
 
 /// Parse any of the pop commands (by name).
@@ -135,7 +148,7 @@ fn parse<'a>(a: &[&'a [u8]]) -> Result<Pop<'a>, CmdError> {
         let timeout_ms = Some(timeout_arg(a[last])?);
         Ok(Pop {
             op,
-            keys: a[1..last].to_vec(),
+            keys: SmallVec::from_slice(&a[1..last]),
             dst: None,
             timeout_ms,
         })
@@ -156,7 +169,7 @@ fn parse<'a>(a: &[&'a [u8]]) -> Result<Pop<'a>, CmdError> {
         };
         Ok(Pop {
             op: Op::Move { from_left, to_left },
-            keys: vec![a[1]],
+            keys: smallvec::smallvec![a[1]],
             dst: Some(a[2]),
             timeout_ms: Some(timeout_arg(a[last])?),
         })
@@ -205,9 +218,9 @@ fn zpop(shared: &Shared, key: &[u8], max: bool, count: u64) -> Result<Vec<zset::
     })
 }
 
-fn lpop(shared: &Shared, key: &[u8], left: bool, count: u64) -> Result<Vec<Vec<u8>>, CmdError> {
+fn lpop(shared: &Shared, key: &[u8], left: bool, count: u64) -> Result<Popped, CmdError> {
     let popped = list::modify_existing(&shared.store, key, |l| {
-        let mut out = Vec::new();
+        let mut out = Popped::new();
         for _ in 0..count {
             let e = if left { l.pop_front()? } else { l.pop_back()? };
             match e {
@@ -548,7 +561,7 @@ mod tests {
     fn mpop_arguments() {
         let a: Vec<&[u8]> = vec![b"lmpop", b"2", b"a", b"b", b"LEFT", b"COUNT", b"3"];
         let (keys, left, count) = parse_mpop(&a, 1, false).unwrap();
-        assert_eq!(keys, vec![&b"a"[..], b"b"]);
+        assert_eq!(keys[..], [&b"a"[..], b"b"]);
         assert!(left);
         assert_eq!(count, 3);
         let bad: Vec<&[u8]> = vec![b"lmpop", b"3", b"a", b"LEFT"];
