@@ -95,11 +95,7 @@ fn side(b: &[u8]) -> Result<bool, CmdError> {
 }
 
 /// `numkeys key... LEFT|RIGHT|MIN|MAX [COUNT n]` from `a[i]` on.
-fn parse_mpop<'a>(
-    a: &[&'a [u8]],
-    i: usize,
-    zset: bool,
-) -> Result<(Keys<'a>, bool, u64), CmdError> {
+fn parse_mpop<'a>(a: &[&'a [u8]], i: usize, zset: bool) -> Result<(Keys<'a>, bool, u64), CmdError> {
     let n = super::parse_i64(a[i])
         .filter(|n| *n > 0)
         .ok_or(CmdError::from("ERR numkeys should be greater than 0"))?;

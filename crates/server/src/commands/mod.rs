@@ -151,6 +151,8 @@ pub struct Session {
     pub penalty: Option<std::time::Duration>,
     /// Inside MULTI: the queue.
     pub multi: Option<multi::MultiState>,
+    /// The last transaction's emptied buffers, for the next MULTI.
+    pub multi_spare: Option<multi::MultiState>,
     /// WATCHed keys.
     pub watched: Vec<multi::Watched>,
     /// EXEC holds every key stripe (see [`Ctx::lock`]).
@@ -197,6 +199,7 @@ impl Session {
             auth_failures: 0,
             penalty: None,
             multi: None,
+            multi_spare: None,
             watched: Vec::new(),
             exec_all: false,
             subs: None,

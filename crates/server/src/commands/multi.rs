@@ -52,6 +52,8 @@
 
 use std::sync::atomic::Ordering;
 
+use smallvec::SmallVec;
+
 use super::{key_args, CmdResult, Ctx, Spec};
 use crate::keylock::{KeyGuard, KeyLocks};
 use crate::resp::{Proto, Reply};
@@ -59,10 +61,17 @@ use crate::resp::{Proto, Reply};
 /// EXEC after a queueing error.
 pub const EXECABORT: &str = "EXECABORT Transaction discarded because of previous errors.";
 
-/// A transaction being queued.
+/// A transaction being queued. The arguments of every queued command are
+/// copied back to back into one buffer, so queueing a command allocates
+/// nothing once the session's buffers have grown (the state of the last
+/// transaction is kept for the next one, see [`SPARE_DATA_BYTES`]).
 #[derive(Default)]
 pub struct MultiState {
-    /// Commands, in order, with owned arguments.
+    /// Every queued argument, back to back.
+    data: Vec<u8>,
+    /// The end offset in `data` of each queued argument, in order.
+    ends: Vec<usize>,
+    /// Commands, in order.
     queue: Vec<Queued>,
     /// A command was refused while queueing: EXEC aborts.
     failed: bool,
@@ -70,7 +79,61 @@ pub struct MultiState {
 
 struct Queued {
     spec: &'static Spec,
-    args: Vec<Vec<u8>>,
+    /// Index in `ends` one past the command's last argument (its first
+    /// is the previous command's end).
+    args_end: usize,
+}
+
+/// A session keeps the buffers of its last transaction for the next one
+/// while they hold at most this many argument bytes (and
+/// [`SPARE_COMMANDS`] commands); larger ones are freed.
+const SPARE_DATA_BYTES: usize = 4 << 10;
+/// See [`SPARE_DATA_BYTES`].
+const SPARE_COMMANDS: usize = 64;
+
+/// The arguments of one queued command (inline for up to 8).
+type Args<'a> = SmallVec<[&'a [u8]; 8]>;
+
+impl MultiState {
+    fn push(&mut self, spec: &'static Spec, args: &[&[u8]]) {
+        for a in args {
+            self.data.extend_from_slice(a);
+            self.ends.push(self.data.len());
+        }
+        self.queue.push(Queued {
+            spec,
+            args_end: self.ends.len(),
+        });
+    }
+
+    /// The arguments of queued command `i`.
+    fn args(&self, i: usize) -> Args<'_> {
+        let lo = if i == 0 {
+            0
+        } else {
+            self.queue[i - 1].args_end
+        };
+        let mut start = if lo == 0 { 0 } else { self.ends[lo - 1] };
+        let mut out = Args::new();
+        for &end in &self.ends[lo..self.queue[i].args_end] {
+            out.push(&self.data[start..end]);
+            start = end;
+        }
+        out
+    }
+
+    /// Empty, for the session's next transaction; `None` if its buffers
+    /// are too large to keep.
+    fn into_spare(mut self) -> Option<MultiState> {
+        if self.data.capacity() > SPARE_DATA_BYTES || self.queue.capacity() > SPARE_COMMANDS {
+            return None;
+        }
+        self.data.clear();
+        self.ends.clear();
+        self.queue.clear();
+        self.failed = false;
+        Some(self)
+    }
 }
 
 /// One watched key.
@@ -123,10 +186,7 @@ pub fn abort(ctx: &mut Ctx) {
 /// Queue a command (dispatch checked name, arity and authentication).
 pub fn queue(ctx: &mut Ctx, spec: &'static Spec, args: &[&[u8]], r: &mut Reply) {
     if let Some(m) = &mut ctx.sess.multi {
-        m.queue.push(Queued {
-            spec,
-            args: args.iter().map(|a| a.to_vec()).collect(),
-        });
+        m.push(spec, args);
         ctx.sess
             .info
             .multi
@@ -140,7 +200,7 @@ pub fn multi(ctx: &mut Ctx, _a: &[&[u8]], r: &mut Reply) -> CmdResult {
     if ctx.sess.multi.is_some() {
         return Err("ERR MULTI calls can not be nested".into());
     }
-    ctx.sess.multi = Some(MultiState::default());
+    ctx.sess.multi = Some(ctx.sess.multi_spare.take().unwrap_or_default());
     ctx.sess.info.multi.store(0, Ordering::Relaxed);
     r.ok();
     Ok(())
@@ -153,6 +213,11 @@ fn end_multi(ctx: &mut Ctx) -> Option<MultiState> {
     ctx.sess.multi.take()
 }
 
+/// Keep a finished transaction's buffers for the session's next MULTI.
+fn recycle(ctx: &mut Ctx, m: MultiState) {
+    ctx.sess.multi_spare = m.into_spare();
+}
+
 fn unwatch_all(ctx: &mut Ctx) {
     ctx.sess.watched.clear();
     ctx.sess.info.watch.store(0, Ordering::Relaxed);
@@ -163,7 +228,9 @@ pub fn discard(ctx: &mut Ctx, _a: &[&[u8]], r: &mut Reply) -> CmdResult {
     if ctx.sess.multi.is_none() {
         return Err("ERR DISCARD without MULTI".into());
     }
-    end_multi(ctx);
+    if let Some(m) = end_multi(ctx) {
+        recycle(ctx, m);
+    }
     r.ok();
     Ok(())
 }
@@ -213,6 +280,7 @@ pub fn exec(ctx: &mut Ctx, _a: &[&[u8]], r: &mut Reply) -> CmdResult {
         return Ok(());
     };
     if m.failed {
+        recycle(ctx, m);
         return Err(EXECABORT.into());
     }
     let shared = ctx.shared;
@@ -222,15 +290,11 @@ pub fn exec(ctx: &mut Ctx, _a: &[&[u8]], r: &mut Reply) -> CmdResult {
         .queue
         .iter()
         .any(|q| q.spec.keys.0 <= 0 && !keyless(q.spec));
-    let argv: Vec<Vec<&[u8]>> = m
-        .queue
-        .iter()
-        .map(|q| q.args.iter().map(Vec::as_slice).collect())
-        .collect();
+    let argv: SmallVec<[Args; 4]> = (0..m.queue.len()).map(|i| m.args(i)).collect();
     let mut guard: KeyGuard = if all {
         locks.lock_all(m.queue.iter().any(|q| writes(q.spec)))
     } else {
-        let keys: Vec<(&[u8], bool)> = m
+        let keys: SmallVec<[(&[u8], bool); 8]> = m
             .queue
             .iter()
             .zip(&argv)
@@ -249,6 +313,8 @@ pub fn exec(ctx: &mut Ctx, _a: &[&[u8]], r: &mut Reply) -> CmdResult {
     if dirty {
         guard.disarm();
         r.null_array();
+        drop(argv);
+        recycle(ctx, m);
         return Ok(());
     }
     r.array(m.queue.len());
@@ -265,6 +331,8 @@ pub fn exec(ctx: &mut Ctx, _a: &[&[u8]], r: &mut Reply) -> CmdResult {
     ctx.sess.exec_all = false;
     ctx.sess.in_exec = false;
     drop(guard);
+    drop(argv);
+    recycle(ctx, m);
     Ok(())
 }
 
@@ -285,4 +353,45 @@ pub fn reset(ctx: &mut Ctx, _a: &[&[u8]], r: &mut Reply) -> CmdResult {
         .clear();
     r.simple("RESET");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Every queued command's arguments come back as they were
+        /// queued, empty arguments and all, and a recycled state is
+        /// empty (or freed when it grew past the spare limits).
+        #[test]
+        fn queued_arguments_round_trip(
+            cmds in prop::collection::vec(
+                prop::collection::vec(prop::collection::vec(any::<u8>(), 0..40), 1..10),
+                0..100,
+            )
+        ) {
+            let spec = super::super::lookup(b"set").unwrap();
+            let mut m = MultiState::default();
+            for c in &cmds {
+                let args: Vec<&[u8]> = c.iter().map(Vec::as_slice).collect();
+                m.push(spec, &args);
+            }
+            prop_assert_eq!(m.queue.len(), cmds.len());
+            for (i, c) in cmds.iter().enumerate() {
+                let got: Vec<&[u8]> = m.args(i).to_vec();
+                let want: Vec<&[u8]> = c.iter().map(Vec::as_slice).collect();
+                prop_assert_eq!(got, want);
+            }
+            let big = m.data.capacity() > SPARE_DATA_BYTES || m.queue.capacity() > SPARE_COMMANDS;
+            match m.into_spare() {
+                Some(s) => {
+                    prop_assert!(!big);
+                    prop_assert!(s.data.is_empty() && s.ends.is_empty() && s.queue.is_empty());
+                    prop_assert!(!s.failed);
+                }
+                None => prop_assert!(big),
+            }
+        }
+    }
 }
