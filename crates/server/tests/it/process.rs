@@ -151,6 +151,43 @@ fn redis_benchmark_has_no_errors() {
     assert!(q::<i64>(&mut c, &["HLEN", "myhash"]) > 0);
 }
 
+/// A `--maxmemory 16mb --threads 2 --no-pin` server with `extra` flags,
+/// and its RESP port.
+fn small_server(extra: &[&str]) -> (std::process::Child, u16) {
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--maxmemory",
+            "16mb",
+            "--threads",
+            "2",
+        ])
+        .arg("--no-pin")
+        .args(extra)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (line, _err) = wait_ready(&mut child, Duration::from_secs(20));
+    let port = ready_port(&line, "resp").unwrap();
+    (child, port)
+}
+
+/// The RSS of `pid` once it is at most `allowed` bytes, or after 10 s,
+/// sampled every 200 ms (the trimmer returns freed heap once a second).
+fn rss_down_to(pid: u32, allowed: u64) -> u64 {
+    let t = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let r = rss_of(pid);
+        if r <= allowed || t.elapsed() > Duration::from_secs(10) {
+            return r;
+        }
+    }
+}
+
 /// Resident memory of `pid`, bytes.
 fn rss_of(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -171,23 +208,7 @@ fn rss_of(pid: u32) -> u64 {
 fn idle_connections_are_small_and_their_memory_returns() {
     use std::io::{Read, Write};
     const CONNS: usize = 2000;
-    let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--port",
-            "0",
-            "--maxmemory",
-            "16mb",
-            "--threads",
-            "2",
-        ])
-        .args(["--maxclients", "5000", "--no-pin"])
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let (line, _err) = wait_ready(&mut child, Duration::from_secs(20));
-    let port = ready_port(&line, "resp").unwrap();
+    let (mut child, port) = small_server(&["--maxclients", "5000"]);
     let pid = child.id();
     let start = rss_of(pid);
     for round in 0..2 {
@@ -211,14 +232,7 @@ fn idle_connections_are_small_and_their_memory_returns() {
         // any connection opened, plus 2 MiB for what the runtime keeps
         // (a fixed slack that matters only for this test's tiny server).
         let allowed = start * 12 / 10 + (2 << 20);
-        let t = Instant::now();
-        let after = loop {
-            std::thread::sleep(Duration::from_millis(200));
-            let r = rss_of(pid);
-            if r <= allowed || t.elapsed() > Duration::from_secs(10) {
-                break r;
-            }
-        };
+        let after = rss_down_to(pid, allowed);
         eprintln!(
             "round {round}: {per_conn} B per idle connection, RSS {start} -> {open} -> {after}"
         );
@@ -243,23 +257,7 @@ fn idle_connections_give_back_large_output_buffers() {
     use std::io::{Read, Write};
     const CONNS: usize = 300;
     const VALUE_BYTES: usize = 48 << 10;
-    let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--port",
-            "0",
-            "--maxmemory",
-            "16mb",
-            "--threads",
-            "2",
-        ])
-        .args(["--no-pin"])
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let (line, _err) = wait_ready(&mut child, Duration::from_secs(20));
-    let port = ready_port(&line, "resp").unwrap();
+    let (mut child, port) = small_server(&[]);
     let pid = child.id();
     let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
         .unwrap()
@@ -287,14 +285,7 @@ fn idle_connections_give_back_large_output_buffers() {
     let held = rss_of(pid);
     // Shed after 1 s idle; the trimmer returns freed heap once a second.
     let allowed = before + (CONNS as u64) * (16 << 10);
-    let t = Instant::now();
-    let after = loop {
-        std::thread::sleep(Duration::from_millis(200));
-        let r = rss_of(pid);
-        if r <= allowed || t.elapsed() > Duration::from_secs(10) {
-            break r;
-        }
-    };
+    let after = rss_down_to(pid, allowed);
     eprintln!(
         "RSS {before} -> {held} with {CONNS} connections after 48 KiB replies -> {after} idle"
     );
