@@ -64,7 +64,7 @@ pub const EXECABORT: &str = "EXECABORT Transaction discarded because of previous
 /// A transaction being queued. The arguments of every queued command are
 /// copied back to back into one buffer, so queueing a command allocates
 /// nothing once the session's buffers have grown (the state of the last
-/// transaction is kept for the next one, see [`SPARE_DATA_BYTES`]).
+/// transaction is kept for the next one, see `SPARE_DATA_BYTES`).
 #[derive(Default)]
 pub struct MultiState {
     /// Every queued argument, back to back.
