@@ -223,8 +223,10 @@ enum Woken {
 }
 
 /// Read more input, or learn why the wait ended otherwise ([`Woken`]).
-/// `shed`: the connection holds large output buffers, to be freed after
-/// [`SHED_OUT_MS`] without input.
+/// `since`: when the connection last read or wrote, from which the idle
+/// timeout runs (a wait that ends in [`Woken::Shed`] is resumed with the
+/// same `since`). `shed`: the connection holds large output buffers, to
+/// be freed after [`SHED_OUT_MS`] without input.
 #[allow(clippy::too_many_arguments)]
 async fn read_more<S: AsyncRead + Unpin>(
     s: &mut S,
@@ -236,6 +238,7 @@ async fn read_more<S: AsyncRead + Unpin>(
     stop: &crate::stop::Waiter,
     mail: Option<&Mailbox>,
     dq: Option<&Deferred>,
+    since: tokio::time::Instant,
     shed: bool,
 ) -> Result<Woken, ReadEnd> {
     inb.reserve(want, cap);
@@ -248,7 +251,7 @@ async fn read_more<S: AsyncRead + Unpin>(
     let offered = buf.len();
     let read = async {
         match timeout {
-            Some(t) => tokio::time::timeout(t, s.read(buf))
+            Some(t) => tokio::time::timeout_at(since + t, s.read(buf))
                 .await
                 .unwrap_or(Err(std::io::ErrorKind::TimedOut.into())),
             None => s.read(buf).await,
@@ -788,6 +791,9 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
         }
         resume = true;
     }
+    // When the current wait for input began (the idle timeout runs from
+    // it); `None` while not waiting.
+    let mut idle_since: Option<tokio::time::Instant> = None;
     loop {
         let authed = match protocol {
             Protocol::Resp => sess.authed,
@@ -803,6 +809,7 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
         // Not after a resumed wait: its batch runs on what is buffered.
         if !std::mem::take(&mut resume) {
             let mail = mailbox(&sess);
+            let since = *idle_since.get_or_insert_with(tokio::time::Instant::now);
             let shed = out.capacity() > IDLE_OUT_BYTES
                 || scratch.capacity() > IDLE_OUT_BYTES
                 || dq.is_some_and(|d| d.spare_capacity() > IDLE_OUT_BYTES);
@@ -816,13 +823,15 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
                 &stop,
                 mail.as_deref(),
                 dq,
+                since,
                 shed,
             )
             .await
             {
-                Ok(Woken::Input) => {}
+                Ok(Woken::Input) => idle_since = None,
                 // Pub/sub messages arrived: write them, then wait again.
                 Ok(Woken::Write) => {
+                    idle_since = None;
                     if deliver(&mut s, &mut out, stats, &sess, dq).await.is_err() {
                         return None;
                     }

@@ -146,6 +146,30 @@ fn idle_timeout() {
     assert!(t.elapsed() >= Duration::from_millis(900));
 }
 
+/// A connection that read a large value holds large buffers, which it
+/// frees after a second without input; that wake-up does not restart the
+/// idle timeout.
+#[test]
+fn idle_timeout_counts_from_the_last_request_after_large_replies() {
+    let s = start_with(|c| c.timeout = 2);
+    let mut c = client(&s);
+    let v = vec![b'v'; 48 << 10];
+    let _: () = redis::cmd("SET")
+        .arg("big")
+        .arg(&v[..])
+        .query(&mut c)
+        .unwrap();
+    let mut r = Resp::new(s.resp_port().unwrap());
+    assert_eq!(r.cmd(&["GET", "big"]), V::Bulk(v));
+    let t = Instant::now();
+    assert!(r.closed());
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1900) && waited < Duration::from_millis(2800),
+        "closed after {waited:?} idle, timeout 2 s"
+    );
+}
+
 #[test]
 fn slow_reader_does_not_stall_others() {
     let s = start_with(|c| c.threads = 1);
