@@ -223,10 +223,12 @@ enum Woken {
 }
 
 /// Read more input, or learn why the wait ended otherwise ([`Woken`]).
-/// `since`: when the connection last read or wrote, from which the idle
-/// timeout runs (a wait that ends in [`Woken::Shed`] is resumed with the
-/// same `since`). `shed`: the connection holds large output buffers, to
-/// be freed after [`SHED_OUT_MS`] without input.
+/// `since`: when this wait for input began, from which the idle timeout
+/// runs; set here on the first wait that has a timeout (the clock is read
+/// only then), kept by a wait resumed after [`Woken::Shed`], cleared by
+/// the caller once input or a write ends the wait. `shed`: the connection
+/// holds large output buffers, to be freed after [`SHED_OUT_MS`] without
+/// input.
 #[allow(clippy::too_many_arguments)]
 async fn read_more<S: AsyncRead + Unpin>(
     s: &mut S,
@@ -238,7 +240,7 @@ async fn read_more<S: AsyncRead + Unpin>(
     stop: &crate::stop::Waiter,
     mail: Option<&Mailbox>,
     dq: Option<&Deferred>,
-    since: tokio::time::Instant,
+    since: &mut Option<tokio::time::Instant>,
     shed: bool,
 ) -> Result<Woken, ReadEnd> {
     inb.reserve(want, cap);
@@ -247,11 +249,12 @@ async fn read_more<S: AsyncRead + Unpin>(
         Some(_) => None,
         None => shared.settings.idle_timeout(),
     };
+    let deadline = timeout.map(|t| *since.get_or_insert_with(tokio::time::Instant::now) + t);
     let buf = &mut inb.data[inb.filled..];
     let offered = buf.len();
     let read = async {
-        match timeout {
-            Some(t) => tokio::time::timeout_at(since + t, s.read(buf))
+        match deadline {
+            Some(d) => tokio::time::timeout_at(d, s.read(buf))
                 .await
                 .unwrap_or(Err(std::io::ErrorKind::TimedOut.into())),
             None => s.read(buf).await,
@@ -791,8 +794,8 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
         }
         resume = true;
     }
-    // When the current wait for input began (the idle timeout runs from
-    // it); `None` while not waiting.
+    // When the current wait for input began, if an idle timeout applies
+    // (see `read_more`); `None` otherwise and while not waiting.
     let mut idle_since: Option<tokio::time::Instant> = None;
     loop {
         let authed = match protocol {
@@ -809,7 +812,6 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
         // Not after a resumed wait: its batch runs on what is buffered.
         if !std::mem::take(&mut resume) {
             let mail = mailbox(&sess);
-            let since = *idle_since.get_or_insert_with(tokio::time::Instant::now);
             let shed = out.capacity() > IDLE_OUT_BYTES
                 || scratch.capacity() > IDLE_OUT_BYTES
                 || dq.is_some_and(|d| d.spare_capacity() > IDLE_OUT_BYTES);
@@ -823,7 +825,7 @@ pub async fn serve_movable<S: AsyncRead + AsyncWrite + Unpin>(
                 &stop,
                 mail.as_deref(),
                 dq,
-                since,
+                &mut idle_since,
                 shed,
             )
             .await
