@@ -86,10 +86,13 @@ struct Queued {
 
 /// A session keeps the buffers of its last transaction for the next one
 /// while they hold at most this many argument bytes (and
-/// [`SPARE_COMMANDS`] commands); larger ones are freed.
+/// [`SPARE_COMMANDS`] commands of [`SPARE_ARGS`] arguments); larger ones
+/// are freed.
 const SPARE_DATA_BYTES: usize = 4 << 10;
 /// See [`SPARE_DATA_BYTES`].
 const SPARE_COMMANDS: usize = 64;
+/// See [`SPARE_DATA_BYTES`].
+const SPARE_ARGS: usize = 256;
 
 /// The arguments of one queued command (inline for up to 8).
 type Args<'a> = SmallVec<[&'a [u8]; 8]>;
@@ -125,7 +128,10 @@ impl MultiState {
     /// Empty, for the session's next transaction; `None` if its buffers
     /// are too large to keep.
     fn into_spare(mut self) -> Option<MultiState> {
-        if self.data.capacity() > SPARE_DATA_BYTES || self.queue.capacity() > SPARE_COMMANDS {
+        if self.data.capacity() > SPARE_DATA_BYTES
+            || self.ends.capacity() > SPARE_ARGS
+            || self.queue.capacity() > SPARE_COMMANDS
+        {
             return None;
         }
         self.data.clear();
@@ -383,7 +389,9 @@ mod tests {
                 let want: Vec<&[u8]> = c.iter().map(Vec::as_slice).collect();
                 prop_assert_eq!(got, want);
             }
-            let big = m.data.capacity() > SPARE_DATA_BYTES || m.queue.capacity() > SPARE_COMMANDS;
+            let big = m.data.capacity() > SPARE_DATA_BYTES
+                || m.ends.capacity() > SPARE_ARGS
+                || m.queue.capacity() > SPARE_COMMANDS;
             match m.into_spare() {
                 Some(s) => {
                     prop_assert!(!big);
