@@ -26,6 +26,8 @@
 //! limit is [`McCommand::TooLarge`]: the connection replies and then
 //! discards the announced data block, as memcached does.
 
+use smallvec::SmallVec;
+
 /// Longest command line (memcached's limit is 2048 for keys + tokens).
 pub const MAX_LINE: usize = 2048;
 /// Longest key (memcached's KEY_MAX_LENGTH).
@@ -34,8 +36,6 @@ pub const MAX_KEY: usize = 250;
 pub const MAX_GET_KEYS: usize = 1024;
 /// Keys of one get held without a heap allocation.
 pub const GET_KEYS_INLINE: usize = 4;
-
-use smallvec::SmallVec;
 
 /// Storage verbs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

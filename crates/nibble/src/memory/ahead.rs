@@ -63,7 +63,9 @@ impl Memory {
     /// page in and putting its blocks in the warm cache. Returns whether
     /// a region was mapped.
     pub(crate) fn map_ahead(&self) -> bool {
-        if !self.map_ahead_wanted.swap(false, Ordering::AcqRel)
+        // A load first: every worker step asks, and requests are rare.
+        if !self.map_ahead_wanted.load(Ordering::Relaxed)
+            || !self.map_ahead_wanted.swap(false, Ordering::AcqRel)
             || self.warm_blocks() >= MAP_AHEAD_LOW_WATER_BLOCKS
         {
             return false;
