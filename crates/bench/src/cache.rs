@@ -19,7 +19,7 @@
 //!                   misses and SETs again
 //!  throughput (C client threads, per system, median of R runs):
 //!    the cache filled at the smallest size >= 10 % (every key once,
-//!    cache-aside, then its memory's worth of SETs again, so that a log
+//!    cache-aside, then its memory's worth of zipfian SETs, so that a log
 //!    has wrapped and every page has been touched before the measured
 //!    window: steady state, not first-touch faults), zipf 1.0, 90 % GET /
 //!    10 % SET (a missed GET also SETs), pipelined batches of 16 over the
@@ -592,17 +592,28 @@ fn tput_run(
     ))
 }
 
-/// Fill the cache: every key once, cache-aside; then SET the keys again,
-/// round-robin, until `capacity_bytes` more have been written. The
-/// second part puts the measured window in steady state: a
-/// log-structured store writes through its whole capacity before it
-/// reuses memory, and the first touch of every page costs a fault (in a
-/// VM with free-page reporting, a host fault and zeroing as well). Without
-/// it the non-evicting Nibble-mode reference (4x the data, every SET an
-/// append) spends its whole window writing into pages never touched
-/// before, while Nibble-2 overwrites in place and the caches have
-/// wrapped long ago.
-fn fill(c: &mut Conn, keys: u64, value: &[u8], capacity_bytes: u64) -> Result<(), String> {
+/// Fill the cache: every key once, cache-aside; then SET keys drawn
+/// from the run's zipf distribution until `capacity_bytes` more have
+/// been written. The second part puts the measured window in steady
+/// state: a log-structured store writes through its whole capacity
+/// before it reuses memory, and the first touch of every page costs a
+/// fault (in a VM with free-page reporting, a host fault and zeroing as
+/// well). The keys follow the run's distribution because the log's
+/// shape does: SETs of every key in turn leave whole segments dead, which
+/// compaction frees at once, so the non-evicting Nibble-mode reference
+/// (4x the data) filled that way stays at a third of its capacity and
+/// spends the measured window growing into pages never touched before
+/// (a fifth of its CPU zeroing them), while zipfian SETs leave dead bytes
+/// spread over every segment and fill the log to where compaction runs,
+/// as it does in the window. Nibble-2 overwrites in place and the caches
+/// have wrapped long before.
+fn fill(
+    c: &mut Conn,
+    keys: u64,
+    zipf: &Zipf,
+    value: &[u8],
+    capacity_bytes: u64,
+) -> Result<(), String> {
     let reqs: Vec<Req> = (0..keys)
         .map(|key| Req {
             key,
@@ -619,10 +630,11 @@ fn fill(c: &mut Conn, keys: u64, value: &[u8], capacity_bytes: u64) -> Result<()
     let sets = capacity_bytes / set_bytes;
     let batch = (BATCH_REQUESTS * 8) as u64;
     let mut done = 0u64;
+    let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15);
     while done < sets {
         let n = batch.min(sets - done);
-        for i in done..done + n {
-            c.queue_set_ttl(&key_bytes(i % keys.max(1)), value, 0);
+        for _ in 0..n {
+            c.queue_set_ttl(&key_bytes(zipf.key(rng.next_f64())), value, 0);
         }
         let mut refused = None;
         c.send_queued(n as usize, Expect::Line, |r| {
@@ -667,7 +679,7 @@ fn tput_cell(
             ServerProc::start(s, bins, bytes, Proto::Memcached).map_err(|e| e.to_string())?
         };
         let mut c = Conn::connect(p.addr, p.proto).map_err(|e| e.to_string())?;
-        fill(&mut c, o.keys, value, bytes)?;
+        fill(&mut c, o.keys, env.zipf, value, bytes)?;
         runs.push(tput_run(p.addr, p.proto, clients, extra_set_pct, env)?);
     }
     runs.sort_by(|a, b| a.0.total_cmp(&b.0));
