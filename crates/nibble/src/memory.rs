@@ -232,6 +232,10 @@ pub(crate) struct SegMeta {
     /// The expiry pass's wait (ms) before it reads this mixed segment
     /// again for expired objects; doubles while reads find little.
     pub mixed_backoff_ms: u64,
+    /// Merge eviction's second chance (module `compaction::evict`): a
+    /// compaction destination (its objects survived a pass) that merge
+    /// eviction has not yet passed over once.
+    pub second_chance: bool,
 }
 
 /// One SegmentInfo slot.
@@ -356,6 +360,7 @@ fn seg_chunk(slots: usize) -> Box<[SegInfo]> {
                 closed_at: 0,
                 ttl_span_end_ms: 0,
                 mixed_backoff_ms: 0,
+                second_chance: false,
             }),
         })
         .collect()
@@ -727,6 +732,7 @@ impl Memory {
             closed_at: 0,
             ttl_span_end_ms: 0,
             mixed_backoff_ms: 0,
+            second_chance: for_compaction,
         };
         Ok(id)
     }
