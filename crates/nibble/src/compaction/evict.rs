@@ -256,7 +256,7 @@ fn merge_cut(hist: &[u64; 16], retain_bytes: u64, floor: u8) -> (u8, u64) {
 /// but missed more on the one-off scan trace.
 fn second_chance(mem: &Memory, ready: &mut Vec<(u64, Candidate)>) {
     let mut i = 0;
-    while i < MERGE_SEGMENTS.min(ready.len()) && ready.len() > MERGE_SEGMENTS {
+    while i < MERGE_SEGMENTS && ready.len() > MERGE_SEGMENTS {
         let mut m = mem.seg(ready[i].1.seg).meta.lock();
         if m.state == SegState::Closed && m.second_chance {
             m.second_chance = false;
@@ -428,10 +428,9 @@ mod tests {
         assert!(!m.second_chance && m.created_tsc > before, "not made young");
         drop(m);
         // Now the youngest, and no chance left: merged when its turn comes.
-        let mut ready = all();
-        assert_eq!(ready.last().unwrap().1.seg, dest);
+        assert_eq!(all().last().unwrap().1.seg, dest);
         mem.seg(dest).meta.lock().created_tsc = 0;
-        ready.sort_by_key(|(_, c)| mem.seg(c.seg).meta.lock().created_tsc);
+        let mut ready = all();
         second_chance(&mem, &mut ready);
         assert_eq!(ready[0].1.seg, dest, "passed over twice");
         // With only MERGE_SEGMENTS candidates nothing is passed over.

@@ -264,11 +264,7 @@ fn idle_connections_give_back_large_output_buffers() {
         .get_connection()
         .unwrap();
     let value = "v".repeat(VALUE_BYTES);
-    let _: () = redis::cmd("SET")
-        .arg("big")
-        .arg(&value)
-        .query(&mut c)
-        .unwrap();
+    q::<()>(&mut c, &["SET", "big", &value]);
     let before = rss_of(pid);
     let reply_len = format!("${VALUE_BYTES}\r\n").len() + VALUE_BYTES + 2;
     let mut socks: Vec<std::net::TcpStream> = (0..CONNS)
